@@ -1,0 +1,101 @@
+# make demo   - .venv with RelStorage, then a short run on SQLite (no server)
+# make test   - .venv with the test extras, then the whole suite
+# make bench  - benchmark harness (bench/, docs/benchmarks.md); needs servers
+# make bench-smoke - the harness on SQLite only, tiny sizes (under a minute)
+# make bench-deps  - install the harness's own dependencies into .venv
+#
+# Only python3 is assumed. Build requirements missing from the machine
+# (venv support, a C compiler, Python headers and libmariadb-dev for the
+# mysqlclient driver, memcached for the tests) are installed with apt-get
+# when running as root, and listed otherwise.
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+PIP    := $(VPY) -m pip
+
+.PHONY: all demo test .venv venv sysdeps sysdeps-venv clean \
+	bench bench-smoke bench-deps
+
+all: test
+
+demo: $(VENV)/.installed
+	$(VPY) -m relstorage.demo
+
+# RS_PG_BIG_BLOB=1: the multi-GB blob streaming test also runs on
+# PostgreSQL (about 2.5 minutes); set RS_PG_BIG_BLOB= to leave it out.
+RS_PG_BIG_BLOB ?= 1
+export RS_PG_BIG_BLOB
+
+test: $(VENV)/.installed-test $(VENV)/.installed-bench
+	$(VPY) -m relstorage.tests.servers
+	$(VENV)/bin/zope-testrunner --test-path=. -v
+
+# Benchmarks (see docs/benchmarks.md). BENCH_ARGS is passed to
+# "python -m bench", e.g. BENCH_ARGS="--targets sqlite,pg-psycopg2 -p 2".
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-bench
+	$(VPY) -m bench $(BENCH_ARGS)
+
+bench-smoke: $(VENV)/.installed-bench
+	$(VPY) -m bench --smoke $(BENCH_ARGS)
+
+bench-deps: $(VENV)/.installed-bench
+
+# zodbshootout is installed without its dependencies: its extras name the
+# PyPI "relstorage", which must never replace this checkout. Its real
+# imports are installed explicitly; pyperf is pinned (newer versions clash
+# with zodbshootout's --profile option). The last step fails if anything
+# moved the relstorage distribution away from this checkout.
+$(VENV)/.installed-bench: bench/requirements.txt | $(VENV)/.installed
+	$(PIP) install -q --no-deps 'zodbshootout==0.8.0'
+	$(PIP) install -q -r bench/requirements.txt
+	$(VPY) -m bench.checkenv
+	touch $@
+
+# The development environment with the test extras.
+.venv venv: $(VENV)/.installed-test
+
+$(VENV)/.installed: setup.py | sysdeps-venv
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-test: setup.py | sysdeps
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -e '.[test]'
+	touch $(VENV)/.installed $@
+
+# Installs (as root, with apt-get) or lists the packages named in $(1).
+define install_or_tell
+	@missing="$(strip $(1))"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "Installing system packages:$$missing"; \
+		apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+		echo "Please install these system packages first (e.g. with" \
+		     "sudo apt-get install):$$missing" >&2; \
+		exit 1; \
+	fi
+endef
+
+# Shell tests; each prints the Debian package to install when it fails.
+NEED_VENV    = $(shell $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || echo python3-venv)
+NEED_CC      = $(shell command -v cc >/dev/null 2>&1 || echo build-essential)
+NEED_HEADERS = $(shell $(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || echo python3-dev)
+NEED_MARIADB = $(shell (command -v mysql_config >/dev/null 2>&1 || pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null) && command -v pkg-config >/dev/null 2>&1 || echo libmariadb-dev pkg-config)
+NEED_MEMCACHED = $(shell command -v memcached >/dev/null 2>&1 || echo memcached)
+
+sysdeps-venv:
+	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)))
+
+sysdeps:
+	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)) $(NEED_CC) $(NEED_HEADERS) $(NEED_MARIADB) $(NEED_MEMCACHED))
+
+clean:
+	rm -rf $(VENV) build *.egg-info bin parts develop-eggs .installed.cfg
+	find . -name __pycache__ -prune -exec rm -rf {} +

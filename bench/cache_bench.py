@@ -1,0 +1,231 @@
+"""How much the state cache saves: ms to read 1000 small objects.
+
+Not a test (nothing is asserted).  Prints one line per scenario, the
+median of ``--repeat`` runs, each run reading ``--count`` objects of about
+``--size`` bytes (pickle size) through a ZODB connection whose object cache
+was emptied first, so that every object goes through ``storage.load``::
+
+    .venv/bin/python -m bench.cache_bench                     # SQLite
+    .venv/bin/python -m bench.cache_bench --db postgresql \\
+        --dsn 'host=127.0.0.1 user=postgres'                  # PostgreSQL
+
+Scenarios
+  cold        a new storage (empty caches) in this process: every load queries
+  local       the same storage again: every state and tid from the local cache
+  mc-fresh    a fresh process with memcached, states put there by another
+              process: the tids are unknown, so the loads still query
+  db-fresh    the same fresh process without memcached
+  mc-polled   a running process whose poll told it the new tids of 1000
+              objects another process just rewrote: states from memcached
+  db-polled   the same without memcached (states from the database)
+
+memcached (``/usr/bin/memcached``) is started on a free 127.0.0.1 port.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import transaction
+import ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.utils import p64
+
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+
+PG_BENCH_DB = 'relstorage_cache_bench'
+
+
+def make_adapter(args, options):
+    if args.db == 'sqlite':
+        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+        return Sqlite3Adapter(args.data_dir, options=options)
+    from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
+    return PostgreSQLAdapter(dsn='%s dbname=%s' % (args.dsn, PG_BENCH_DB), options=options)
+
+
+def open_db(args, **kw):
+    options = Options(keep_history=False, **kw)
+    return ZODB.DB(RelStorage(make_adapter(args, options), options=options))
+
+
+def populate(args):
+    db = open_db(args, cache_local_mb=0)
+    with db.transaction() as conn:
+        probe = PersistentMapping(v=b'')
+        conn.add(probe)
+    overhead = len(db.storage.load(probe._p_oid)[0])
+    payload = max(1, args.size - overhead)
+    oids = []
+    with db.transaction() as conn:
+        objs = [PersistentMapping(v=b'x' * payload) for _ in range(args.count)]
+        for obj in objs:
+            conn.add(obj)
+    oids = [obj._p_oid for obj in objs]
+    size = len(db.storage.load(oids[0])[0])
+    db.close()
+    return oids, size
+
+
+def rewrite(args, oids, **kw):
+    db = open_db(args, **kw)
+    with db.transaction() as conn:
+        for oid in oids:
+            obj = conn.get(oid)
+            obj['v'] = obj['v'][:-1] + b'y'
+    db.close()
+
+
+def timed_read(db, oids, conn=None):
+    """ms to load every object once through a connection with an empty cache."""
+    own = conn is None
+    if own:
+        conn = db.open(transaction.TransactionManager())
+    conn.transaction_manager.begin()         # poll, then read in that snapshot
+    conn.cacheMinimize()
+    start = time.perf_counter()
+    for oid in oids:
+        conn.get(oid)._p_activate()
+    elapsed = (time.perf_counter() - start) * 1000
+    conn.transaction_manager.abort()
+    if own:
+        conn.close()
+    return elapsed
+
+
+def child_read(args):
+    """A fresh process: open, read once, print the ms."""
+    oids = [p64(int(o)) for o in args.oids.split(',')]
+    kw = {'cache_servers': args.servers} if args.servers else {}
+    db = open_db(args, **kw)
+    ms = timed_read(db, oids)
+    stats = db.storage.cache_stats()
+    db.close()
+    print(json.dumps({'ms': ms, 'db_loads': stats['db_loads'],
+                      'mc_hits': stats.get('memcache', {}).get('hits', 0)}))
+
+
+def fresh_process(args, oids, servers=None):
+    cmd = [sys.executable, '-m', 'bench.cache_bench', '--child-read', '--db', args.db,
+           '--data-dir', args.data_dir or '', '--dsn', args.dsn,
+           '--oids', ','.join(str(int.from_bytes(o, 'big')) for o in oids)]
+    if servers:
+        cmd += ['--servers', servers]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def start_memcached():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    cmd = ['memcached', '-l', '127.0.0.1', '-p', str(port), '-U', '0', '-m', '64']
+    if os.geteuid() == 0:
+        cmd += ['-u', 'root']
+    proc = subprocess.Popen(cmd)
+    for _ in range(100):
+        try:
+            socket.create_connection(('127.0.0.1', port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, '127.0.0.1:%d' % port
+
+
+def pg_setup(args, drop_only=False):
+    import psycopg
+    conn = psycopg.connect(args.dsn + ' dbname=postgres', autocommit=True)
+    conn.execute('DROP DATABASE IF EXISTS %s' % PG_BENCH_DB)
+    if not drop_only:
+        conn.execute('CREATE DATABASE %s' % PG_BENCH_DB)
+    conn.close()
+
+
+def report(name, values, note=''):
+    print('%-10s %8.1f ms  (median of %d: %s)%s' % (
+        name, statistics.median(values), len(values),
+        ' '.join('%.1f' % v for v in values), note))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--db', choices=('sqlite', 'postgresql'), default='sqlite')
+    parser.add_argument('--dsn', default='host=127.0.0.1 user=postgres')
+    parser.add_argument('--data-dir')
+    parser.add_argument('--count', type=int, default=1000)
+    parser.add_argument('--size', type=int, default=128)
+    parser.add_argument('--repeat', type=int, default=5)
+    parser.add_argument('--child-read', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--oids', help=argparse.SUPPRESS)
+    parser.add_argument('--servers', help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_read:
+        return child_read(args)
+
+    tmp = tempfile.mkdtemp(prefix='cache_bench_')
+    if args.db == 'sqlite':
+        args.data_dir = os.path.join(tmp, 'data')
+    else:
+        pg_setup(args)
+    mc, servers = start_memcached()
+    try:
+        oids, size = populate(args)
+        print('%s: %d objects, pickles of %d bytes; %d runs each'
+              % (args.db, len(oids), size, args.repeat))
+
+        cold, local = [], []
+        for _ in range(args.repeat):
+            db = open_db(args)
+            cold.append(timed_read(db, oids))
+            local.append(timed_read(db, oids))
+            assert db.storage.cache_stats()['index_mismatches'] == 0
+            db.close()
+        report('cold', cold)
+        report('local', local)
+
+        # Another process puts the states into memcached by reading them.
+        fresh_process(args, oids, servers)
+        mc_fresh, db_fresh = [], []
+        for _ in range(args.repeat):
+            r = fresh_process(args, oids, servers)
+            mc_fresh.append(r['ms'])
+            db_fresh.append(fresh_process(args, oids)['ms'])
+        report('mc-fresh', mc_fresh, '  [%d db loads, %d memcached hits]'
+               % (r['db_loads'], r['mc_hits']))
+        report('db-fresh', db_fresh)
+
+        mc_polled, db_polled = [], []
+        for use_mc in (True, False):
+            kw = {'cache_servers': servers} if use_mc else {}
+            db = open_db(args, **kw)
+            conn = db.open(transaction.TransactionManager())
+            for _ in range(args.repeat):
+                conn.transaction_manager.begin()
+                conn.transaction_manager.abort()
+                rewrite(args, oids, cache_servers=servers)   # the other process
+                (mc_polled if use_mc else db_polled).append(timed_read(db, oids, conn))
+            stats = db.storage.cache_stats()
+            conn.close()
+            db.close()
+            note = '  [%d db loads, %d memcached hits, %d local hits]' % (
+                stats['db_loads'], stats.get('memcache', {}).get('hits', 0), stats['hits'])
+            report('mc-polled' if use_mc else 'db-polled',
+                   mc_polled if use_mc else db_polled, note)
+    finally:
+        mc.terminate()
+        mc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if args.db == 'postgresql':
+            pg_setup(args, drop_only=True)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Database adapters: the only part of RelStorage that contains SQL."""

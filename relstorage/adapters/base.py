@@ -1,0 +1,559 @@
+"""The vendor-neutral half of every adapter.
+
+The storage layer talks to an adapter through the verbs below; each verb
+runs statements from ``self.sql`` (see sql.py) on a ``DBConnection``.  A
+vendor package subclasses ``Adapter`` and supplies only what differs: how to
+connect, its DDL, statement overrides, how to lock rows, and feature flags
+such as ``single_writer``.  There is no ``if vendor ==`` anywhere.
+"""
+import logging
+import threading
+
+from ZODB.POSException import ReadOnlyError
+
+from ..interfaces import SchemaMismatchError
+from ..interfaces import UnableToAcquireCommitLockError
+from ..interfaces import UnableToLockRowsError
+from ..interfaces import describe_oids
+from ..options import Options
+from .connections import DBConnection
+from .sql import Statements
+
+log = logging.getLogger(__name__)
+
+
+def chunks(seq, size):
+    seq = list(seq)
+    for i in range(0, len(seq), size):
+        yield seq[i:i + size]
+
+
+class Adapter:
+    """Base class of the database adapters."""
+
+    #: Name used in messages and URIs.
+    vendor = 'abstract'
+    #: The store transaction locks the whole database (SQLite): row locks
+    #: are unnecessary and a commit needs no separate commit lock.
+    single_writer = False
+    #: Paramstyle marker the driver wants instead of ``%s``.
+    placeholder = '%s'
+    #: How many values one IN (...) list may hold.
+    max_in_list = 500
+    #: Rows per multi-row INSERT when uploading a transaction.
+    upload_batch = 200
+    statements_class = Statements
+    #: Whether rows in the temporary tables outlive a commit (PostgreSQL's
+    #: ON COMMIT DELETE ROWS empties them; elsewhere we must).
+    temp_rows_survive_commit = True
+    #: Set by prepare_schema: whether the schema has the blob_chunk table.
+    has_blob_chunk = False
+
+    def __init__(self, options=None):
+        self.options = options if options is not None else Options()
+        self.keep_history = self.options.keep_history
+        self.sql = self.statements_class(self.keep_history)
+        self._q_cache = {}
+        self._oid_lock = threading.Lock()
+        self._oid_conn = None
+        self._oid_block = []          # preallocated, descending (pop() gives lowest)
+
+    # ------------------------------------------------------------------
+    # What a vendor must provide.
+
+    def connect(self, purpose):
+        """Return a new raw driver connection for ``purpose``.
+
+        'load' connections must give one consistent read-only snapshot
+        per transaction; 'store' connections commit at READ COMMITTED (or
+        the vendor's equivalent); 'oid' connections autocommit-ish.
+        """
+        raise NotImplementedError
+
+    def describe(self):
+        """Where we connect, for messages (never including a password)."""
+        raise NotImplementedError
+
+    def schema_statements(self):
+        """DDL creating every table for the configured history mode."""
+        raise NotImplementedError
+
+    def list_tables(self, conn):
+        """Lower-case names of the tables that exist."""
+        raise NotImplementedError
+
+    def classify_error(self, exc):
+        """'lock', 'disconnect' or None for an exception raised by the driver."""
+        return None
+
+    def ensure_temp_table(self, conn):
+        """Create the per-connection ``temp_store`` table if needed."""
+        raise NotImplementedError
+
+    def allocate_oid_block(self, conn):
+        """Reserve a block of new OIDs durably; return them as a list of ints."""
+        raise NotImplementedError
+
+    def raise_oid_floor(self, conn, max_oid):
+        """Make sure OIDs at or below ``max_oid`` are never handed out."""
+        raise NotImplementedError
+
+    def lock_objects(self, conn, oids, read_current_oids):
+        """Lock the current rows of ``oids`` exclusively and those of
+        ``read_current_oids`` shared, in OID order, bounded by
+        commit-lock-timeout.  Single-writer vendors need nothing."""
+        raise NotImplementedError
+
+    def lock_commit(self, conn):
+        """Take the database-wide commit lock; return the last committed tid."""
+        raise NotImplementedError
+
+    def drop_all(self):
+        """Remove every table (tests and ``zodbconvert --clear``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------
+    # Hooks with a generic default.
+
+    def begin_snapshot(self, conn):
+        """Start the read-only snapshot transaction on a load connection."""
+
+    def begin_store(self, conn):
+        """Start the write transaction on a store connection."""
+
+    def q(self, sql):
+        """``sql`` converted to the driver's paramstyle (cached)."""
+        try:
+            return self._q_cache[sql]
+        except KeyError:
+            converted = sql if self.placeholder == '%s' else sql.replace('%s', self.placeholder)
+            self._q_cache[sql] = converted
+            return converted
+
+    def in_list(self, sql, count):
+        return self.q(sql.format(in_list=','.join(['%s'] * count)))
+
+    def translate_error(self, exc, conn):
+        kind = self.classify_error(exc)
+        if kind == 'disconnect':
+            from ..interfaces import DisconnectedError
+            conn.broken = True
+            return DisconnectedError('Lost the %s connection to %s: %s'
+                                     % (conn.purpose, self.describe(), _one_line(exc)))
+        return None
+
+    # ------------------------------------------------------------------
+    # Connections and schema.
+
+    def open_load(self):
+        return DBConnection(self, self.connect('load'), 'load')
+
+    def open_store(self):
+        conn = DBConnection(self, self.connect('store'), 'store')
+        self.ensure_temp_table(conn)
+        conn.commit()
+        return conn
+
+    def prepare_schema(self, create=True, read_only=False):
+        """Create the schema (when allowed) or verify it; refuse a mode mismatch.
+
+        A mismatch is detected before anything is written, so the database is
+        left exactly as it was.
+        """
+        conn = DBConnection(self, self.connect('store'), 'store')
+        try:
+            tables = self.list_tables(conn)
+            if 'object_state' in tables:
+                is_hp = 'current_object' in tables
+                if is_hp != self.keep_history:
+                    found = 'history-preserving' if is_hp else 'history-free'
+                    wanted = 'history-preserving' if self.keep_history else 'history-free'
+                    raise SchemaMismatchError(
+                        "The database at %s holds a %s RelStorage schema, but this "
+                        "storage is configured %s (keep-history %s). Nothing was "
+                        "changed. Set keep-history to match, or copy the data into "
+                        "a new database with zodbconvert."
+                        % (self.describe(), found, wanted,
+                           'true' if self.keep_history else 'false'))
+                missing = self.required_tables() - tables
+                if missing:
+                    raise SchemaMismatchError(
+                        "The RelStorage schema at %s is incomplete (missing: %s)."
+                        % (self.describe(), ', '.join(sorted(missing))))
+            elif create and not read_only:
+                for stmt in self.schema_statements():
+                    conn.execute(stmt)
+                conn.commit()
+            else:
+                raise SchemaMismatchError(
+                    "No RelStorage schema at %s and create-schema is false%s."
+                    % (self.describe(), ' (or the storage is read-only)' if read_only else ''))
+            # Blob rows live in blob_chunk; an adapter whose schema predates
+            # it still works without blobs.
+            self.has_blob_chunk = 'blob_chunk' in self.list_tables(conn)
+            conn.rollback()
+        finally:
+            conn.close()
+
+    def required_tables(self):
+        names = {'commit_lock', 'object_state'}
+        if self.keep_history:
+            names |= {'current_object', 'transaction_log'}
+        return names
+
+    def close(self):
+        with self._oid_lock:
+            if self._oid_conn is not None:
+                self._oid_conn.close()
+                self._oid_conn = None
+
+    # ------------------------------------------------------------------
+    # OIDs: allocated in durable blocks on a connection of their own, so
+    # that allocation never waits for (or rolls back with) a commit.
+
+    def new_oid(self):
+        with self._oid_lock:
+            if not self._oid_block:
+                block = self._on_oid_conn(self.allocate_oid_block)
+                self._oid_block = sorted(block, reverse=True)
+            return self._oid_block.pop()
+
+    def note_oids_used(self, max_oid):
+        """Called at commit with the highest OID stored (restore may store
+        OIDs we never handed out): no later allocation may reuse it."""
+        with self._oid_lock:
+            self._on_oid_conn(self.raise_oid_floor, max_oid)
+            self._oid_block = [o for o in self._oid_block if o > max_oid]
+
+    def _on_oid_conn(self, func, *args):
+        # The OID connection idles between uses: if the server dropped it
+        # meanwhile (restart, terminated backend), nothing was in flight on
+        # it, so one retry on a new connection is safe.
+        from ..interfaces import DisconnectedError
+        for attempt in (1, 2):
+            conn = self._get_oid_conn()
+            try:
+                return func(conn, *args)
+            except DisconnectedError:
+                self._drop_oid_conn()
+                if attempt == 2:
+                    raise
+            except Exception:
+                self._drop_oid_conn()
+                raise
+
+    def _get_oid_conn(self):
+        if self._oid_conn is None or self._oid_conn.broken:
+            self._oid_conn = DBConnection(self, self.connect('oid'), 'oid')
+        return self._oid_conn
+
+    def _drop_oid_conn(self):
+        if self._oid_conn is not None:
+            self._oid_conn.close()
+            self._oid_conn = None
+
+    # ------------------------------------------------------------------
+    # Snapshot reads (load connection).
+
+    def get_last_tid(self, conn):
+        return conn.query_value(self.q(self.sql.GET_LAST_TID)) or 0
+
+    def poll_changes(self, conn, after_tid, upto_tid):
+        return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
+
+    def load_current(self, conn, oid):
+        """(state, tid) of the current revision or None; state None = deleted."""
+        return conn.query_one(self.q(self.sql.LOAD_CURRENT), (oid,))
+
+    def load_current_many(self, conn, oids):
+        result = {}
+        for chunk in chunks(oids, self.max_in_list):
+            for zoid, state, tid in conn.query_all(
+                    self.in_list(self.sql.LOAD_CURRENT_MANY, len(chunk)), chunk):
+                result[zoid] = (_bytes(state), tid)
+        return result
+
+    def load_revision(self, conn, oid, tid):
+        """(True, state) when the revision exists, else (False, None)."""
+        row = conn.query_one(self.q(self.sql.LOAD_REVISION), (oid, tid))
+        if row is None:
+            return False, None
+        return True, _bytes(row[0])
+
+    def load_before(self, conn, oid, tid):
+        """(state, tid, end_tid) of the revision current just before ``tid``."""
+        if self.keep_history:
+            row = conn.query_one(self.q(self.sql.LOAD_BEFORE), (oid, tid))
+            if row is None:
+                return None
+            state, start = _bytes(row[0]), row[1]
+            end = conn.query_value(self.q(self.sql.NEXT_TID_AFTER), (oid, start))
+            return state, start, end
+        row = self.load_current(conn, oid)
+        if row is None or row[1] >= tid:
+            return None
+        return _bytes(row[0]), row[1], None
+
+    def current_tids(self, conn, oids):
+        result = {}
+        for chunk in chunks(oids, self.max_in_list):
+            result.update(conn.query_all(
+                self.in_list(self.sql.CURRENT_TIDS, len(chunk)), chunk))
+        return result
+
+    def count_objects(self, conn):
+        return conn.query_value(self.q(self.sql.COUNT_OBJECTS)) or 0
+
+    def database_size(self, conn):
+        return conn.query_value(self.q(self.sql.SIZE_OF_STATES)) or 0
+
+    # ------------------------------------------------------------------
+    # Commit (store connection).
+
+    def upload(self, conn, rows):
+        """Put ``(oid, prev_tid, state)`` rows into temp_store in bulk."""
+        stmt = self.q(self.sql.INSERT_TEMP)
+        for chunk in chunks(rows, self.upload_batch):
+            conn.executemany(stmt, chunk)
+
+    def detect_conflicts(self, conn):
+        return conn.query_all(self.q(self.sql.DETECT_CONFLICTS))
+
+    def replace_temp(self, conn, oid, prev_tid, state):
+        conn.execute(self.q(self.sql.REPLACE_TEMP), (prev_tid, state, oid))
+
+    def lock_objects_checked(self, conn, oids, read_current_oids):
+        """``lock_objects`` with its lock failures reported by OID."""
+        try:
+            for exclusive, run in lock_runs(oids, read_current_oids):
+                if exclusive:
+                    self.lock_objects(conn, run, ())
+                else:
+                    self.lock_objects(conn, (), run)
+        except Exception as exc:
+            if self.classify_error(exc) != 'lock':
+                raise
+            conn.rollback()
+            all_oids = sorted(set(oids) | set(read_current_oids))
+            raise UnableToLockRowsError(
+                "Could not lock objects %s within %ss (lock timeout or deadlock: %s)"
+                % (describe_oids(all_oids), self.options.commit_lock_timeout, _one_line(exc)),
+                all_oids) from exc
+
+    def lock_commit_checked(self, conn):
+        try:
+            return self.lock_commit(conn)
+        except Exception as exc:
+            self._raise_commit_lock_error(conn, exc)
+
+    def _raise_commit_lock_error(self, conn, exc):
+        if self.classify_error(exc) != 'lock':
+            raise exc
+        conn.rollback()
+        raise UnableToAcquireCommitLockError(
+            "Could not acquire the commit lock within %ss: %s"
+            % (self.options.commit_lock_timeout, _one_line(exc))) from exc
+
+    def advance_tid(self, conn, now_tid, requested=None):
+        """Take the commit lock and publish a new last tid; return it.
+
+        The new tid is ``requested`` (restore) when that is after the last
+        committed one, else the later of ``now_tid`` and last + 1: strictly
+        greater than every committed tid, whatever the clock says.  Vendors
+        with ``ADVANCE_TID`` do it in one statement.
+        """
+        try:
+            if requested is None and getattr(self.sql, 'ADVANCE_TID', None):
+                return conn.query_value(self.q(self.sql.ADVANCE_TID), (now_tid,))
+            last = self.lock_commit(conn)
+        except Exception as exc:
+            self._raise_commit_lock_error(conn, exc)
+        if requested is not None:
+            if requested <= last:
+                from ZODB.POSException import StorageTransactionError
+                raise StorageTransactionError(
+                    "Cannot commit transaction %016x: it is not after the last "
+                    "committed transaction %016x" % (requested, last))
+            tid = requested
+        else:
+            tid = max(now_tid, last + 1)
+        self.set_last_tid(conn, tid)
+        return tid
+
+    def set_last_tid(self, conn, tid):
+        """Publish ``tid`` as the last committed one (commit lock held)."""
+        conn.execute(self.q(self.sql.SET_LAST_TID), (tid,))
+
+    def begin_store_checked(self, conn):
+        """``begin_store``; on single-writer databases this waits for the lock."""
+        try:
+            self.begin_store(conn)
+        except Exception as exc:
+            if self.classify_error(exc) != 'lock':
+                raise
+            conn.rollback()
+            raise UnableToAcquireCommitLockError(
+                "Could not begin a write transaction on %s within %ss: %s"
+                % (self.describe(), self.options.commit_lock_timeout, _one_line(exc))) from exc
+
+    def fix_prev_tids(self, conn):
+        """For restore: record each object's current tid as its prev_tid."""
+        conn.execute(self.q(self.sql.FIX_PREV_TIDS))
+
+    def move_into_place(self, conn, tid, has_data, user, description, extension,
+                        packed=False):
+        """Publish the transaction: states, current pointers, metadata
+        (``advance_tid`` has already published the tid itself)."""
+        if has_data:
+            conn.execute(self.q(self.sql.MOVE_FROM_TEMP), (tid,))
+            if self.keep_history:
+                conn.execute(self.q(self.sql.UPDATE_CURRENT), (tid,))
+        if self.keep_history:
+            conn.execute(self.q(self.sql.INSERT_TRANSACTION),
+                         (tid, packed, not has_data, self.binary(user),
+                          self.binary(description), self.binary(extension)))
+
+    def binary(self, data):
+        """Wrap bytes as the driver wants them bound to a binary column."""
+        return data
+
+    def clear_temp(self, conn):
+        conn.execute(self.q(self.sql.CLEAR_TEMP))
+
+    # ------------------------------------------------------------------
+    # Blobs kept in the database (blob_chunk rows).
+
+    def clear_temp_blobs(self, conn):
+        conn.execute(self.q(self.sql.CLEAR_TEMP_BLOBS))
+
+    def upload_blob_chunk(self, conn, oid, chunk_num, data):
+        conn.execute(self.q(self.sql.INSERT_TEMP_BLOB_CHUNK),
+                     (oid, chunk_num, self.binary(data)))
+
+    def move_blobs_into_place(self, conn, tid, has_uploads):
+        if not self.keep_history:
+            conn.execute(self.q(self.sql.DELETE_BLOBS_OF_WRITTEN_HF))
+        if has_uploads:
+            conn.execute(self.q(self.sql.MOVE_BLOBS_FROM_TEMP), (tid,))
+
+    def copy_blob(self, conn, oid, from_tid, to_tid):
+        conn.execute(self.q(self.sql.COPY_BLOB), (to_tid, oid, from_tid))
+
+    def blob_chunk_count(self, conn, oid, tid):
+        return conn.query_value(self.q(self.sql.BLOB_CHUNK_COUNT), (oid, tid)) or 0
+
+    def load_blob_chunk(self, conn, oid, tid, chunk_num):
+        return _bytes(conn.query_value(self.q(self.sql.LOAD_BLOB_CHUNK), (oid, tid, chunk_num)))
+
+    # ------------------------------------------------------------------
+    # History.
+
+    def history(self, conn, oid, size):
+        return conn.query_all(self.q(self.sql.HISTORY), (oid, size))
+
+    def record_iternext(self, conn, start_oid):
+        return conn.query_all(self.q(self.sql.RECORD_ITERNEXT), (start_oid,))
+
+    def transactions_in_range(self, conn, start, stop):
+        if self.keep_history:
+            return conn.query_all(self.q(self.sql.ALL_TRANSACTIONS_IN_RANGE), (start, stop))
+        return [(row[0], b'', b'', b'', False)
+                for row in conn.query_all(self.q(self.sql.TIDS_IN_RANGE_HF), (start, stop))]
+
+    def records_in_transaction(self, conn, tid):
+        return conn.query_all(self.q(self.sql.RECORDS_IN_TRANSACTION), (tid,))
+
+    def undo_log(self, conn, upto_tid):
+        conn.execute(self.q(self.sql.UNDO_LOG), (False, False, upto_tid))
+        return conn
+
+    def transaction_packed(self, conn, tid):
+        """True/False for a transaction that exists, None when it does not."""
+        row = conn.query_one(self.q(self.sql.TRANSACTION_EXISTS), (tid,))
+        return None if row is None else bool(row[0])
+
+    def undo_sources(self, conn, tid):
+        """(oid, prev_tid, current_tid) of every object ``tid`` changed."""
+        return conn.query_all(self.q(self.sql.UNDO_SOURCES), (tid,))
+
+    # ------------------------------------------------------------------
+    # Pack.
+
+    def iter_states(self, conn, batch=1000):
+        """Every (oid, tid, state) row of object_state, streamed."""
+        conn.execute(self.q(self.sql.ALL_STATES))
+        while True:
+            rows = conn.cursor.fetchmany(batch)
+            if not rows:
+                break
+            yield from rows
+
+    def stream_rows(self, conn, cursor, sql, batch=1000):
+        """Yield the rows of ``sql`` run on ``cursor`` (a driver cursor that
+        does not hold the whole result in memory), batch by batch, with
+        driver errors translated; the cursor is closed at the end."""
+        try:
+            conn.call(cursor.execute, sql)
+            while True:
+                rows = conn.call(cursor.fetchmany, batch)
+                if not rows:
+                    break
+                yield from rows
+        finally:
+            try:
+                cursor.close()
+            except Exception:  # pylint:disable=broad-except
+                # A cursor that cannot close leaves the connection unusable.
+                conn.broken = True
+
+    def pack_delete(self, conn, removed_oids, kept_revisions, pack_tid):
+        """Delete the objects in ``removed_oids`` entirely and, for each
+        (oid, tid) in ``kept_revisions``, every revision older than tid."""
+        for chunk in chunks(removed_oids, self.upload_batch):
+            rows = [(o,) for o in chunk]
+            conn.executemany(self.q(self.sql.DELETE_OBJECT), rows)
+            if self.has_blob_chunk:
+                conn.executemany(self.q(self.sql.DELETE_BLOBS_OF_OBJECT), rows)
+            if self.keep_history:
+                conn.executemany(self.q(self.sql.DELETE_CURRENT), rows)
+        if self.keep_history:
+            for chunk in chunks(kept_revisions, self.upload_batch):
+                conn.executemany(self.q(self.sql.DELETE_OLDER_REVISIONS), chunk)
+                if self.has_blob_chunk:
+                    conn.executemany(self.q(self.sql.DELETE_OLDER_BLOBS), chunk)
+            conn.execute(self.q(self.sql.MARK_PACKED), (True, pack_tid))
+            conn.execute(self.q(self.sql.DELETE_TRANSACTIONS_WITHOUT_STATES), (pack_tid, True))
+
+    def check_writable(self):
+        if self.options.read_only:
+            raise ReadOnlyError()
+
+
+def lock_runs(oids, read_current_oids):
+    """Split the rows to lock into runs of one lock mode, in OID order.
+
+    Locking run after run takes every lock in one global order (ascending
+    OID), whatever the mix of exclusive and shared locks, so two committers
+    can never wait for each other in a cycle.  Usually there is one run
+    (no readCurrent) or a few.
+    """
+    marked = sorted([(oid, True) for oid in oids] +
+                    [(oid, False) for oid in read_current_oids])
+    runs = []
+    for oid, exclusive in marked:
+        if runs and runs[-1][0] == exclusive:
+            runs[-1][1].append(oid)
+        else:
+            runs.append((exclusive, [oid]))
+    return runs
+
+
+def _bytes(value):
+    if value is None or isinstance(value, bytes):
+        return value
+    return bytes(value)
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

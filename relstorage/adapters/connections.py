@@ -1,0 +1,101 @@
+"""A thin wrapper around one DB-API connection and its cursor.
+
+It exists so that every statement goes through one place where driver
+errors are translated (``Adapter.translate_error``) and where we know whether
+a transaction is open.  Nothing here knows a vendor.
+"""
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class DBConnection:
+    """One driver connection, used by one storage instance at a time."""
+
+    def __init__(self, adapter, raw, purpose):
+        self.adapter = adapter
+        self.raw = raw
+        self.purpose = purpose            # 'load', 'store' or 'oid': for messages
+        self.cursor = raw.cursor()
+        self.in_transaction = False
+        self.broken = False
+        # Whether the temporary tables may hold rows.  They are
+        # transactional: a rollback returns them to their state at the last
+        # commit (which may include rows, as the DELETE that emptied them is
+        # rolled back too), so we remember that state.
+        self.temp_dirty = False
+        self._temp_dirty_at_commit = False
+
+    def _run(self, func, *args):
+        try:
+            return func(*args)
+        except Exception as exc:
+            translated = self.adapter.translate_error(exc, self)
+            if translated is None:
+                raise
+            raise translated from exc
+
+    def execute(self, sql, params=()):
+        self.in_transaction = True
+        return self._run(self.cursor.execute, sql, params)
+
+    def executemany(self, sql, seq):
+        self.in_transaction = True
+        return self._run(self.cursor.executemany, sql, seq)
+
+    def call(self, func, *args):
+        """``func(*args)`` inside the transaction, with driver errors
+        translated: for driver-specific calls such as COPY."""
+        self.in_transaction = True
+        return self._run(func, *args)
+
+    def fetchone(self):
+        return self._run(self.cursor.fetchone)
+
+    def fetchall(self):
+        return self._run(self.cursor.fetchall)
+
+    def query_one(self, sql, params=()):
+        self.execute(sql, params)
+        return self.fetchone()
+
+    def query_all(self, sql, params=()):
+        self.execute(sql, params)
+        return self.fetchall()
+
+    def query_value(self, sql, params=()):
+        row = self.query_one(sql, params)
+        return None if row is None else row[0]
+
+    def commit(self):
+        self._run(self.raw.commit)
+        self.in_transaction = False
+        if not self.adapter.temp_rows_survive_commit:
+            self.temp_dirty = False
+        self._temp_dirty_at_commit = self.temp_dirty
+
+    def rollback(self):
+        """End the transaction, discarding it; never raises for a dead link."""
+        self.in_transaction = False
+        self.temp_dirty = self._temp_dirty_at_commit
+        if self.broken:
+            return
+        try:
+            self.raw.rollback()
+        except Exception:  # pylint:disable=broad-except
+            # A connection that cannot even roll back is useless: mark it so
+            # that its owner replaces it instead of reusing it.
+            log.debug("rollback failed on %s connection", self.purpose, exc_info=True)
+            self.broken = True
+
+    def close(self):
+        self.in_transaction = False
+        try:
+            self.cursor.close()
+        except Exception:  # pylint:disable=broad-except
+            pass
+        try:
+            self.raw.close()
+        except Exception:  # pylint:disable=broad-except
+            pass
+        self.broken = True

@@ -1,0 +1,1 @@
+"""The MySQL / MariaDB adapter (InnoDB), for mysqlclient or PyMySQL."""

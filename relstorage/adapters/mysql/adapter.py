@@ -1,0 +1,410 @@
+"""MySQL / MariaDB adapter (InnoDB).
+
+MariaDB 10.6+ and MySQL 8.0+ are supported; which one we talk to is read
+from the server version at the first connection, and decides the few
+statements that differ (``MariaDBStatements`` / ``MySQL8Statements``) and
+how lock waits are bounded (``SET STATEMENT ... FOR`` on MariaDB, a session
+``innodb_lock_wait_timeout`` set and restored around the lock on MySQL).
+
+Connections, by purpose:
+
+``load``   REPEATABLE READ; every transaction is one
+           ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``.
+``store``  READ COMMITTED, autocommit off, with a ``temp_store`` TEMPORARY
+           table.  Vote locks the current rows it changes (``FOR UPDATE``)
+           and the rows read with readCurrent (shared), in OID order;
+           finish locks the single ``commit_lock`` row.
+``oid``    READ COMMITTED, autocommit on: OIDs come from an AUTO_INCREMENT
+           table, whose values are never rolled back.
+
+Every session runs in UTC and binds states as binary literals.  The
+server's ``max_allowed_packet`` is read at connect: uploads are split into
+multi-row INSERTs below it, and a state larger than it fails at vote with
+StateTooLargeError.
+"""
+import logging
+import math
+import re
+from contextlib import contextmanager
+
+from ...interfaces import DisconnectedError
+from ...interfaces import RelStorageError
+from ...interfaces import SchemaMismatchError
+from ...interfaces import StateTooLargeError
+from ..base import Adapter
+from ..base import _one_line
+from ..base import chunks
+from ..connections import DBConnection
+from . import drivers
+from . import sql
+
+log = logging.getLogger(__name__)
+
+#: Keys accepted by the constructor (those of the <mysql> config section).
+CONNECT_KEYS = ('host', 'port', 'user', 'passwd', 'db', 'unix_socket',
+                'connect_timeout', 'compress', 'read_default_file',
+                'read_default_group')
+DEFAULT_CONNECT_TIMEOUT = 10
+#: Bytes kept free in every statement for its text and the packet header.
+PACKET_MARGIN = 1024
+
+
+class ServerInfo:
+    """What the server told us about itself at the first connection."""
+
+    def __init__(self, version_string):
+        text = version_string or ''
+        # Old replication handshakes prefix MariaDB versions with "5.5.5-".
+        if text.startswith('5.5.5-'):
+            text = text[6:]
+        self.version_string = text
+        self.is_mariadb = 'mariadb' in text.lower()
+        match = re.match(r'(\d+)\.(\d+)(?:\.(\d+))?', text)
+        self.version = tuple(int(g or 0) for g in match.groups()) if match else (0, 0, 0)
+        self.flavor = 'MariaDB' if self.is_mariadb else 'MySQL'
+        #: MariaDB scopes a variable to one statement with SET STATEMENT.
+        self.supports_set_statement = self.is_mariadb
+        #: Name of the session isolation variable.
+        if self.is_mariadb and self.version < (11, 1):
+            self.isolation_variable = 'tx_isolation'
+        else:
+            self.isolation_variable = 'transaction_isolation'
+
+    @property
+    def statements_class(self):
+        return sql.MariaDBStatements if self.is_mariadb else sql.MySQL8Statements
+
+    def check_supported(self):
+        minimum = (10, 6) if self.is_mariadb else (8, 0)
+        if self.version[:2] < minimum:
+            log.warning("%s %s is older than the oldest supported release (%s); "
+                        "RelStorage may not work with it.", self.flavor,
+                        self.version_string, '.'.join(map(str, minimum)))
+
+    def __repr__(self):
+        return '<%s %s>' % (self.flavor, self.version_string)
+
+
+class MySQLAdapter(Adapter):
+    vendor = 'mysql'
+    max_in_list = 1000
+    #: Most rows in one multi-row INSERT (the byte size is bounded by
+    #: max_allowed_packet as well).
+    upload_batch = 1000
+    statements_class = sql.MySQLStatements
+
+    def __init__(self, options=None, driver=None, **connect_kwargs):
+        super().__init__(options)
+        unknown = set(connect_kwargs) - set(CONNECT_KEYS)
+        if unknown:
+            raise RelStorageError("Unknown MySQL connection parameter(s): %s"
+                                  % ', '.join(sorted(unknown)))
+        self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
+        self._params = {k: v for k, v in connect_kwargs.items() if v is not None}
+        self._params.setdefault('connect_timeout', DEFAULT_CONNECT_TIMEOUT)
+        self.server = None
+        self.max_allowed_packet = None
+        self._oid_high = 0          # every OID <= this is already allocated
+        self._warned_blob_chunk = False
+
+    # ------------------------------------------------------------------
+    # Description and connections.
+
+    def describe(self):
+        params = self._params
+        flavor = self.server.flavor if self.server is not None else 'MySQL'
+        if params.get('unix_socket'):
+            where = 'socket %s' % params['unix_socket']
+        else:
+            where = '%s:%s' % (params.get('host', 'localhost'), params.get('port', 3306))
+        text = "%s database %r at %s as user %r" % (
+            flavor, params.get('db', ''), where, params.get('user', ''))
+        if params.get('read_default_file'):
+            text += ' (defaults from %s)' % params['read_default_file']
+        return text
+
+    def connect(self, purpose):
+        try:
+            raw = self.driver.connect(self._params)
+        except self.driver.Error as exc:
+            message = "Cannot connect to %s: %s" % (self.describe(), _one_line(exc))
+            if self.driver.errno(exc) in drivers.CONFIG_ERRORS:
+                raise RelStorageError(message) from exc
+            raise DisconnectedError(message) from exc
+        try:
+            self._setup_session(raw, purpose)
+        except BaseException as exc:
+            try:
+                raw.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
+            if isinstance(exc, self.driver.Error):
+                raise DisconnectedError("Cannot set up a %s connection to %s: %s"
+                                        % (purpose, self.describe(), _one_line(exc))) from exc
+            raise
+        return raw
+
+    def _setup_session(self, raw, purpose):
+        if self.server is None:
+            server = ServerInfo(raw.get_server_info())
+            server.check_supported()
+            self.sql = server.statements_class(self.keep_history)
+            self._q_cache = {}
+            self.server = server
+        level = 'REPEATABLE-READ' if purpose == 'load' else 'READ-COMMITTED'
+        cur = raw.cursor()
+        try:
+            cur.execute("SET time_zone = '+00:00', @@session.%s = '%s'"
+                        % (self.server.isolation_variable, level))
+            cur.execute("SELECT @@session.max_allowed_packet")
+            (packet,) = cur.fetchone()
+        finally:
+            cur.close()
+        self._note_max_allowed_packet(int(packet))
+        raw.autocommit(purpose == 'oid')
+        raw.commit()
+
+    def _note_max_allowed_packet(self, packet):
+        self.max_allowed_packet = packet
+        chunk = getattr(self.options, 'blob_chunk_size', None)
+        if (chunk and chunk * self.driver.literal_factor > packet - PACKET_MARGIN
+                and not self._warned_blob_chunk):
+            self._warned_blob_chunk = True
+            log.warning("blob-chunk-size (%d bytes) exceeds what the server's "
+                        "max_allowed_packet (%d bytes) accepts in one statement "
+                        "at %s with the %s driver; lower blob-chunk-size or "
+                        "raise max_allowed_packet.",
+                        chunk, packet, self.describe(), self.driver.name)
+
+    def _reconnect(self, conn):
+        """Replace the dead driver connection inside ``conn``."""
+        conn.close()
+        raw = self.connect(conn.purpose)
+        conn.raw = raw
+        conn.cursor = raw.cursor()
+        conn.broken = False
+        conn.in_transaction = False
+        if conn.purpose == 'store':
+            self.ensure_temp_table(conn)
+            conn.commit()
+
+    def begin_snapshot(self, conn):
+        conn.execute('START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY')
+
+    def begin_store(self, conn):
+        # Nothing of this transaction has reached the server yet, so a
+        # connection that died since the last one (server restart, idle
+        # timeout, KILL) is simply replaced.
+        try:
+            conn.execute('START TRANSACTION')
+        except DisconnectedError:
+            log.info("Reconnecting the store connection to %s", self.describe())
+            self._reconnect(conn)
+            conn.execute('START TRANSACTION')
+
+    def classify_error(self, exc):
+        return drivers.classify_error(self.driver, exc)
+
+    def translate_error(self, exc, conn):
+        if self.driver.errno(exc) == drivers.PACKET_TOO_LARGE:
+            conn.broken = True
+            return StateTooLargeError(
+                "A statement sent to %s was larger than the server's "
+                "max_allowed_packet (%s bytes); raise max_allowed_packet. "
+                "The connection was closed by the server: %s"
+                % (self.describe(), self.max_allowed_packet, _one_line(exc)))
+        return super().translate_error(exc, conn)
+
+    # ------------------------------------------------------------------
+    # Schema.
+
+    def schema_statements(self):
+        return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
+
+    def required_tables(self):
+        return super().required_tables() | {'new_oid'}
+
+    def list_tables(self, conn):
+        names = set()
+        for name, engine in conn.query_all(self.sql.LIST_TABLES):
+            name = _text(name).lower()
+            names.add(name)
+            engine = _text(engine) if engine is not None else None
+            if name in sql.ALL_TABLES and engine and engine.lower() != 'innodb':
+                raise SchemaMismatchError(
+                    "Table %s at %s uses the %s storage engine; RelStorage needs "
+                    "InnoDB (transactions and row locks). Convert it with "
+                    "ALTER TABLE %s ENGINE = InnoDB." % (name, self.describe(), engine, name))
+        return names
+
+    def ensure_temp_table(self, conn):
+        conn.execute(sql.TEMP_STORE)
+        conn.execute(sql.TEMP_BLOB_CHUNK)
+
+    def drop_all(self):
+        conn = DBConnection(self, self.connect('store'), 'store')
+        try:
+            # Never wait forever for another session's metadata lock.
+            conn.execute('SET SESSION lock_wait_timeout = %d' % self._lock_timeout_seconds())
+            conn.execute('DROP TABLE IF EXISTS %s' % ', '.join(sql.ALL_TABLES))
+            conn.commit()
+        finally:
+            conn.close()
+        self.close()
+        with self._oid_lock:
+            self._oid_block = []
+            self._oid_high = 0
+
+    # ------------------------------------------------------------------
+    # OIDs.
+
+    def allocate_oid_block(self, conn):
+        # (The base retries once on a new connection if this one died.)
+        conn.execute(self.sql.NEW_OID_BLOCK)
+        n = conn.cursor.lastrowid
+        # Keep the newest row: an empty table could restart the counter
+        # after a server restart on old servers.
+        conn.execute(self.sql.PRUNE_OID_BLOCKS, (n,))
+        first = (n - 1) * sql.OID_BLOCK + 1
+        last = n * sql.OID_BLOCK
+        self._oid_high = max(self._oid_high, last)
+        return list(range(first, last + 1))
+
+    def raise_oid_floor(self, conn, max_oid):
+        if max_oid <= self._oid_high:
+            return      # the counter is already past it
+        # Blocks numbered above ceil(max_oid / OID_BLOCK) start after max_oid.
+        block = -(-max_oid // sql.OID_BLOCK)
+        conn.execute(self.sql.RAISE_OID_BLOCK, (block,))
+        self._oid_high = max(self._oid_high, block * sql.OID_BLOCK)
+
+    # ------------------------------------------------------------------
+    # Locks.
+
+    def _lock_timeout_seconds(self):
+        # InnoDB counts whole seconds, at least one.
+        return max(1, int(math.ceil(float(self.options.commit_lock_timeout))))
+
+    @contextmanager
+    def _bounded_lock_wait(self, conn):
+        """Yield a function wrapping a locking statement so that its lock
+        waits end after commit-lock-timeout; the session's own
+        innodb_lock_wait_timeout is in force again afterwards."""
+        seconds = self._lock_timeout_seconds()
+        if self.server.supports_set_statement:
+            prefix = 'SET STATEMENT innodb_lock_wait_timeout = %d FOR ' % seconds
+            yield lambda stmt: prefix + stmt
+            return
+        previous = conn.query_value('SELECT @@session.innodb_lock_wait_timeout')
+        conn.execute('SET SESSION innodb_lock_wait_timeout = %d' % seconds)
+        failed = False
+        try:
+            yield lambda stmt: stmt
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            try:
+                conn.execute('SET SESSION innodb_lock_wait_timeout = %d' % int(previous))
+            except Exception:  # pylint:disable=broad-except
+                if not failed:
+                    raise
+                log.debug("Could not restore innodb_lock_wait_timeout", exc_info=True)
+
+    def lock_objects(self, conn, oids, read_current_oids):
+        oids = sorted(oids)
+        read_current_oids = sorted(read_current_oids)
+        if not oids and not read_current_oids:
+            return
+        with self._bounded_lock_wait(conn) as bounded:
+            for stmt, group in ((self.sql.LOCK_CURRENT_EXCLUSIVE, oids),
+                                (self.sql.LOCK_CURRENT_SHARED, read_current_oids)):
+                for chunk in chunks(group, self.max_in_list):
+                    conn.query_all(bounded(self.in_list(stmt, len(chunk))), chunk)
+
+    def lock_commit(self, conn):
+        with self._bounded_lock_wait(conn) as bounded:
+            return conn.query_value(bounded(self.sql.LOCK_COMMIT)) or 0
+
+    # ------------------------------------------------------------------
+    # Pack.
+
+    def iter_states(self, conn, batch=1000):
+        """Every (oid, tid, state) row, streamed with an unbuffered cursor
+        (the default cursors of both drivers read the whole result into
+        memory first)."""
+        cursor = conn.raw.cursor(self.driver.streaming_cursor())
+        return self.stream_rows(conn, cursor, self.q(self.sql.ALL_STATES), batch)
+
+    # ------------------------------------------------------------------
+    # Upload.
+
+    def upload(self, conn, rows):
+        """Multi-row INSERTs into temp_store, each below max_allowed_packet.
+
+        A state too big for a statement of its own (but within the packet
+        limit) is sent in pieces appended with CONCAT; a state larger than
+        max_allowed_packet cannot be stored at all.
+        """
+        budget = self.max_allowed_packet - PACKET_MARGIN
+        prefix = self.sql.INSERT_TEMP_MANY
+        literal_size = self.driver.bytes_literal_size
+        batch = []
+        size = len(prefix)
+        for oid, prev_tid, state in rows:
+            if state is None:
+                row_size = 50
+            else:
+                if len(state) > budget:
+                    self._state_too_large(conn, oid, len(state))
+                row_size = 50 + literal_size(state)
+            if len(prefix) + row_size > budget:
+                self._insert_rows(conn, prefix, batch)
+                batch, size = [], len(prefix)
+                self._upload_in_pieces(conn, oid, prev_tid, state, budget)
+                continue
+            if batch and (size + row_size > budget or len(batch) >= self.upload_batch):
+                self._insert_rows(conn, prefix, batch)
+                batch, size = [], len(prefix)
+            batch.append((oid, prev_tid, state))
+            size += row_size
+        self._insert_rows(conn, prefix, batch)
+
+    def _insert_rows(self, conn, prefix, batch):
+        if not batch:
+            return
+        stmt = prefix + ','.join(['(%s,%s,%s)'] * len(batch))
+        conn.execute(stmt, [value for row in batch for value in row])
+
+    def _upload_in_pieces(self, conn, oid, prev_tid, state, budget):
+        piece = max(1, (budget - 200) // 2 - 16)
+        conn.execute(self.sql.INSERT_TEMP_MANY + '(%s,%s,%s)',
+                     (oid, prev_tid, state[:piece]))
+        for start in range(piece, len(state), piece):
+            conn.execute(self.sql.APPEND_TEMP_STATE, (state[start:start + piece], oid))
+
+    def upload_blob_chunk(self, conn, oid, chunk_num, data):
+        if self.driver.bytes_literal_size(data) + 200 > self.max_allowed_packet - PACKET_MARGIN:
+            conn.close()
+            raise StateTooLargeError(
+                "A blob chunk of %d bytes does not fit in one statement to %s, "
+                "whose max_allowed_packet is %d bytes: lower blob-chunk-size or "
+                "raise max_allowed_packet." % (len(data), self.describe(),
+                                               self.max_allowed_packet))
+        super().upload_blob_chunk(conn, oid, chunk_num, data)
+
+    def _state_too_large(self, conn, oid, size):
+        # Nothing of this transaction is committed: discard the connection
+        # (the server rolls back) and let the storage open a new one.
+        conn.close()
+        raise StateTooLargeError(
+            "The state of object 0x%x is %d bytes, more than %s accepts: its "
+            "max_allowed_packet is %d bytes. Raise max_allowed_packet on the "
+            "server, or store less in one object."
+            % (oid, size, self.describe(), self.max_allowed_packet))
+
+
+def _text(value):
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode('utf-8', 'replace')
+    return value

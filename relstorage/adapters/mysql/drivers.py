@@ -1,0 +1,179 @@
+"""MySQL/MariaDB drivers: mysqlclient (``MySQLdb``) and PyMySQL.
+
+Everything that differs between the two DB-API modules lives here: how to
+call ``connect()``, how a bytes value is spelled in the statement text (so
+that bulk uploads can be sized against ``max_allowed_packet``) and which
+exception carries which server error number.  ``classify_error`` maps error
+numbers once, for both drivers.
+"""
+from ...interfaces import RelStorageError
+
+#: Canonical driver name -> other accepted spellings (case is ignored).
+#: Keep in step with relstorage.config.DRIVER_NAMES['mysql'].
+DRIVER_NAMES = {
+    'auto': (),
+    'MySQLdb': ('mysqlclient',),
+    'pymysql': ('PyMySQL',),
+}
+
+# Server and client error numbers (see the MySQL/MariaDB error references).
+LOCK_ERRORS = frozenset((
+    1205,   # ER_LOCK_WAIT_TIMEOUT
+    1213,   # ER_LOCK_DEADLOCK
+    3572,   # ER_LOCK_NOWAIT (MySQL 8)
+))
+DISCONNECT_ERRORS = frozenset((
+    1053,   # ER_SERVER_SHUTDOWN
+    1077,   # ER_NORMAL_SHUTDOWN
+    1078,   # ER_GOT_SIGNAL
+    1079,   # ER_SHUTDOWN_COMPLETE
+    1152,   # ER_ABORTING_CONNECTION
+    1153,   # ER_NET_PACKET_TOO_LARGE (the server closes the connection)
+    1927,   # ER_CONNECTION_KILLED (MariaDB)
+    2002,   # CR_CONNECTION_ERROR (socket)
+    2003,   # CR_CONN_HOST_ERROR
+    2006,   # CR_SERVER_GONE_ERROR
+    2013,   # CR_SERVER_LOST
+    2055,   # CR_SERVER_LOST_EXTENDED
+    4031,   # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
+))
+#: Errors that cannot be fixed by retrying: the configuration is wrong.
+CONFIG_ERRORS = frozenset((
+    1044,   # ER_DBACCESS_DENIED_ERROR
+    1045,   # ER_ACCESS_DENIED_ERROR
+    1049,   # ER_BAD_DB_ERROR
+    1698,   # ER_ACCESS_DENIED_NO_PASSWORD_ERROR
+    2005,   # CR_UNKNOWN_HOST
+))
+PACKET_TOO_LARGE = 1153
+
+
+def canonical_name(name):
+    name = (name or 'auto').strip()
+    for canonical, aliases in DRIVER_NAMES.items():
+        if name.lower() in [n.lower() for n in (canonical,) + aliases]:
+            return canonical
+    raise RelStorageError(
+        "Unknown MySQL driver %r; choose one of: %s"
+        % (name, ', '.join(DRIVER_NAMES)))
+
+
+class Driver:
+    """One DB-API module and its quirks."""
+
+    name = None
+    module_name = None
+    package = None          # what to pip install
+    #: Typical size of a bytes literal relative to the bytes.
+    literal_factor = 1
+
+    def __init__(self):
+        self.module = __import__(self.module_name)
+        self.Error = self.module.Error
+
+    def connect(self, kwargs):
+        raise NotImplementedError
+
+    def bytes_literal_size(self, data):
+        """Length of ``data`` once written into a statement."""
+        raise NotImplementedError
+
+    def streaming_cursor(self):
+        """The cursor class that fetches rows as they are read."""
+        return self.module.cursors.SSCursor
+
+    def errno(self, exc):
+        if isinstance(exc, self.Error) and exc.args and isinstance(exc.args[0], int):
+            return exc.args[0]
+        return None
+
+    def is_closed_error(self, exc):
+        """The driver refusing to use a connection it knows is closed."""
+        return (isinstance(exc, self.module.InterfaceError)
+                and self.errno(exc) in (0, None))
+
+    def __repr__(self):
+        return '<MySQL driver %s>' % self.name
+
+
+class MySQLdbDriver(Driver):
+    name = 'MySQLdb'
+    module_name = 'MySQLdb'
+    package = 'mysqlclient'
+
+    def connect(self, kwargs):
+        kwargs = dict(kwargs)
+        # Bytes go out as _binary'...': never reinterpreted as text.
+        kwargs['binary_prefix'] = True
+        kwargs.setdefault('charset', 'utf8mb4')
+        kwargs['autocommit'] = False
+        return self.module.connect(**kwargs)
+
+    def bytes_literal_size(self, data):
+        # mysql_real_escape_string escapes these seven bytes with a backslash.
+        specials = (data.count(b'\\') + data.count(b"'") + data.count(b'"')
+                    + data.count(b'\0') + data.count(b'\n') + data.count(b'\r')
+                    + data.count(b'\x1a'))
+        return len(data) + specials + 10          # _binary'...'
+
+
+class PyMySQLDriver(Driver):
+    name = 'pymysql'
+    module_name = 'pymysql'
+    package = 'PyMySQL'
+    literal_factor = 2          # hexadecimal
+
+    def connect(self, kwargs):
+        kwargs = dict(kwargs)
+        if kwargs.pop('compress', False):
+            raise RelStorageError(
+                "The PyMySQL driver does not support compress; "
+                "use the MySQLdb (mysqlclient) driver or turn compress off.")
+        # PyMySQL's own spelling of the MySQLdb-style keys.
+        if 'passwd' in kwargs:
+            kwargs['password'] = kwargs.pop('passwd')
+        if 'db' in kwargs:
+            kwargs['database'] = kwargs.pop('db')
+        kwargs.setdefault('charset', 'utf8mb4')
+        kwargs['autocommit'] = False
+        return self.module.connect(**kwargs)
+
+    def bytes_literal_size(self, data):
+        return 2 * len(data) + 12                 # _binary X'hex'
+
+
+_DRIVERS = {'MySQLdb': MySQLdbDriver, 'pymysql': PyMySQLDriver}
+
+
+def select_driver(name='auto'):
+    """The driver for ``name``; 'auto' prefers MySQLdb, then PyMySQL."""
+    canonical = canonical_name(name)
+    if canonical == 'auto':
+        missing = []
+        for cls in (MySQLdbDriver, PyMySQLDriver):
+            try:
+                return cls()
+            except ImportError as exc:
+                missing.append('%s (%s)' % (cls.package, exc))
+        raise RelStorageError(
+            "No MySQL driver is installed: install mysqlclient or PyMySQL "
+            "(tried: %s)." % '; '.join(missing))
+    cls = _DRIVERS[canonical]
+    try:
+        return cls()
+    except ImportError as exc:
+        raise RelStorageError(
+            "The MySQL driver %r is not installed (pip install %s): %s"
+            % (name, cls.package, exc)) from None
+
+
+def classify_error(driver, exc):
+    """'lock', 'disconnect' or None for an exception raised by ``driver``."""
+    if driver is None or not isinstance(exc, driver.Error):
+        return None
+    errno = driver.errno(exc)
+    if errno in LOCK_ERRORS:
+        return 'lock'
+    if errno in DISCONNECT_ERRORS or driver.is_closed_error(exc):
+        return 'disconnect'
+    return None

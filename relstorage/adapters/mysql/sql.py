@@ -1,0 +1,196 @@
+"""MySQL/MariaDB statements and schema.
+
+Differences from the ANSI statements in ``..sql``:
+
+- upserts are ``INSERT ... SELECT ... ON DUPLICATE KEY UPDATE`` (``VALUES()``
+  is understood by MariaDB and by MySQL 8, where it is merely deprecated);
+- MySQL (8.0 included) cannot open a TEMPORARY table twice in one statement
+  and optimizes ``x IN (SELECT ...)`` in DELETE and UPDATE poorly, so
+  statements touching ``temp_store`` or filtering by a subquery are written
+  as multi-table UPDATE/DELETE joins;
+- row locks: ``FOR UPDATE`` everywhere, shared locks spelled
+  ``LOCK IN SHARE MODE`` on MariaDB (which has no ``FOR SHARE``) and
+  ``FOR SHARE`` on MySQL 8.
+"""
+from ..sql import Statements
+
+
+class MySQLStatements(Statements):
+    """Statements both MariaDB 10.6+ and MySQL 8 accept."""
+
+    #: Appended to a SELECT taking shared row locks.
+    SHARE_LOCK_CLAUSE = 'LOCK IN SHARE MODE'
+
+    def __init__(self, keep_history):
+        super().__init__(keep_history)
+        self.LOCK_CURRENT_SHARED = self.LOCK_CURRENT_SHARED.replace(
+            '{share}', self.SHARE_LOCK_CLAUSE)
+
+    UPDATE_CURRENT = """
+        INSERT INTO current_object (zoid, tid)
+        SELECT zoid, %s FROM temp_store
+        ON DUPLICATE KEY UPDATE tid = VALUES(tid)
+    """
+
+    MOVE_FROM_TEMP_HF = """
+        INSERT INTO object_state (zoid, tid, state_size, state)
+        SELECT zoid, %s, COALESCE(LENGTH(state), 0), state FROM temp_store
+        ON DUPLICATE KEY UPDATE
+            tid = VALUES(tid),
+            state_size = VALUES(state_size),
+            state = VALUES(state)
+    """
+
+    # One reference to temp_store, joined rather than correlated.
+    FIX_PREV_TIDS = """
+        UPDATE temp_store t
+        LEFT JOIN current_object c ON c.zoid = t.zoid
+        SET t.prev_tid = COALESCE(c.tid, 0)
+    """
+    FIX_PREV_TIDS_HF = """
+        UPDATE temp_store t
+        LEFT JOIN object_state s ON s.zoid = t.zoid
+        SET t.prev_tid = COALESCE(s.tid, 0)
+    """
+
+    # Blobs: replace the history-free blobs of what we write (a join, not
+    # IN (SELECT ...)).
+    DELETE_BLOBS_OF_WRITTEN_HF = """
+        DELETE b FROM blob_chunk b JOIN temp_store t ON t.zoid = b.zoid
+    """
+
+    DELETE_TRANSACTIONS_WITHOUT_STATES = """
+        DELETE t FROM transaction_log t
+        LEFT JOIN object_state s ON s.tid = t.tid
+        WHERE t.tid > 0 AND t.tid <= %s AND t.packed = %s
+          AND s.zoid IS NULL
+    """
+
+    # The commit lock: one row, locked until commit or rollback.
+    LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
+
+    # Row locks taken during vote (see MySQLAdapter.lock_objects).
+    LOCK_CURRENT_EXCLUSIVE = """
+        SELECT zoid FROM current_object WHERE zoid IN ({in_list})
+        ORDER BY zoid FOR UPDATE
+    """
+    LOCK_CURRENT_EXCLUSIVE_HF = """
+        SELECT zoid FROM object_state WHERE zoid IN ({in_list})
+        ORDER BY zoid FOR UPDATE
+    """
+    LOCK_CURRENT_SHARED = """
+        SELECT zoid FROM current_object WHERE zoid IN ({in_list})
+        ORDER BY zoid {share}
+    """
+    LOCK_CURRENT_SHARED_HF = """
+        SELECT zoid FROM object_state WHERE zoid IN ({in_list})
+        ORDER BY zoid {share}
+    """
+
+    # Multi-row upload; VALUES rows are appended by the adapter.
+    INSERT_TEMP_MANY = "INSERT INTO temp_store (zoid, prev_tid, state) VALUES "
+    APPEND_TEMP_STATE = """
+        UPDATE temp_store SET state = CONCAT(state, %s) WHERE zoid = %s
+    """
+
+    CLEAR_TEMP = "DELETE FROM temp_store"
+
+    # OIDs: an AUTO_INCREMENT counter (never rolled back); each value n
+    # stands for the block of OIDs ((n - 1) * OID_BLOCK, n * OID_BLOCK].
+    NEW_OID_BLOCK = "INSERT INTO new_oid VALUES ()"
+    PRUNE_OID_BLOCKS = "DELETE FROM new_oid WHERE zoid < %s"
+    RAISE_OID_BLOCK = "INSERT IGNORE INTO new_oid (zoid) VALUES (%s)"
+
+    LIST_TABLES = """
+        SELECT LOWER(table_name), engine FROM information_schema.tables
+        WHERE table_schema = DATABASE()
+    """
+
+
+class MariaDBStatements(MySQLStatements):
+    SHARE_LOCK_CLAUSE = 'LOCK IN SHARE MODE'
+
+
+class MySQL8Statements(MySQLStatements):
+    SHARE_LOCK_CLAUSE = 'FOR SHARE'
+
+
+OID_BLOCK = 128
+
+#: Tables RelStorage owns (dropped by drop_all).
+ALL_TABLES = ('commit_lock', 'new_oid', 'transaction_log', 'current_object',
+              'object_state', 'blob_chunk')
+
+_BLOB_CHUNK = """CREATE TABLE blob_chunk (
+        zoid BIGINT NOT NULL,
+        tid BIGINT NOT NULL,
+        chunk_num BIGINT NOT NULL,
+        chunk LONGBLOB NOT NULL,
+        PRIMARY KEY (zoid, tid, chunk_num)
+    ) ENGINE = InnoDB"""
+
+_COMMON = (
+    """CREATE TABLE commit_lock (
+        id TINYINT NOT NULL PRIMARY KEY,
+        tid BIGINT NOT NULL
+    ) ENGINE = InnoDB""",
+    "INSERT INTO commit_lock (id, tid) VALUES (0, 0)",
+    """CREATE TABLE new_oid (
+        zoid BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY
+    ) ENGINE = InnoDB""",
+)
+
+HISTORY_PRESERVING_SCHEMA = _COMMON + (
+    """CREATE TABLE transaction_log (
+        tid BIGINT NOT NULL PRIMARY KEY,
+        packed BOOLEAN NOT NULL DEFAULT FALSE,
+        is_empty BOOLEAN NOT NULL DEFAULT FALSE,
+        username MEDIUMBLOB NOT NULL,
+        description MEDIUMBLOB NOT NULL,
+        extension MEDIUMBLOB
+    ) ENGINE = InnoDB""",
+    """CREATE TABLE object_state (
+        zoid BIGINT NOT NULL,
+        tid BIGINT NOT NULL,
+        prev_tid BIGINT NOT NULL,
+        state_size BIGINT NOT NULL,
+        state LONGBLOB,
+        PRIMARY KEY (zoid, tid),
+        KEY object_state_tid (tid)
+    ) ENGINE = InnoDB""",
+    """CREATE TABLE current_object (
+        zoid BIGINT NOT NULL PRIMARY KEY,
+        tid BIGINT NOT NULL,
+        KEY current_object_tid (tid)
+    ) ENGINE = InnoDB""",
+    _BLOB_CHUNK,
+)
+
+HISTORY_FREE_SCHEMA = _COMMON + (
+    """CREATE TABLE object_state (
+        zoid BIGINT NOT NULL PRIMARY KEY,
+        tid BIGINT NOT NULL,
+        state_size BIGINT NOT NULL,
+        state LONGBLOB,
+        KEY object_state_tid (tid)
+    ) ENGINE = InnoDB""",
+    _BLOB_CHUNK,
+)
+
+# Per connection; InnoDB because MEMORY tables cannot hold BLOBs.
+TEMP_STORE = """
+    CREATE TEMPORARY TABLE IF NOT EXISTS temp_store (
+        zoid BIGINT NOT NULL PRIMARY KEY,
+        prev_tid BIGINT NOT NULL,
+        state LONGBLOB
+    ) ENGINE = InnoDB
+"""
+
+TEMP_BLOB_CHUNK = """
+    CREATE TEMPORARY TABLE IF NOT EXISTS temp_blob_chunk (
+        zoid BIGINT NOT NULL,
+        chunk_num BIGINT NOT NULL,
+        chunk LONGBLOB NOT NULL,
+        PRIMARY KEY (zoid, chunk_num)
+    ) ENGINE = InnoDB
+"""

@@ -1,0 +1,1 @@
+"""The PostgreSQL adapter (psycopg 3 or psycopg2)."""

@@ -1,0 +1,233 @@
+"""PostgreSQL adapter.
+
+Connections, by purpose:
+
+- ``load``: every transaction is one ``REPEATABLE READ READ ONLY``
+  snapshot (so a hot standby could serve it), begun by the first query after
+  the storage's previous rollback;
+- ``store``: ``READ COMMITTED``, autocommit off.  Each statement sees what
+  was committed before it started, which is what the commit steps need
+  once they hold their row locks.  Waiting for a lock is bounded by
+  ``commit-lock-timeout`` through the session's ``lock_timeout`` (set once
+  when the connection opens, so that locking costs no extra round trip);
+- ``oid``: autocommit; OIDs come from the sequence ``zoid_seq`` (nextval is
+  never rolled back, so two clients can never get the same OID).
+
+Locks: committers lock the current rows of the objects they change
+``FOR UPDATE`` (and of the objects read with ``readCurrent`` ``FOR SHARE``)
+during vote, in OID order, so commits touching disjoint objects vote in
+parallel.  The single row of ``commit_lock`` is locked ``FOR UPDATE`` only
+in finish, to choose the transaction id and publish it.  A lost client
+(killed process, dropped link) loses its server session, and PostgreSQL
+releases its locks and discards its uncommitted work with it.
+"""
+import getpass
+import os
+
+from ...interfaces import DisconnectedError
+from ...interfaces import RelStorageError
+from ...options import redact_secrets
+from ..base import Adapter
+from ..base import _one_line
+from . import drivers
+from . import sql
+
+DEFAULT_CONNECT_TIMEOUT = 10
+
+
+class PostgreSQLConnectError(DisconnectedError):
+    """The server could not be reached (down, restarting, network).
+
+    A DisconnectedError, hence a TransientError: retrying later may work.
+    """
+
+
+class PostgreSQLAdapter(Adapter):
+    vendor = 'postgresql'
+    # temp_store and temp_blob_chunk are ON COMMIT DELETE ROWS.
+    temp_rows_survive_commit = False
+    single_writer = False
+    placeholder = '%s'
+    max_in_list = 1000
+    upload_batch = 1000
+    statements_class = sql.PostgreSQLStatements
+
+    def __init__(self, dsn='', options=None, driver=None):
+        super().__init__(options)
+        self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
+        self._password = None
+        try:
+            params = dict(self.driver.parse_dsn(dsn or ''))
+        except Exception as exc:  # pylint:disable=broad-except
+            raise RelStorageError(
+                "Invalid PostgreSQL DSN: %s"
+                % redact_secrets(_one_line(exc))) from None
+        self._password = params.get('password') or None
+        if not params.get('connect_timeout'):
+            params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
+        self._params = params
+        self._dsn = self.driver.make_dsn(params)
+        self._oid_floor_seen = 0
+
+    # --- description and errors ------------------------------------------
+
+    def describe(self):
+        params = self._params
+        host = params.get('host') or params.get('hostaddr') or os.environ.get('PGHOST')
+        port = params.get('port') or os.environ.get('PGPORT')
+        user = params.get('user') or os.environ.get('PGUSER') or _os_user()
+        dbname = params.get('dbname') or os.environ.get('PGDATABASE') or user
+        where = ('host %s' % host) if host else 'the local socket'
+        if port:
+            where += ' port %s' % port
+        return "PostgreSQL database %r on %s as user %r" % (dbname, where, user)
+
+    def _redact(self, text):
+        if self._password:
+            text = text.replace(self._password, '***')
+        return redact_secrets(text)
+
+    def classify_error(self, exc):
+        return self.driver.classify_error(exc)
+
+    def _connect_error(self, exc):
+        message = "Cannot connect to %s (driver %s): %s" % (
+            self.describe(), self.driver.name, self._redact(_one_line(exc)))
+        if drivers.connect_error_is_transient(self.driver, exc):
+            # Unreachable, refused, timed out, starting up, shutting down,
+            # too many clients: worth retrying later.
+            return PostgreSQLConnectError(message)
+        # Authentication, unknown database or role, bad parameters.
+        return RelStorageError(message)
+
+    # --- connections ------------------------------------------------------
+
+    def connect(self, purpose):
+        try:
+            raw = self.driver.connect(self._dsn, purpose)
+        except self.driver.Error as exc:
+            # Not chained: the driver's own text is already summarised (and
+            # redacted) in ours.
+            raise self._connect_error(exc) from None
+        setup = []
+        if purpose == 'store':
+            setup.append("SET lock_timeout = %d" % self._lock_timeout_ms())
+        if purpose == 'load' and self.driver.prepares_explicitly:
+            # Saves the server parsing and planning the statement run once
+            # per object read (a cold read is one of these per object).
+            setup.append("PREPARE rs_load_current(bigint) AS "
+                         + self.sql.LOAD_CURRENT.replace('%s', '$1'))
+        if setup:
+            cur = raw.cursor()
+            try:
+                for stmt in setup:
+                    cur.execute(stmt)
+                raw.commit()
+            except self.driver.Error as exc:
+                raw.close()
+                raise self._connect_error(exc) from None
+            finally:
+                cur.close()
+        return raw
+
+    def load_current(self, conn, oid):
+        if conn.purpose == 'load' and self.driver.prepares_explicitly:
+            return conn.query_one('EXECUTE rs_load_current(%s)', (oid,))
+        return super().load_current(conn, oid)
+
+    def _lock_timeout_ms(self):
+        # 0 would mean "wait forever" to PostgreSQL: never pass it.
+        return max(1, int(float(self.options.commit_lock_timeout) * 1000))
+
+    def list_tables(self, conn):
+        return {row[0].lower() for row in conn.query_all(self.sql.LIST_TABLES)}
+
+    def schema_statements(self):
+        return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
+
+    def ensure_temp_table(self, conn):
+        conn.execute(sql.TEMP_STORE)
+        conn.execute(sql.TEMP_BLOB_CHUNK)
+
+    # --- OIDs -------------------------------------------------------------
+
+    def allocate_oid_block(self, conn):
+        values = [row[0] for row in conn.query_all(self.sql.NEXT_OID_BLOCK)]
+        self._oid_floor_seen = max([self._oid_floor_seen] + values)
+        return [oid for last in values for oid in range(last - sql.OID_BLOCK + 1, last + 1)]
+
+    def raise_oid_floor(self, conn, max_oid):
+        # Every OID we handed out is <= a sequence value we saw: the usual
+        # commit needs no query at all.
+        if max_oid <= self._oid_floor_seen:
+            return
+        last, is_called = conn.query_one(self.sql.OID_SEQUENCE_STATE)
+        reserved = last if is_called else last - sql.OID_BLOCK
+        if reserved < max_oid:
+            # (Only restore/copy store OIDs nobody allocated.  A nextval by
+            # another client between the read above and this setval could
+            # still be overtaken; copying into a database that is in use
+            # is not supported.)
+            conn.query_value(self.sql.SET_OID_FLOOR, (max_oid,))
+            reserved = max_oid
+        self._oid_floor_seen = max(self._oid_floor_seen, reserved)
+
+    # --- commit -----------------------------------------------------------
+
+    def upload(self, conn, rows):
+        conn.call(self.driver.copy_in, conn.cursor, self.sql.COPY_TEMP, rows)
+
+    def lock_objects(self, conn, oids, read_current_oids):
+        oids = list(oids)
+        if oids:
+            conn.query_all(self.sql.LOCK_OBJECTS, (oids,))
+        read_current_oids = list(read_current_oids)
+        if read_current_oids:
+            conn.query_all(self.sql.LOCK_READ_CURRENT, (read_current_oids,))
+
+    def lock_commit(self, conn):
+        return conn.query_value(self.sql.LOCK_COMMIT)
+
+    # --- pack -----------------------------------------------------------
+
+    def iter_states(self, conn, batch=1000):
+        """Every (oid, tid, state) row, streamed through a server-side
+        cursor: a client-side one would hold the whole table in memory."""
+        cursor = conn.call(conn.raw.cursor, 'relstorage_all_states')
+        return self.stream_rows(conn, cursor, self.sql.ALL_STATES, batch)
+
+    # --- cheap statistics -------------------------------------------------
+
+    def count_objects(self, conn):
+        row = conn.query_one(self.sql.COUNT_ESTIMATE, (self.sql.COUNTED_TABLE,))
+        if row is None:
+            return 0
+        size, estimate = row
+        # reltuples is -1 until the table is first vacuumed or analyzed.
+        if size < sql.SMALL_TABLE_BYTES or estimate < 0:
+            return conn.query_value(self.sql.COUNT_OBJECTS_EXACT) or 0
+        return estimate
+
+    def database_size(self, conn):
+        return conn.query_value(self.sql.SIZE_OF_STATES) or 0
+
+    # --- maintenance ------------------------------------------------------
+
+    def drop_all(self):
+        self.close()
+        self._oid_floor_seen = 0
+        raw = self.connect('store')
+        try:
+            cur = raw.cursor()
+            for stmt in sql.DROP_ALL:
+                cur.execute(stmt)
+            raw.commit()
+        finally:
+            raw.close()
+
+
+def _os_user():
+    try:
+        return getpass.getuser()
+    except Exception:  # pylint:disable=broad-except
+        return '(unknown)'

@@ -1,0 +1,248 @@
+"""PostgreSQL drivers: psycopg (version 3) and psycopg2, behind one face.
+
+Everything that differs between the two DB-API modules lives here: how a
+connection is opened for each purpose, how a DSN is parsed, how rows are
+streamed with COPY, and where an error keeps its SQLSTATE.  The adapter
+never imports a driver itself.
+"""
+import binascii
+import importlib
+
+from ...interfaces import RelStorageError
+
+DRIVER_NAMES = ('auto', 'psycopg', 'psycopg2')
+
+# SQLSTATEs (PostgreSQL manual, appendix A "Error Codes").
+LOCK_NOT_AVAILABLE = '55P03'      # lock_timeout expired, or NOWAIT
+DEADLOCK_DETECTED = '40P01'
+LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
+#: admin_shutdown, crash_shutdown, cannot_connect_now; class 08 is added below.
+DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03'))
+
+
+#: Server refusals at connect time that pass: (libpq reports them as text,
+#: with no SQLSTATE, so the text is all there is to go by.)
+_TRANSIENT_FATALS = ('starting up', 'shutting down', 'recovery mode',
+                     'too many clients', 'terminating connection',
+                     'remaining connection slots')
+
+
+def connect_error_is_transient(driver, exc):
+    """Whether a failure to connect may go away by itself.
+
+    The server not answering (down, refused, timed out, unknown host) or
+    not accepting connections *yet* is transient; the server rejecting us
+    (password, unknown database or role, pg_hba) or a malformed DSN is not.
+    """
+    state = driver.sqlstate(exc)
+    if state is not None:
+        return state.startswith('08') or state in DISCONNECT_STATES or state == '53300'
+    if not isinstance(exc, driver.OperationalError):
+        return False
+    text = str(exc)
+    if 'FATAL:' in text:
+        return any(marker in text for marker in _TRANSIENT_FATALS)
+    return True
+
+
+def select_driver(name):
+    """The driver object for ``name`` ('auto', 'psycopg' or 'psycopg2').
+
+    'auto' prefers psycopg 3.  A driver named explicitly but not importable
+    is an error that says so, rather than a silent fallback.
+    """
+    name = (name or 'auto').strip().lower()
+    if name == 'psycopg3':
+        name = 'psycopg'
+    if name not in DRIVER_NAMES:
+        raise RelStorageError(
+            "Unknown PostgreSQL driver %r; choose one of: %s"
+            % (name, ', '.join(DRIVER_NAMES)))
+    if name == 'auto':
+        problems = []
+        for cls in (Psycopg3Driver, Psycopg2Driver):
+            try:
+                return cls()
+            except ImportError as exc:
+                problems.append('%s (%s)' % (cls.name, exc))
+        raise RelStorageError(
+            "No PostgreSQL driver is installed: tried %s. Install psycopg "
+            "(pip install 'psycopg[binary]') or psycopg2." % '; '.join(problems))
+    cls = Psycopg3Driver if name == 'psycopg' else Psycopg2Driver
+    try:
+        return cls()
+    except ImportError as exc:
+        raise RelStorageError(
+            "The PostgreSQL driver %r was configured but cannot be imported "
+            "(%s). Install it, or set driver to auto." % (name, exc)) from exc
+
+
+class Driver:
+    """What the adapter needs from a driver module."""
+
+    name = None
+    module_name = None
+    prepares_explicitly = False
+
+    def __init__(self):
+        self.module = importlib.import_module(self.module_name)
+        self.Error = self.module.Error
+        self.OperationalError = self.module.OperationalError
+        self.InterfaceError = self.module.InterfaceError
+
+    def __repr__(self):
+        return '<PostgreSQL driver %s>' % self.name
+
+    # --- errors -----------------------------------------------------------
+
+    def sqlstate(self, exc):
+        raise NotImplementedError
+
+    def classify_error(self, exc):
+        """'lock', 'disconnect' or None."""
+        if not isinstance(exc, self.Error):
+            return None
+        state = self.sqlstate(exc)
+        if state in LOCK_STATES:
+            return 'lock'
+        if state is not None:
+            if state.startswith('08') or state in DISCONNECT_STATES:
+                return 'disconnect'
+            return None
+        # No SQLSTATE: the error comes from the client library, not the
+        # server.  For these drivers that means the link is gone (server
+        # closed the connection, connection already closed, ...).
+        if isinstance(exc, (self.OperationalError, self.InterfaceError)):
+            return 'disconnect'
+        return None
+
+    # --- DSNs -------------------------------------------------------------
+
+    def parse_dsn(self, dsn):
+        """libpq's reading of ``dsn`` (key=value or URI) as a dict."""
+        raise NotImplementedError
+
+    def make_dsn(self, params):
+        raise NotImplementedError
+
+    # --- connections ------------------------------------------------------
+
+    def connect(self, dsn, purpose):
+        raise NotImplementedError
+
+    def copy_in(self, cursor, stmt, rows):
+        """Stream ``rows`` of (int, int, bytes-or-None) with ``stmt`` (COPY)."""
+        raise NotImplementedError
+
+
+class Psycopg3Driver(Driver):
+    name = 'psycopg'
+    module_name = 'psycopg'
+
+    def sqlstate(self, exc):
+        return getattr(exc, 'sqlstate', None)
+
+    def parse_dsn(self, dsn):
+        from psycopg.conninfo import conninfo_to_dict
+        return conninfo_to_dict(dsn)
+
+    def make_dsn(self, params):
+        from psycopg.conninfo import make_conninfo
+        return make_conninfo('', **params)
+
+    def connect(self, dsn, purpose):
+        psycopg = self.module
+        conn = psycopg.connect(dsn, autocommit=(purpose == 'oid'))
+        if purpose == 'load':
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+        elif purpose == 'store':
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.read_only = False
+        return conn
+
+    def copy_in(self, cursor, stmt, rows):
+        with cursor.copy(stmt + ' (FORMAT BINARY)') as copy:
+            copy.set_types(['int8', 'int8', 'bytea'])
+            for row in rows:
+                copy.write_row(row)
+
+
+class Psycopg2Driver(Driver):
+    name = 'psycopg2'
+    module_name = 'psycopg2'
+    # psycopg2 never prepares on its own (psycopg 3 does after a few
+    # executions), so the per-object load is prepared explicitly.
+    prepares_explicitly = True
+
+    def __init__(self):
+        super().__init__()
+        import psycopg2.extensions
+        ext = psycopg2.extensions
+
+        def cast_bytes(value, cursor):
+            if value is None:
+                return None
+            return bytes(self.module.BINARY(value, cursor))
+        # bytea columns come back as bytes, as with psycopg 3, not memoryview.
+        self._bytes_type = ext.new_type(self.module.BINARY.values, 'RS_BYTEA', cast_bytes)
+
+    def sqlstate(self, exc):
+        return getattr(exc, 'pgcode', None)
+
+    def parse_dsn(self, dsn):
+        from psycopg2.extensions import parse_dsn
+        return parse_dsn(dsn)
+
+    def make_dsn(self, params):
+        from psycopg2.extensions import make_dsn
+        return make_dsn('', **params)
+
+    def connect(self, dsn, purpose):
+        ext = self.module.extensions
+        conn = self.module.connect(dsn)
+        ext.register_type(self._bytes_type, conn)
+        if purpose == 'load':
+            conn.set_session(isolation_level=ext.ISOLATION_LEVEL_REPEATABLE_READ,
+                             readonly=True, autocommit=False)
+        elif purpose == 'store':
+            conn.set_session(isolation_level=ext.ISOLATION_LEVEL_READ_COMMITTED,
+                             readonly=False, autocommit=False)
+        else:
+            conn.autocommit = True
+        return conn
+
+    def copy_in(self, cursor, stmt, rows):
+        cursor.copy_expert(stmt, _CopyTextReader(rows))
+
+
+class _CopyTextReader:
+    """A file-like object producing COPY text format lazily (for psycopg2).
+
+    bytea values are written in hex (``\\x...``) with the backslash doubled,
+    as COPY's text format treats backslash as an escape.
+    """
+
+    def __init__(self, rows):
+        self._rows = iter(rows)
+        self._buf = bytearray()
+
+    def _line(self, row):
+        oid, prev_tid, state = row
+        if state is None:
+            data = b'\\N'
+        else:
+            data = b'\\\\x' + binascii.hexlify(state)
+        return b'%d\t%d\t%s\n' % (oid, prev_tid, data)
+
+    def read(self, size=-1):
+        if size is None or size < 0:
+            size = 1 << 62
+        while len(self._buf) < size:
+            row = next(self._rows, None)
+            if row is None:
+                break
+            self._buf += self._line(row)
+        out = bytes(self._buf[:size])
+        del self._buf[:size]
+        return out

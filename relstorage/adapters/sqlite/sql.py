@@ -1,0 +1,94 @@
+"""SQLite statements and schema."""
+from ..sql import Statements
+
+
+class SqliteStatements(Statements):
+
+    # SQLite parses "INSERT ... SELECT ... ON CONFLICT" only when the SELECT
+    # has a WHERE clause, hence the "WHERE true".
+    UPDATE_CURRENT = """
+        INSERT INTO current_object (zoid, tid)
+        SELECT zoid, %s FROM temp_store WHERE true
+        ON CONFLICT (zoid) DO UPDATE SET tid = excluded.tid
+    """
+
+    MOVE_FROM_TEMP_HF = """
+        INSERT INTO object_state (zoid, tid, state_size, state)
+        SELECT zoid, %s, COALESCE(LENGTH(state), 0), state FROM temp_store WHERE true
+        ON CONFLICT (zoid) DO UPDATE SET
+            tid = excluded.tid,
+            state_size = excluded.state_size,
+            state = excluded.state
+    """
+
+
+# Blob bytes, the same in both history modes.
+_BLOB_CHUNK_TABLE = (
+    """CREATE TABLE blob_chunk (
+        zoid INTEGER NOT NULL,
+        tid INTEGER NOT NULL,
+        chunk_num INTEGER NOT NULL,
+        chunk BLOB NOT NULL,
+        PRIMARY KEY (zoid, tid, chunk_num)
+    )""",
+)
+
+HISTORY_PRESERVING_SCHEMA = (
+    "CREATE TABLE commit_lock (id INTEGER PRIMARY KEY, tid INTEGER NOT NULL)",
+    "INSERT INTO commit_lock (id, tid) VALUES (0, 0)",
+    """CREATE TABLE transaction_log (
+        tid INTEGER PRIMARY KEY,
+        packed BOOLEAN NOT NULL DEFAULT 0,
+        is_empty BOOLEAN NOT NULL DEFAULT 0,
+        username BLOB NOT NULL,
+        description BLOB NOT NULL,
+        extension BLOB
+    )""",
+    """CREATE TABLE object_state (
+        zoid INTEGER NOT NULL,
+        tid INTEGER NOT NULL,
+        prev_tid INTEGER NOT NULL,
+        state_size INTEGER NOT NULL,
+        state BLOB,
+        PRIMARY KEY (zoid, tid)
+    )""",
+    "CREATE INDEX object_state_tid ON object_state (tid)",
+    """CREATE TABLE current_object (
+        zoid INTEGER PRIMARY KEY,
+        tid INTEGER NOT NULL
+    )""",
+    "CREATE INDEX current_object_tid ON current_object (tid)",
+) + _BLOB_CHUNK_TABLE
+
+HISTORY_FREE_SCHEMA = (
+    "CREATE TABLE commit_lock (id INTEGER PRIMARY KEY, tid INTEGER NOT NULL)",
+    "INSERT INTO commit_lock (id, tid) VALUES (0, 0)",
+    """CREATE TABLE object_state (
+        zoid INTEGER PRIMARY KEY,
+        tid INTEGER NOT NULL,
+        state_size INTEGER NOT NULL,
+        state BLOB
+    )""",
+    "CREATE INDEX object_state_tid ON object_state (tid)",
+) + _BLOB_CHUNK_TABLE
+
+TEMP_STORE = """
+    CREATE TEMP TABLE IF NOT EXISTS temp_store (
+        zoid INTEGER PRIMARY KEY,
+        prev_tid INTEGER NOT NULL,
+        state BLOB
+    )
+"""
+
+TEMP_BLOB_CHUNK = """
+    CREATE TEMP TABLE IF NOT EXISTS temp_blob_chunk (
+        zoid INTEGER NOT NULL,
+        chunk_num INTEGER NOT NULL,
+        chunk BLOB NOT NULL,
+        PRIMARY KEY (zoid, chunk_num)
+    )
+"""
+
+OID_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS oid_counter (id INTEGER PRIMARY KEY, next_oid INTEGER NOT NULL)
+"""

@@ -1,0 +1,36 @@
+"""Blob support: how blob files travel between ZODB, the database and disk.
+
+Two modes, chosen by ``shared-blob-dir``:
+
+- ``cached.CachedBlobs`` (default, shared-blob-dir false): the bytes live in
+  the database (``blob_chunk`` rows, committed with the object that owns
+  them); ``blob-dir`` is only a local cache, bounded by ``blob-cache-size``.
+- ``shared.SharedBlobs`` (shared-blob-dir true): ``blob-dir`` (often NFS) is
+  the only copy, in ZODB's bushy layout; the database keeps no blob bytes.
+
+Each storage instance gets its own ``BlobTransaction`` from the mode object
+for the transaction being committed.
+"""
+import os
+
+from ..interfaces import RelStorageError
+
+
+def make_blobs(options, adapter):
+    """The blob mode object for these options, or None without blob-dir."""
+    if not options.blob_dir:
+        return None
+    blob_dir = os.path.abspath(options.blob_dir)
+    try:
+        os.makedirs(os.path.join(blob_dir, 'tmp'), exist_ok=True)
+        probe = os.path.join(blob_dir, 'tmp', '.writable-%d' % os.getpid())
+        with open(probe, 'wb') as f:
+            f.write(b'x')
+        os.remove(probe)
+    except OSError as exc:
+        raise RelStorageError("blob-dir %s is not usable: %s" % (blob_dir, exc)) from exc
+    if options.shared_blob_dir:
+        from .shared import SharedBlobs
+        return SharedBlobs(blob_dir, options)
+    from .cached import CachedBlobs
+    return CachedBlobs(blob_dir, options)

@@ -1,0 +1,188 @@
+"""shared-blob-dir false: blob bytes live in the database; blob-dir caches them.
+
+Upload (vote) and download (loadBlob) move ``blob-chunk-size`` bytes at a
+time, one statement per chunk, so a blob of several GB never sits in
+memory.  A download is written to a temporary file in the cache and renamed
+to its final name only when complete: a reader never sees a short file, and
+an interrupted download leaves only a temporary file that readers ignore.
+
+The cache is bounded by ``blob-cache-size``: once the bytes added since the
+last check pass ``blob-cache-size-check`` percent of it, the least recently
+used files are removed until the cache is at 90 % of the limit.  Several
+processes may share the directory: pruning takes a non-blocking lock file
+(whoever holds it prunes; the others carry on), deletes only final ``.blob``
+files (never temporary ones being written), and readers that lose a race
+with pruning simply download again.
+"""
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from ZODB.blob import rename_or_copy_blob
+
+from .common import BlobMode
+from .common import _remove
+
+log = logging.getLogger(__name__)
+
+
+class CachedBlobs(BlobMode):
+
+    in_database = True
+
+    def __init__(self, blob_dir, options):
+        super().__init__(blob_dir, options)
+        self.chunk_size = int(options.blob_chunk_size or 1 << 20)
+        self.cache_size = options.blob_cache_size
+        check = options.blob_cache_size_check or 10
+        self._check_every = (self.cache_size * check // 100) if self.cache_size else None
+        self._added = 0
+        self._lock = threading.Lock()
+
+    # --- commit -------------------------------------------------------------
+
+    def vote(self, adapter, conn, btxn, tstore):
+        # (commit.vote has emptied temp_blob_chunk if a commit left rows.)
+        for oid_int, path in sorted(btxn.pending.items()):
+            with open(path, 'rb') as f:
+                chunk_num = 0
+                while True:
+                    data = f.read(self.chunk_size)
+                    if not data and chunk_num:
+                        break
+                    adapter.upload_blob_chunk(conn, oid_int, chunk_num, data)
+                    chunk_num += 1
+                    if len(data) < self.chunk_size:
+                        break
+
+    def finish(self, adapter, conn, btxn, tid_int):
+        adapter.move_blobs_into_place(conn, tid_int, has_uploads=bool(btxn.pending))
+        for oid_int, from_tid in sorted(btxn.copies.items()):
+            adapter.copy_blob(conn, oid_int, from_tid, tid_int)
+
+    def committed(self, btxn, tid_int):
+        # The uploaded files are now committed content: keep them as cache
+        # entries instead of downloading them again.
+        for oid_int, path in btxn.pending.items():
+            self.fshelper.createPathForOID(oid_int)
+            target = self.filename(oid_int, tid_int)
+            try:
+                size = os.path.getsize(path)
+                rename_or_copy_blob(path, target)
+                self._note_added(size)
+            except OSError:
+                log.debug("Could not cache committed blob %s", path, exc_info=True)
+                _remove(path)
+        btxn.pending.clear()
+
+    # --- reading --------------------------------------------------------------
+
+    def load(self, storage, oid_int, tid_int):
+        path = self.filename(oid_int, tid_int)
+        if os.path.exists(path):
+            _touch(path)
+            return path
+        return self.download(storage, oid_int, tid_int)
+
+    def download(self, storage, oid_int, tid_int):
+        path = self.filename(oid_int, tid_int)
+        self.fshelper.createPathForOID(oid_int)
+        fd, temp = tempfile.mkstemp(prefix='download-', suffix='.tmp',
+                                    dir=self.fshelper.temp_dir)
+        try:
+            with os.fdopen(fd, 'wb') as f:
+                size = storage._read_blob_chunks(oid_int, tid_int, f.write)
+                if size is None:
+                    raise self.missing(oid_int, tid_int)
+                f.flush()
+                os.fsync(f.fileno())
+            # Read-only before it gets its final name: once renamed, a
+            # concurrent prune may remove it at any moment.
+            os.chmod(temp, 0o444)
+            os.rename(temp, path)
+        except BaseException:
+            _remove(temp)
+            raise
+        self._note_added(size)
+        return path
+
+    # --- the size bound ---------------------------------------------------
+
+    def _note_added(self, size):
+        if not self._check_every:
+            return
+        with self._lock:
+            self._added += size
+            if self._added < self._check_every:
+                return
+            self._added = 0
+        if self.options.blob_cache_size_check_external:
+            subprocess.Popen([sys.executable, '-m', 'relstorage.blobs.cached',
+                              self.blob_dir, str(self.cache_size)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            threading.Thread(target=prune, args=(self.blob_dir, self.cache_size),
+                             name='relstorage-blob-prune', daemon=True).start()
+
+
+def _touch(path):
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def prune(blob_dir, limit, wait=False):
+    """Remove least recently used cached blobs until under 90 % of ``limit``.
+
+    Without ``wait``, returns at once when another thread or process is
+    already pruning the directory.
+    """
+    lock_path = os.path.join(blob_dir, '.prune.lock')
+    with open(lock_path, 'a') as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return 0            # another process is pruning right now
+        try:
+            files = []
+            total = 0
+            for dirpath, dirnames, filenames in os.walk(blob_dir):
+                if os.path.basename(dirpath) == 'tmp' and dirpath == os.path.join(blob_dir, 'tmp'):
+                    dirnames[:] = []
+                    continue
+                for name in filenames:
+                    if not name.endswith('.blob'):
+                        continue
+                    path = os.path.join(dirpath, name)
+                    try:
+                        st = os.stat(path)
+                    except FileNotFoundError:
+                        continue
+                    files.append((max(st.st_atime, st.st_mtime), st.st_size, path))
+                    total += st.st_size
+            target = limit * 9 // 10
+            removed = 0
+            if total > limit:
+                files.sort()
+                for _, size, path in files:
+                    if total <= target:
+                        break
+                    _remove(path)
+                    total -= size
+                    removed += 1
+            log.debug("Pruned %d blob files from %s; %d bytes remain", removed, blob_dir, total)
+            return removed
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+if __name__ == '__main__':
+    # blob-cache-size-check-external: python -m relstorage.blobs.cached DIR LIMIT
+    started = time.time()
+    prune(sys.argv[1], int(sys.argv[2]))

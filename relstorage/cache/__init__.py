@@ -1,0 +1,1 @@
+"""Caches of object states keyed by (oid, tid)."""

@@ -1,0 +1,216 @@
+"""The local cache saved to a file (``cache-local-dir``) and loaded at start.
+
+File layout (big-endian)::
+
+    b'RSLCACHE'  version:u32  last_tid:u64  count:u64
+    count x (oid:u64  tid:u64  length:u32  state)
+    crc32 of everything before it:u32
+
+``last_tid`` is the newest transaction the writers had seen.  A file is
+trusted only as far as the database confirms it:
+
+- a file whose ``last_tid`` is after the database's last transaction was
+  written against a history the database no longer has (restored from an
+  older backup): it is ignored entirely;
+- every other entry is checked against the database in bulk, one
+  ``current_tids`` query per ``VALIDATE_BATCH`` objects, and kept only if
+  its tid is still the object's current one;
+- a truncated or corrupt file (bad magic, version, length or checksum) is
+  ignored.
+
+Several processes may share the directory: writers take an exclusive
+``flock`` on ``<file>.lock``, merge what the file already holds with their
+own entries (newest tid per object wins; the merged ``last_tid`` is the
+maximum, so a file mixing histories is discarded as a whole), write a
+temporary file in the same directory and rename it over the old one.
+Readers never see a half-written file.
+"""
+import logging
+import os
+import struct
+import tempfile
+import zlib
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover (Windows)
+    fcntl = None
+
+log = logging.getLogger(__name__)
+
+MAGIC = b'RSLCACHE'
+VERSION = 1
+HEADER = struct.Struct('>8sIQQ')
+RECORD = struct.Struct('>QQI')
+TRAILER = struct.Struct('>I')
+VALIDATE_BATCH = 500
+SUFFIX = '.rscache'
+
+
+class CacheFileError(Exception):
+    """The file is not a complete cache file of our format."""
+
+
+def cache_path(directory, prefix):
+    return os.path.join(directory, prefix + SUFFIX)
+
+
+def read_file(path):
+    """(last_tid, [(oid, tid, state), ...]) or None if there is no file.
+
+    Raises CacheFileError for a damaged file.
+    """
+    try:
+        with open(path, 'rb') as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < HEADER.size + TRAILER.size:
+        raise CacheFileError('too short')
+    magic, version, last_tid, count = HEADER.unpack_from(data, 0)
+    if magic != MAGIC or version != VERSION:
+        raise CacheFileError('not a cache file of version %d' % VERSION)
+    body_end = len(data) - TRAILER.size
+    (crc,) = TRAILER.unpack_from(data, body_end)
+    if zlib.crc32(memoryview(data)[:body_end]) != crc:
+        raise CacheFileError('checksum mismatch')
+    entries = []
+    pos = HEADER.size
+    for _ in range(count):
+        if pos + RECORD.size > body_end:
+            raise CacheFileError('truncated')
+        oid, tid, length = RECORD.unpack_from(data, pos)
+        pos += RECORD.size
+        if pos + length > body_end:
+            raise CacheFileError('truncated')
+        entries.append((oid, tid, data[pos:pos + length]))
+        pos += length
+    if pos != body_end:
+        raise CacheFileError('trailing garbage')
+    return last_tid, entries
+
+
+def _write_file(path, last_tid, entries):
+    directory = os.path.dirname(path) or '.'
+    fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix=SUFFIX, dir=directory)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            crc = 0
+            chunk = HEADER.pack(MAGIC, VERSION, last_tid, len(entries))
+            crc = zlib.crc32(chunk, crc)
+            f.write(chunk)
+            for oid, tid, state in entries:
+                chunk = RECORD.pack(oid, tid, len(state))
+                crc = zlib.crc32(state, zlib.crc32(chunk, crc))
+                f.write(chunk)
+                f.write(state)
+            f.write(TRAILER.pack(crc))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class _Locked:
+    """Exclusive flock on ``path + '.lock'`` (a no-op without fcntl)."""
+
+    def __init__(self, path):
+        self.path = path + '.lock'
+        self.f = None
+
+    def __enter__(self):
+        self.f = open(self.path, 'a+b')
+        if fcntl is not None:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if fcntl is not None:
+            fcntl.flock(self.f.fileno(), fcntl.LOCK_UN)
+        self.f.close()
+
+
+def save(path, last_tid, entries, limit_bytes):
+    """Merge ``entries`` (most important last) into the file at ``path``.
+
+    Returns the number of entries written.
+    """
+    with _Locked(path):
+        try:
+            existing = read_file(path)
+        except CacheFileError as exc:
+            log.warning("Replacing damaged cache file %s (%s)", path, exc)
+            existing = None
+        combined = {}           # oid -> (tid, state); the newest tid wins
+        order = []              # oids, most important first: ours, then theirs
+        sources = [reversed(entries)]
+        if existing is not None:
+            other_last, others = existing
+            last_tid = max(last_tid, other_last)
+            sources.append(reversed(others))
+        for source in sources:
+            for oid, tid, state in source:
+                old = combined.get(oid)
+                if old is None:
+                    order.append(oid)
+                elif old[0] >= tid:
+                    continue
+                combined[oid] = (tid, state)
+        order = [(oid,) + combined[oid] for oid in order]
+        kept = []
+        size = 0
+        for entry in order:
+            size += len(entry[2]) + RECORD.size
+            if size > limit_bytes:
+                break
+            kept.append(entry)
+        kept.reverse()
+        _write_file(path, last_tid, kept)
+        return len(kept)
+
+
+def load_validated(path, adapter, put, record):
+    """Load the file at ``path``; entries the database confirms go to
+    ``put(oid, tid, state)`` and ``record(oid, tid, snapshot)``.
+
+    Returns (snapshot_tid, loaded, dropped); snapshot_tid is None when
+    nothing could be checked (no file, damaged, or the database is behind).
+    """
+    try:
+        content = read_file(path)
+    except (CacheFileError, OSError) as exc:
+        log.warning("Ignoring cache file %s: %s", path, exc)
+        return None, 0, 0
+    if content is None:
+        return None, 0, 0
+    last_tid, entries = content
+    conn = adapter.open_load()
+    try:
+        adapter.begin_snapshot(conn)
+        snapshot = adapter.get_last_tid(conn)
+        if last_tid > snapshot:
+            log.warning(
+                "Ignoring cache file %s: it was written after transaction %x but the "
+                "database's last transaction is %x (restored from an older backup?)",
+                path, last_tid, snapshot)
+            return None, 0, len(entries)
+        loaded = dropped = 0
+        for i in range(0, len(entries), VALIDATE_BATCH):
+            batch = entries[i:i + VALIDATE_BATCH]
+            current = adapter.current_tids(conn, [oid for oid, _, _ in batch])
+            for oid, tid, state in batch:
+                if current.get(oid) == tid:
+                    put(oid, tid, state)
+                    record(oid, tid, snapshot)
+                    loaded += 1
+                else:
+                    dropped += 1
+        return snapshot, loaded, dropped
+    finally:
+        conn.rollback()
+        conn.close()

@@ -1,0 +1,237 @@
+"""ZConfig factories for ``%import relstorage`` (see component.xml).
+
+Everything here runs when a configuration file is parsed, so a bad value
+fails then, naming its key, before any database is touched. Storage,
+adapter and driver modules are imported only by ``open()``/``create()``.
+"""
+
+import logging
+
+import ZConfig
+import ZConfig.datatypes
+from ZODB.config import BaseConfig
+
+from relstorage.options import Options
+from relstorage.options import redact_secrets
+
+logger = logging.getLogger(__name__)
+
+_registry = ZConfig.datatypes.Registry()
+
+
+def _named_datatype(key, datatype, choices=None):
+    """Return a ZConfig conversion for *datatype* whose errors start with
+    the key's name (ZConfig's own messages give only the value and line)."""
+    convert = _registry.get(datatype)
+
+    def conversion(value):
+        try:
+            result = convert(value)
+        except ValueError as e:
+            raise ValueError('%s: %s' % (key, e)) from None
+        if choices is not None and result not in choices:
+            raise ValueError('%s: %r is not one of %s' % (
+                key, value, ', '.join(map(repr, choices))))
+        return result
+    conversion.key = key
+    conversion.datatype = datatype
+    conversion.choices = choices
+    conversion.__name__ = key.replace('-', '_')
+    return conversion
+
+
+def _driver_datatype(database, names):
+    """Conversion for an adapter's ``driver`` key: case-insensitive match
+    against *names*, returning the canonical spelling."""
+    lookup = {}
+    for canonical, aliases in names.items():
+        for alias in (canonical,) + aliases:
+            lookup[alias.lower()] = canonical
+
+    def conversion(value):
+        try:
+            return lookup[value.strip().lower()]
+        except KeyError:
+            raise ValueError('driver: %r is not a known %s driver; use one '
+                             'of %s' % (value, database,
+                                        ', '.join(names))) from None
+    conversion.names = dict(names)
+    return conversion
+
+
+#: Driver names accepted by each adapter section: canonical name (the
+#: importable module) -> other accepted spellings. Matching ignores case.
+DRIVER_NAMES = {
+    'sqlite3': {'auto': (), 'sqlite3': ()},
+    'postgresql': {'auto': (), 'psycopg': ('psycopg3',), 'psycopg2': ()},
+    'mysql': {'auto': (), 'MySQLdb': ('mysqlclient',), 'pymysql': ()},
+    'oracle': {'auto': (), 'oracledb': ('python-oracledb',),
+               'cx_Oracle': ()},
+}
+
+
+class keys:
+    """Datatypes named in component.xml as ``relstorage.config.keys.NAME``.
+
+    One per ``<relstorage>`` key (from options.py) and per adapter key that
+    can hold a bad value, so every conversion error names its key.
+    """
+
+
+for _option in Options.OPTIONS:
+    setattr(keys, _option.attribute,
+            _named_datatype(_option.name, _option.datatype, _option.choices))
+for _database, _names in DRIVER_NAMES.items():
+    setattr(keys, _database + '_driver', _driver_datatype(_database, _names))
+keys.sqlite3_data_dir = _named_datatype('data-dir', 'existing-dirpath')
+keys.mysql_port = _named_datatype('port', 'port-number')
+keys.mysql_connect_timeout = _named_datatype('connect_timeout', 'integer')
+keys.mysql_compress = _named_datatype('compress', 'boolean')
+del _option, _database, _names
+
+
+def pragmas(section):
+    """Datatype of ``<pragmas>``: a plain dict, pragma name -> string."""
+    return dict(section.pragmas)
+
+
+class RelStorageFactory(BaseConfig):
+    """Datatype of the ``<relstorage>`` section.
+
+    Builds :class:`~relstorage.options.Options` immediately, so a bad
+    combination fails while the file is parsed; ``open()`` creates the
+    adapter and the storage.
+    """
+
+    def __init__(self, config):
+        BaseConfig.__init__(self, config)
+        self.options = self._build_options()
+
+    def _build_options(self):
+        section = self.config
+        values = {}
+        for option in Options.OPTIONS:
+            if option.attribute == 'driver':
+                continue
+            values[option.attribute] = getattr(section, option.attribute)
+        # The underscore spelling of revert-when-stale wins when given.
+        alias = getattr(section, 'revert_when_stale_alias', None)
+        if alias is not None:
+            values['revert_when_stale'] = alias
+        # Without a name key, a named section (<relstorage foo>) names it.
+        if values['name'] is None and self.name:
+            values['name'] = self.name
+        values['driver'] = section.adapter.driver
+        try:
+            return Options(**values)
+        except (TypeError, ValueError) as e:
+            raise ZConfig.ConfigurationError(str(e)) from None
+
+    def open(self, database_name='unnamed', databases=None):
+        from relstorage.storage import RelStorage
+        options = self.options
+        options.log_inactive(logger)
+        adapter = self.config.adapter.create(options)
+        return RelStorage(adapter, name=options.name, options=options)
+
+
+class AdapterFactory:
+    """Base for the datatypes of the adapter sections."""
+
+    database = None
+
+    def __init__(self, config):
+        self.config = config
+        self.name = config.getSectionName()
+        self.driver = config.driver
+
+    def create(self, options):
+        """Return the adapter for *options* (imports the driver lazily)."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return '<%s driver=%r>' % (type(self).__name__, self.driver)
+
+
+class Sqlite3AdapterFactory(AdapterFactory):
+    database = 'sqlite3'
+
+    @property
+    def data_dir(self):
+        return self.config.data_dir
+
+    @property
+    def pragmas(self):
+        return dict(self.config.pragmas or {})
+
+    def create(self, options):
+        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+        return Sqlite3Adapter(data_dir=self.data_dir, pragmas=self.pragmas,
+                              options=options)
+
+    def __repr__(self):
+        return '<%s data_dir=%r driver=%r>' % (
+            type(self).__name__, self.data_dir, self.driver)
+
+
+class PostgreSQLAdapterFactory(AdapterFactory):
+    database = 'postgresql'
+
+    @property
+    def dsn(self):
+        return self.config.dsn
+
+    def create(self, options):
+        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
+        return PostgreSQLAdapter(dsn=self.dsn, options=options)
+
+    def __repr__(self):
+        return '<%s dsn=%r driver=%r>' % (
+            type(self).__name__, redact_secrets(self.dsn), self.driver)
+
+
+class MySQLAdapterFactory(AdapterFactory):
+    database = 'mysql'
+
+    #: Keys passed to the driver's connect(), when set.
+    CONNECT_KEYS = ('host', 'port', 'user', 'passwd', 'db', 'unix_socket',
+                    'connect_timeout', 'compress', 'read_default_file',
+                    'read_default_group')
+
+    @property
+    def connect_kwargs(self):
+        kwargs = {}
+        for key in self.CONNECT_KEYS:
+            value = getattr(self.config, key)
+            if value is not None:
+                kwargs[key] = value
+        return kwargs
+
+    def create(self, options):
+        from relstorage.adapters.mysql.adapter import MySQLAdapter
+        return MySQLAdapter(options=options, **self.connect_kwargs)
+
+    def __repr__(self):
+        shown = {k: ('***' if k == 'passwd' else v)
+                 for k, v in self.connect_kwargs.items()}
+        return '<%s %r driver=%r>' % (type(self).__name__, shown, self.driver)
+
+
+class OracleAdapterFactory(AdapterFactory):
+    database = 'oracle'
+
+    def create(self, options):
+        from relstorage.adapters.oracle.adapter import OracleAdapter
+        return OracleAdapter(user=self.config.user,
+                             password=self.config.password,
+                             dsn=self.config.dsn, options=options)
+
+    def __repr__(self):
+        return '<%s user=%r dsn=%r driver=%r>' % (
+            type(self).__name__, self.config.user,
+            redact_secrets(self.config.dsn), self.driver)
+
+
+__all__ = ['RelStorageFactory', 'AdapterFactory', 'Sqlite3AdapterFactory',
+           'PostgreSQLAdapterFactory', 'MySQLAdapterFactory',
+           'OracleAdapterFactory', 'DRIVER_NAMES', 'keys']

@@ -1,0 +1,314 @@
+"""Every RelStorage option in one place: name, default, type and a one-line doc.
+
+This module is the single source of truth. ``component.xml`` declares the same
+options as ZConfig keys (a test keeps the two in step), and
+``docs/configuration.rst`` contains the table printed by::
+
+    python -m relstorage.options --rst
+
+An option whose ``active`` flag is false is accepted (so existing
+configuration files keep parsing) but the feature behind it is not built
+yet; :meth:`Options.log_inactive` says so in the log.
+"""
+
+import re
+import sys
+
+__all__ = ['Option', 'Options', 'redact_secrets']
+
+
+class Option:
+    """Description of one option.
+
+    ``name`` is the dashed spelling used in configuration files
+    (``keep-history``); ``attribute`` is the Python spelling
+    (``keep_history``). ``datatype`` names a ZConfig datatype. ``choices``,
+    when given, lists the only accepted values.
+    """
+
+    __slots__ = ('name', 'attribute', 'default', 'datatype', 'doc', 'active',
+                 'choices')
+
+    def __init__(self, name, default, datatype, doc, active=False,
+                 choices=None):
+        self.name = name
+        self.attribute = name.replace('-', '_')
+        self.default = default
+        self.datatype = datatype
+        self.doc = doc
+        self.active = active
+        self.choices = tuple(choices) if choices else None
+
+    def check(self, value):
+        """Raise ValueError, naming the option, if *value* is not allowed."""
+        if self.choices and value not in self.choices:
+            raise ValueError(
+                '%s: %r is not one of %s' % (
+                    self.name, value, ', '.join(map(repr, self.choices))))
+
+    @property
+    def config_default(self):
+        """The default as it is written in a configuration file, or None."""
+        return format_config_value(self.default)
+
+    def __repr__(self):
+        return '<Option %s default=%r%s>' % (
+            self.name, self.default, '' if self.active else ' inactive')
+
+
+def format_config_value(value):
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return 'true' if value else 'false'
+    return str(value)
+
+
+OPTIONS = (
+    # Identity and behaviour of the storage.
+    Option('name', None, 'string',
+           'Storage name reported by getName(); defaults to the section name '
+           'or one derived from the database.', active=True),
+    Option('read-only', False, 'boolean',
+           'Refuse all writes.', active=True),
+    Option('keep-history', True, 'boolean',
+           'Keep old object revisions (history-preserving) so undo and '
+           'time travel work; false stores only current revisions.',
+           active=True),
+    Option('create-schema', True, 'boolean',
+           'Create the tables on first use if they are missing.', active=True),
+    # Blobs.
+    Option('blob-dir', None, 'existing-dirpath',
+           'Directory for blob files; blobs are disabled when unset.', active=True),
+    Option('shared-blob-dir', False, 'boolean',
+           'True if blob-dir is the only blob store (shared by all clients); '
+           'false if it is a local cache of blobs kept in the database.', active=True),
+    Option('blob-cache-size', None, 'byte-size',
+           'Target size of the blob cache; unlimited when unset.', active=True),
+    Option('blob-cache-size-check', 10, 'integer',
+           'Percentage of blob-cache-size written before checking the cache '
+           'size.', active=True),
+    Option('blob-cache-size-check-external', False, 'boolean',
+           'Run the blob cache size check in a separate process.', active=True),
+    Option('blob-chunk-size', 1048576, 'byte-size',
+           'Size of the pieces a blob is split into in the database.', active=True),
+    # Replicas.
+    Option('replica-conf', None, 'string',
+           'File listing database replicas to use, one per line.'),
+    Option('ro-replica-conf', None, 'string',
+           'File listing read-only replicas for loading objects.'),
+    Option('replica-timeout', 600.0, 'float',
+           'Seconds to stay on a fallback replica before trying the '
+           'primary again.'),
+    Option('revert-when-stale', False, 'boolean',
+           'On a stale replica, revert to its older state instead of '
+           'raising ReadConflictError.'),
+    # Polling.
+    Option('poll-interval', 0, 'integer',
+           'Deprecated; accepted and ignored.'),
+    # Packing.
+    Option('pack-gc', True, 'boolean',
+           'Remove unreachable objects when packing.', active=True),
+    Option('pack-prepack-only', False, 'boolean',
+           'Only analyse what a pack would remove; delete nothing.'),
+    Option('pack-skip-prepack', False, 'boolean',
+           'Reuse the analysis of an earlier pack-prepack-only run.'),
+    Option('pack-batch-timeout', 1.0, 'float',
+           'Seconds a pack batch may hold the commit lock.'),
+    Option('pack-commit-busy-delay', 5.0, 'float',
+           'Seconds a pack waits after finding the commit lock busy.'),
+    # Caching.
+    Option('cache-servers', None, 'string',
+           'Space-separated host:port list of memcache servers.', active=True),
+    Option('cache-module-name', None, 'string',
+           'Module providing the memcache client: pymemcache (when unset) or '
+           'pylibmc.', active=True),
+    Option('cache-prefix', None, 'string',
+           'Prefix for shared cache keys and the cache file name; defaults to '
+           'a safe name derived from the database.', active=True),
+    Option('cache-local-mb', 10, 'integer',
+           'Megabytes of pickles to keep in the in-process cache; 0 '
+           'disables it.', active=True),
+    Option('cache-local-dir', None, 'existing-dirpath',
+           'Directory to save the local cache to and load it from.',
+           active=True),
+    Option('cache-local-object-max', 16384, 'byte-size',
+           'Largest pickle kept in the local cache.', active=True),
+    Option('cache-local-compression', 'none', 'string',
+           'Compression of pickles in the local cache: none or zlib.',
+           choices=('none', 'zlib'), active=True),
+    Option('cache-delta-size-limit', 100000, 'integer',
+           'Maximum number of objects tracked in the cache delta maps.',
+           active=True),
+    # Locking.
+    Option('commit-lock-timeout', 30, 'integer',
+           'Seconds to wait for the commit lock before giving up.',
+           active=True),
+    Option('commit-lock-id', 0, 'integer',
+           'Identifier of the commit lock, for databases with named locks.',
+           active=True),
+    # Set from the adapter section, not a <relstorage> key.
+    Option('driver', 'auto', 'string',
+           'DB-API driver to use; set in the adapter section.', active=True),
+)
+
+#: Options not written as keys of the <relstorage> section.
+NOT_RELSTORAGE_KEYS = ('driver',)
+
+# Key names that suggest a secret; their values never appear in a repr.
+_SECRET_NAME = re.compile(r'pass(?:word|wd)?|secret|token', re.I)
+
+# password=value (quoted or not) in libpq/Oracle style strings, and the
+# user:password@ part of URLs.
+_SECRET_IN_TEXT = (
+    (re.compile(r"""((?:password|passwd|pwd)\s*=\s*)('(?:[^'\\]|\\.)*'|"""
+                r""""(?:[^"\\]|\\.)*"|[^\s;,]*)""", re.I), r'\1***'),
+    (re.compile(r'(://[^:/@\s]*:)[^@/\s]*@'), r'\1***@'),
+)
+
+
+def redact_secrets(text):
+    """Return *text* with anything that looks like a password replaced.
+
+    Covers ``password=...`` (quoted or not) as in PostgreSQL and Oracle
+    connection strings, and ``scheme://user:password@host`` URLs.
+    """
+    if not isinstance(text, str):
+        return text
+    for pattern, replacement in _SECRET_IN_TEXT:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class Options:
+    """The values of all options, as attributes named like ``keep_history``.
+
+    Unknown names raise :exc:`TypeError`; a value outside an option's
+    allowed choices raises :exc:`ValueError`. Both messages name the option.
+    """
+
+    OPTIONS = OPTIONS
+    _by_attribute = {o.attribute: o for o in OPTIONS}
+
+    def __init__(self, **kwargs):
+        for option in self.OPTIONS:
+            setattr(self, option.attribute, option.default)
+        for key, value in kwargs.items():
+            option = self._by_attribute.get(key)
+            if option is None:
+                raise TypeError('Unknown RelStorage option: %r' % (key,))
+            option.check(value)
+            setattr(self, key, value)
+
+    @classmethod
+    def from_config_names(cls, values):
+        """Build from a mapping keyed by config names (``keep-history``).
+
+        Attribute spellings (``keep_history``) are accepted too.
+        """
+        kwargs = {}
+        for key, value in values.items():
+            attribute = key.replace('-', '_')
+            if attribute not in cls._by_attribute:
+                raise TypeError('Unknown RelStorage option: %r' % (key,))
+            kwargs[attribute] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def option(cls, name):
+        """Return the :class:`Option` called *name* (either spelling)."""
+        try:
+            return cls._by_attribute[name.replace('-', '_')]
+        except KeyError:
+            raise TypeError('Unknown RelStorage option: %r' % (name,)) \
+                from None
+
+    def as_dict(self):
+        """Attribute name -> value for every option."""
+        return {o.attribute: getattr(self, o.attribute) for o in self.OPTIONS}
+
+    def copy(self, **changes):
+        """Return a new instance with *changes* applied."""
+        values = self.as_dict()
+        new = type(self)()
+        new.__dict__.update(values)
+        for key, value in changes.items():
+            if key not in self._by_attribute:
+                raise TypeError('Unknown RelStorage option: %r' % (key,))
+            self._by_attribute[key].check(value)
+            setattr(new, key, value)
+        return new
+
+    def log_inactive(self, logger):
+        """Log (INFO) each option set to a non-default value whose feature
+        is not built yet."""
+        for option in self.OPTIONS:
+            if not option.active and \
+                    getattr(self, option.attribute) != option.default:
+                logger.info('option %s is accepted but not yet active',
+                            option.name)
+
+    def __eq__(self, other):
+        if not isinstance(other, Options):
+            return NotImplemented
+        return self.as_dict() == other.as_dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        parts = []
+        for option in self.OPTIONS:
+            value = getattr(self, option.attribute)
+            if value == option.default:
+                continue
+            if _SECRET_NAME.search(option.attribute):
+                shown = '***'
+            else:
+                shown = repr(redact_secrets(value))
+            parts.append('%s=%s' % (option.attribute, shown))
+        return '%s(%s)' % (type(self).__name__, ', '.join(parts))
+
+
+def rst_table(options=OPTIONS):
+    """Return the reStructuredText table documenting *options*."""
+    lines = [
+        '.. list-table::',
+        '   :header-rows: 1',
+        '   :widths: 25 12 12 51',
+        '',
+        '   * - Option',
+        '     - Default',
+        '     - Type',
+        '     - Description',
+    ]
+    for option in options:
+        default = option.config_default
+        doc = option.doc
+        if not option.active:
+            doc += ' *(Accepted; not active yet.)*'
+        lines += [
+            '   * - ``%s``' % option.name,
+            '     - %s' % ('``%s``' % default if default is not None
+                           else '(unset)'),
+            '     - %s' % option.datatype,
+            '     - %s' % doc,
+        ]
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ['--rst']:
+        sys.stdout.write(rst_table())
+        return 0
+    if argv:
+        sys.stderr.write('usage: python -m relstorage.options [--rst]\n')
+        return 2
+    for option in OPTIONS:
+        print('%-32s %-10s %s' % (
+            option.name, option.config_default, option.doc))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""ZODB semantics on top of the adapters: MVCC, two-phase commit, history."""
+from .storage import RelStorage  # noqa: F401

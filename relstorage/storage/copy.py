@@ -1,0 +1,673 @@
+"""Copying the contents of one ZODB storage into another, fast.
+
+This is the engine behind ``zodbconvert`` and ``RelStorage.copyTransactionsFrom``.
+It is built from two halves that meet in a stream of ``Txn`` objects:
+
+readers (the source side, any ZODB storage)
+  ``history_txns``  every transaction after a tid, from ``IStorageIteration``
+                    (back pointers resolved, so each record carries its state);
+  ``current_txns``  only the current record of each object, grouped by tid
+                    and ordered by tid (the history-free fast path), from
+                    ``IStorageCurrentRecordIteration``.
+
+writers (the destination side)
+  ``StorageWriter``    any storage, one ``tpc_begin(tid=...)``/``restore``/
+                       ``restoreBlob`` transaction per source transaction
+                       (what ZODB's own copy does);
+  ``RelStorageWriter`` a RelStorage: many source transactions per database
+                       transaction, uploaded in bulk with the adapter's verbs;
+                       a transaction holding a blob goes through
+                       ``StorageWriter`` (``restoreBlob``);
+  ``NullWriter``       a dry run: reads everything (blobs included), writes
+                       nothing.
+
+Every transaction keeps its source tid, so the destination's
+``lastTransaction()`` always names the last source transaction copied in
+full, whatever interrupted the copy.  Readers emit transactions in tid order
+(the history-free fast path too), so "copy everything after the
+destination's last transaction" is a correct way to resume, for both history
+modes: what a history-free destination misses is exactly the objects whose
+current tid is later.
+
+Blobs travel through ZODB's ``IBlobStorage`` API: ``loadBlob`` on the source,
+``restoreBlob`` on the destination.  A blob record whose file cannot be read
+is an error, never skipped.
+
+``verify_history`` and ``verify_current`` re-read both sides and raise
+``VerifyError`` naming the first difference.
+"""
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from array import array
+
+from ZODB.blob import is_blob_record
+from ZODB.interfaces import IBlobStorage
+from ZODB.interfaces import IBlobStorageRestoreable
+from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import POSKeyError
+from ZODB.utils import oid_repr
+from ZODB.utils import p64
+from ZODB.utils import tid_repr
+from ZODB.utils import u64
+from ZODB.utils import z64
+
+log = logging.getLogger(__name__)
+
+MB = 1024 * 1024
+
+#: A RelStorageWriter commits when its batch holds this much state data ...
+BATCH_BYTES = 16 * MB
+#: ... or this many records ...
+BATCH_RECORDS = 20000
+#: ... or when its oldest pending transaction waited this long (seconds).
+BATCH_SECONDS = 5.0
+
+
+class CopyError(Exception):
+    """The copy cannot go on; the message says why and what to do."""
+
+
+class VerifyError(Exception):
+    """Source and destination differ; the message names the first difference."""
+
+
+class Txn:
+    """One transaction on its way from a reader to a writer.
+
+    ``records`` holds ``(oid, data, data_txn)``: ``oid`` 8 bytes, ``data`` the
+    state (None: the object does not exist at this revision), ``data_txn``
+    the tid of the transaction whose state this record repeats (undo), or None.
+    """
+
+    __slots__ = ('tid', 'status', 'user', 'description', 'extension', 'records')
+
+    def __init__(self, tid, status, user, description, extension, records):
+        self.tid = tid
+        self.status = status
+        self.user = user
+        self.description = description
+        self.extension = extension       # bytes (the pickled extension dict)
+        self.records = records
+
+    def metadata(self):
+        return TransactionMetaData(self.user, self.description, self.extension)
+
+
+class Stats:
+    """What was copied (or checked), for progress lines and the summary."""
+
+    def __init__(self):
+        self.started = time.time()
+        self.transactions = 0
+        self.records = 0
+        self.bytes = 0
+        self.blobs = 0
+        self.blob_bytes = 0
+        self.last_tid = None
+        self.renumbered = 0
+
+    @property
+    def elapsed(self):
+        return max(time.time() - self.started, 1e-6)
+
+    def add_txn(self, txn):
+        self.transactions += 1
+        self.records += len(txn.records)
+        self.bytes += sum(len(r[1]) for r in txn.records if r[1] is not None)
+        self.last_tid = txn.tid
+
+
+# ----------------------------------------------------------------------
+# Readers
+
+
+def _bytes(value):
+    if value is None:
+        return b''
+    if isinstance(value, str):
+        return value.encode('utf-8')
+    return bytes(value)
+
+
+def _extension_bytes(txn):
+    ext = getattr(txn, 'extension_bytes', None)
+    if ext is not None:
+        return bytes(ext)
+    return TransactionMetaData(b'', b'', getattr(txn, 'extension', None) or {}).extension_bytes
+
+
+def history_txns(source, start=None, stop=None, stats=None):
+    """Yield a ``Txn`` for every source transaction in [start, stop].
+
+    Back pointers (records whose data is None but whose ``data_txn`` is set)
+    are resolved with ``loadSerial``.  Transaction ids must increase; one that
+    does not is given the next possible id (as ZODB's copy does) and counted
+    in ``stats.renumbered``: such a destination cannot be resumed with
+    ``--incremental`` past that point.
+    """
+    previous = None
+    iterator = source.iterator(start, stop)
+    try:
+        for trans in iterator:
+            tid = trans.tid
+            if previous is not None and u64(tid) <= u64(previous):
+                new_tid = p64(u64(previous) + 1)
+                log.warning("Source transaction %s is not after %s; copying it as %s",
+                            tid_repr(tid), tid_repr(previous), tid_repr(new_tid))
+                if stats is not None:
+                    stats.renumbered += 1
+                tid = new_tid
+            previous = tid
+            records = []
+            for rec in trans:
+                data = rec.data
+                data_txn = getattr(rec, 'data_txn', None)
+                if data is None and data_txn is not None:
+                    data = source.loadSerial(rec.oid, data_txn)
+                records.append((rec.oid, data, data_txn))
+            yield Txn(tid, getattr(trans, 'status', ' ') or ' ', _bytes(trans.user),
+                      _bytes(trans.description), _extension_bytes(trans), records)
+    finally:
+        close = getattr(iterator, 'close', None)
+        if close is not None:
+            close()
+
+
+#: current_txns keeps up to this many bytes of states from its scan in
+#: memory, so that it need not load them again.
+SCAN_MEMORY = 256 * MB
+
+
+def current_tids(source, as_of, keep=None, keep_bytes=0):
+    """(oids, tids): parallel ``array('Q')`` of every object existing in the
+    source as of tid ``as_of`` (an int) and its current tid then, oid order.
+
+    Uses ``record_iternext`` (IStorageCurrentRecordIteration).  Objects
+    changed after ``as_of`` (a live source) are looked up with ``loadBefore``.
+    With a dict ``keep``, up to ``keep_bytes`` of states are kept there
+    (oid int -> state) so the caller need not load them again.
+    """
+    oids, tids = array('Q'), array('Q')
+    kept = 0
+    nxt = None
+    while True:
+        try:
+            oid, tid, _data, nxt = source.record_iternext(nxt)
+        except POSKeyError as exc:
+            # FileStorage raises for an object whose creation was undone;
+            # RelStorage raises when nothing is left.  Go on after the object
+            # only if the storage knows it.
+            key = exc.args[0] if exc.args and isinstance(exc.args[0], bytes) else nxt
+            if key is None or not _has_history(source, key):
+                break
+            nxt = p64(u64(key) + 1)
+            continue
+        except ValueError:
+            break   # FileStorage: empty index
+        tid_int = u64(tid)
+        if tid_int > as_of:
+            found = source.loadBefore(oid, p64(as_of + 1))
+            tid_int = u64(found[1]) if found else None
+            _data = None
+        if tid_int is not None:
+            oids.append(u64(oid))
+            tids.append(tid_int)
+            if keep is not None and _data is not None and kept < keep_bytes:
+                keep[oids[-1]] = _data
+                kept += len(_data)
+        if nxt is None:
+            break
+    return oids, tids
+
+
+def _has_history(source, oid):
+    try:
+        return bool(source.history(oid))
+    except (POSKeyError, KeyError):
+        return False
+
+
+def current_txns(source, as_of, on_scan=None, collected=None):
+    """Yield the source's current records as of tid ``as_of`` (an int) as one
+    ``Txn`` per distinct tid, in tid order (oid order within a tid).
+
+    History-free destinations keep only these, so this is all a fresh
+    history-free copy needs.  Transaction metadata is not copied (a
+    history-free RelStorage has nowhere to keep it).
+    """
+    kept = {}
+    if collected is not None:
+        oids, tids = collected
+    else:
+        oids, tids = current_tids(source, as_of, kept, SCAN_MEMORY)
+    if on_scan is not None:
+        on_scan(len(oids))
+    # A stable sort on tid keeps the oid order within each tid.
+    order = sorted(range(len(oids)), key=tids.__getitem__)
+    group_tid = None
+    records = []
+    for i in order:
+        tid_int, oid = tids[i], p64(oids[i])
+        if tid_int != group_tid:
+            if records:
+                yield Txn(p64(group_tid), ' ', b'', b'', b'', records)
+            group_tid, records = tid_int, []
+        data = kept.pop(oids[i], None)
+        if data is not None:
+            records.append((oid, data, None))
+            continue
+        data, tid = source.load(oid)
+        if u64(tid) != tid_int:
+            found = source.loadBefore(oid, p64(as_of + 1))
+            if found is None or u64(found[1]) != tid_int:
+                raise CopyError(
+                    "Object %s changed in the source while it was being copied; "
+                    "run zodbconvert again with --incremental."
+                    % oid_repr(oid))
+            data = found[0]
+        records.append((oid, data, None))
+    if records:
+        yield Txn(p64(group_tid), ' ', b'', b'', b'', records)
+
+
+# ----------------------------------------------------------------------
+# Blobs
+
+
+def _is_blob(data):
+    return data is not None and b'ZODB.blob' in data and is_blob_record(data)
+
+
+def source_blob(source, oid, tid):
+    """The path of the committed blob file of ``oid`` at ``tid``; CopyError
+    when the source cannot produce it."""
+    load_blob = getattr(source, 'loadBlob', None)
+    if load_blob is None or not IBlobStorage.providedBy(source):
+        raise CopyError(
+            "Object %s (transaction %s) is a blob, but the source %s has no blob "
+            "support; configure its blob directory." % (
+                oid_repr(oid), tid_repr(tid), source.getName()))
+    try:
+        path = load_blob(oid, tid)
+        with open(path, 'rb'):
+            pass
+    except Exception as exc:  # POSKeyError, OSError, ...
+        raise CopyError(
+            "Cannot read the blob of object %s in transaction %s from the source: %s"
+            % (oid_repr(oid), tid_repr(tid), _one_line(exc))) from exc
+    return path
+
+
+def _blob_temp_copy(dest, path):
+    """Copy a blob file next to where ``dest`` wants it (restoreBlob may move it)."""
+    temp_dir = None
+    get_dir = getattr(dest, 'temporaryDirectory', None)
+    if get_dir is not None:
+        try:
+            temp_dir = get_dir()
+        except Exception:  # pylint:disable=broad-except
+            temp_dir = None
+    fd, name = tempfile.mkstemp(prefix='zodbconvert-', suffix='.blob', dir=temp_dir)
+    with os.fdopen(fd, 'wb') as target, open(path, 'rb') as src:
+        shutil.copyfileobj(src, target, 1 << 20)
+    return name
+
+
+def _file_digest(path):
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------
+# Writers
+
+
+class NullWriter:
+    """A dry run: reads every blob the copy would read; writes nothing."""
+
+    def __init__(self, source, dest, stats):
+        self.source = source
+        self.stats = stats
+
+    def write(self, txn):
+        for oid, data, _ in txn.records:
+            if _is_blob(data):
+                path = source_blob(self.source, oid, txn.tid)
+                self.stats.blobs += 1
+                self.stats.blob_bytes += os.path.getsize(path)
+        self.stats.add_txn(txn)
+
+    def flush(self):
+        pass
+
+
+class StorageWriter:
+    """Writes through the storage API: works for every ZODB storage."""
+
+    def __init__(self, source, dest, stats):
+        self.source = source
+        self.dest = dest
+        self.stats = stats
+        self._restore = getattr(dest, 'restore', None)
+        self._preindex = {}
+
+    def write(self, txn):
+        dest = self.dest
+        meta = txn.metadata()
+        dest.tpc_begin(meta, txn.tid, txn.status)
+        temp_files = []
+        try:
+            for oid, data, data_txn in txn.records:
+                if _is_blob(data):
+                    self._write_blob(meta, txn, oid, data, data_txn, temp_files)
+                elif self._restore is not None:
+                    self._restore(oid, txn.tid, data, '', data_txn, meta)
+                else:
+                    if data is None:
+                        raise CopyError(
+                            "The destination %s has no restore(); it cannot record "
+                            "the deletion of object %s in transaction %s."
+                            % (dest.getName(), oid_repr(oid), tid_repr(txn.tid)))
+                    dest.store(oid, self._preindex.get(oid), data, '', meta)
+                    self._preindex[oid] = txn.tid
+            dest.tpc_vote(meta)
+            dest.tpc_finish(meta)
+        except BaseException:
+            dest.tpc_abort(meta)
+            raise
+        finally:
+            for name in temp_files:
+                if os.path.exists(name):
+                    os.remove(name)
+        self.stats.add_txn(txn)
+
+    def _write_blob(self, meta, txn, oid, data, data_txn, temp_files):
+        restore_blob = getattr(self.dest, 'restoreBlob', None)
+        if restore_blob is None or not IBlobStorageRestoreable.providedBy(self.dest):
+            raise CopyError(
+                "Object %s (transaction %s) is a blob, but the destination %s does "
+                "not support blobs; configure its blob directory."
+                % (oid_repr(oid), tid_repr(txn.tid), self.dest.getName()))
+        path = source_blob(self.source, oid, txn.tid)
+        size = os.path.getsize(path)
+        temp = _blob_temp_copy(self.dest, path)
+        temp_files.append(temp)
+        restore_blob(oid, txn.tid, data, temp, data_txn, meta)
+        self.stats.blobs += 1
+        self.stats.blob_bytes += size
+
+    def flush(self):
+        pass
+
+
+class RelStorageWriter:
+    """Writes into a RelStorage many transactions per database transaction.
+
+    Each batch runs the same adapter verbs as a normal commit (see commit.py),
+    once per source transaction, inside one database transaction: lock the
+    rows, take the commit lock, then for each transaction upload its states
+    in bulk into ``temp_store`` and move them into place under its own tid.
+    An interruption loses at most the uncommitted batch; the destination's
+    last tid still names the last transaction copied in full.
+    """
+
+    def __init__(self, source, dest, stats, batch_bytes=None,
+                 batch_records=None, batch_seconds=None):
+        self.source = source
+        self.dest = dest
+        self.stats = stats
+        self.adapter = dest._adapter
+        self.batch_bytes = batch_bytes or BATCH_BYTES
+        self.batch_records = batch_records or BATCH_RECORDS
+        self.batch_seconds = batch_seconds or BATCH_SECONDS
+        self._conn = None
+        self._pending = []
+        self._pending_bytes = 0
+        self._pending_records = 0
+        self._pending_since = None
+        self._fallback = StorageWriter(source, dest, stats)
+
+    def write(self, txn):
+        if any(_is_blob(data) for _, data, _ in txn.records):
+            # Blobs need the storage's restoreBlob.
+            self.flush()
+            self._fallback.write(txn)
+            return
+        if not self._pending:
+            self._pending_since = time.time()
+        self._pending.append(txn)
+        self._pending_records += len(txn.records)
+        self._pending_bytes += sum(len(d) for _, d, _ in txn.records if d is not None)
+        if (self._pending_bytes >= self.batch_bytes
+                or self._pending_records >= self.batch_records
+                or time.time() - self._pending_since >= self.batch_seconds):
+            self.flush()
+
+    def flush(self):
+        pending = self._pending
+        if not pending:
+            return
+        adapter = self.adapter
+        if self._conn is None or self._conn.broken:
+            self._conn = adapter.open_store()
+        conn = self._conn
+        try:
+            adapter.begin_store_checked(conn)
+            oids = sorted({u64(oid) for txn in pending for oid, _, _ in txn.records})
+            if oids:
+                adapter.lock_objects_checked(conn, oids, [])
+            last_tid = adapter.lock_commit_checked(conn)
+            first_tid = u64(pending[0].tid)
+            if first_tid <= last_tid:
+                raise CopyError(
+                    "Cannot copy transaction %s: the destination already has a later "
+                    "transaction (%s); was it written to during the copy?"
+                    % (tid_repr(pending[0].tid), tid_repr(p64(last_tid))))
+            for txn in pending:
+                rows = [(u64(oid), 0, data) for oid, data, _ in txn.records]
+                adapter.clear_temp(conn)
+                if rows:
+                    adapter.upload(conn, rows)
+                    if adapter.keep_history:
+                        adapter.fix_prev_tids(conn)
+                adapter.move_into_place(conn, u64(txn.tid), bool(rows), txn.user,
+                                        txn.description, txn.extension,
+                                        packed=(txn.status == 'p'))
+            adapter.set_last_tid(conn, u64(pending[-1].tid))
+            if oids:
+                adapter.note_oids_used(oids[-1])
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        for txn in pending:
+            self.stats.add_txn(txn)
+        self._pending = []
+        self._pending_bytes = self._pending_records = 0
+        # The storage's own snapshot must see what we wrote behind its back.
+        self.dest.sync()
+
+    def close(self):
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def make_writer(source, dest, stats, dry_run=False):
+    if dry_run:
+        return NullWriter(source, dest, stats)
+    if is_relstorage(dest):
+        return RelStorageWriter(source, dest, stats)
+    return StorageWriter(source, dest, stats)
+
+
+def is_relstorage(storage):
+    from .storage import RelStorage
+    return isinstance(storage, RelStorage)
+
+
+def is_history_free(storage):
+    """True for a history-free RelStorage (the only kind we can tell)."""
+    return is_relstorage(storage) and not storage._adapter.keep_history
+
+
+# ----------------------------------------------------------------------
+# Driving a copy
+
+
+def run(txns, writer, stats, progress=None):
+    """Feed ``txns`` to ``writer``; call ``progress(stats)`` after each."""
+    try:
+        for txn in txns:
+            writer.write(txn)
+            if progress is not None:
+                progress(stats)
+        writer.flush()
+    finally:
+        close = getattr(writer, 'close', None)
+        if close is not None:
+            close()
+    if progress is not None:
+        progress(stats)
+    return stats
+
+
+def copy_transactions(source, dest, start=None, progress=None, dry_run=False, stats=None):
+    """Copy every source transaction from ``start`` (a tid, inclusive) on."""
+    stats = stats if stats is not None else Stats()
+    writer = make_writer(source, dest, stats, dry_run)
+    return run(history_txns(source, start, stats=stats), writer, stats, progress)
+
+
+def copy_current(source, dest, as_of, progress=None, dry_run=False, stats=None,
+                 on_scan=None):
+    """The history-free fast path: copy only current records, in tid order,
+    then make the destination's last tid ``as_of`` (an int)."""
+    stats = stats if stats is not None else Stats()
+    writer = make_writer(source, dest, stats, dry_run)
+    run(current_txns(source, as_of, on_scan=on_scan), writer, stats, progress)
+    if not dry_run and u64(dest.lastTransaction()) < as_of:
+        # Record that the copy reached the source's last transaction
+        # (its last records may all have been deletions).
+        closing = Txn(p64(as_of), ' ', b'', b'', b'', [])
+        writer = make_writer(source, dest, Stats())
+        run([closing], writer, writer.stats)
+    return stats
+
+
+# ----------------------------------------------------------------------
+# Verification
+
+
+def _blob_digest(storage, oid, tid, side):
+    try:
+        return _file_digest(storage.loadBlob(oid, tid))
+    except Exception as exc:  # pylint:disable=broad-except
+        raise VerifyError("Cannot read the blob of object %s in transaction %s from "
+                          "the %s: %s" % (oid_repr(oid), tid_repr(tid), side,
+                                          _one_line(exc))) from exc
+
+
+def _compare_state(oid, tid, sdata, ddata, source, dest, stats, where):
+    if sdata != ddata:
+        raise VerifyError("Object %s%s differs: source %s, destination %s"
+                          % (oid_repr(oid), where, _describe_state(sdata),
+                             _describe_state(ddata)))
+    if _is_blob(sdata):
+        if _blob_digest(source, oid, tid, 'source') != _blob_digest(dest, oid, tid,
+                                                                     'destination'):
+            raise VerifyError("The blob of object %s%s differs" % (oid_repr(oid), where))
+        stats.blobs += 1
+
+
+def _describe_state(data):
+    if data is None:
+        return 'no state (deleted)'
+    return '%d bytes (sha1 %s)' % (len(data), hashlib.sha1(data).hexdigest()[:12])
+
+
+def verify_history(source, dest, progress=None, stop=None):
+    """Compare transaction by transaction: ids, metadata, every record."""
+    stats = Stats()
+    dest_txns = history_txns(dest, None, stop)
+    for stxn in history_txns(source, None, stop):
+        dtxn = next(dest_txns, None)
+        if dtxn is None:
+            raise VerifyError("Transaction %s is missing from the destination"
+                              % tid_repr(stxn.tid))
+        if dtxn.tid != stxn.tid:
+            first = min(dtxn.tid, stxn.tid)
+            side = 'destination' if first == stxn.tid else 'source'
+            raise VerifyError("Transaction %s is missing from the %s"
+                              % (tid_repr(first), side))
+        where = ' in transaction %s' % tid_repr(stxn.tid)
+        for field in ('user', 'description'):
+            if getattr(stxn, field) != getattr(dtxn, field):
+                raise VerifyError("The %s of transaction %s differs: %r != %r" % (
+                    field, tid_repr(stxn.tid), getattr(stxn, field), getattr(dtxn, field)))
+        if stxn.metadata().extension != dtxn.metadata().extension:
+            raise VerifyError("The extension of transaction %s differs: %r != %r" % (
+                tid_repr(stxn.tid), stxn.metadata().extension, dtxn.metadata().extension))
+        srecs = {oid: data for oid, data, _ in stxn.records}
+        drecs = {oid: data for oid, data, _ in dtxn.records}
+        for oid in sorted(set(srecs) | set(drecs)):
+            if oid not in drecs:
+                raise VerifyError("Object %s%s is missing from the destination"
+                                  % (oid_repr(oid), where))
+            if oid not in srecs:
+                raise VerifyError("Object %s%s is in the destination only"
+                                  % (oid_repr(oid), where))
+            _compare_state(oid, stxn.tid, srecs[oid], drecs[oid], source, dest, stats, where)
+        stats.add_txn(stxn)
+        if progress is not None:
+            progress(stats)
+    extra = next(dest_txns, None)
+    if extra is not None:
+        raise VerifyError("Transaction %s is in the destination only" % tid_repr(extra.tid))
+    return stats
+
+
+def verify_current(source, dest, as_of, progress=None):
+    """Compare object by object the current states as of tid ``as_of``."""
+    stats = Stats()
+    soids, stids = current_tids(source, as_of)
+    doids, dtids = current_tids(dest, as_of)
+    source_map = dict(zip(soids, stids))
+    dest_map = dict(zip(doids, dtids))
+    for oid_int in sorted(set(source_map) | set(dest_map)):
+        oid = p64(oid_int)
+        if oid_int not in dest_map:
+            raise VerifyError("Object %s is missing from the destination" % oid_repr(oid))
+        if oid_int not in source_map:
+            raise VerifyError("Object %s is in the destination only" % oid_repr(oid))
+        stid, dtid = source_map[oid_int], dest_map[oid_int]
+        if stid != dtid:
+            raise VerifyError("Object %s has revision %s in the source but %s in the "
+                              "destination" % (oid_repr(oid), tid_repr(p64(stid)),
+                                               tid_repr(p64(dtid))))
+        sdata = source.loadSerial(oid, p64(stid))
+        ddata = dest.loadSerial(oid, p64(dtid))
+        _compare_state(oid, p64(stid), sdata, ddata, source, dest, stats, '')
+        stats.records += 1
+        stats.bytes += len(sdata)
+        if progress is not None and stats.records % 1000 == 0:
+            progress(stats)
+    stats.last_tid = p64(as_of)
+    return stats
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+__all__ = ['CopyError', 'VerifyError', 'Stats', 'Txn', 'history_txns', 'current_txns',
+           'current_tids', 'copy_transactions', 'copy_current', 'verify_history',
+           'verify_current', 'make_writer', 'is_relstorage', 'is_history_free', 'z64']

@@ -1,0 +1,214 @@
+"""History, undo and iteration: the read side of the transaction log."""
+import logging
+import pickle
+
+from persistent.TimeStamp import TimeStamp
+from ZODB import POSException
+from ZODB.BaseStorage import DataRecord
+from ZODB.BaseStorage import TransactionRecord
+from ZODB.blob import is_blob_record
+from ZODB.utils import p64
+from ZODB.utils import u64
+
+log = logging.getLogger(__name__)
+
+
+def dump_extension(ext):
+    return pickle.dumps(ext, 3) if ext else b''
+
+
+def load_extension(data):
+    if not data:
+        return {}
+    try:
+        return pickle.loads(bytes(data))
+    except Exception:  # pylint:disable=broad-except
+        # Extension data written by foreign tools: show it, don't fail.
+        log.warning("Unreadable transaction extension data (%d bytes)", len(data))
+        return {}
+
+
+def _b(value):
+    return bytes(value) if value is not None else b''
+
+
+def tid_time(tid_int):
+    return TimeStamp(p64(tid_int)).timeTime()
+
+
+def object_history(storage, conn, oid, size):
+    rows = storage._adapter.history(conn, u64(oid), size or 1)
+    if not rows:
+        raise POSException.POSKeyError(oid)
+    result = []
+    for tid, state_size, user, description, ext in rows:
+        entry = {}
+        entry.update(load_extension(ext))
+        entry.update({
+            'time': tid_time(tid),
+            'tid': p64(tid),
+            'serial': p64(tid),
+            'user_name': _b(user),
+            'description': _b(description),
+            'size': state_size,
+            'version': '',
+        })
+        result.append(entry)
+    return result
+
+
+def undo_log(storage, conn, first, last, filter):
+    if last < 0:
+        last = first - last
+    adapter = storage._adapter
+    cursor = adapter.undo_log(conn, storage._snapshot_tid)
+    result = []
+    skipped = 0
+    while len(result) < last - first:
+        row = cursor.fetchone()
+        if row is None:
+            break
+        tid, user, description, ext = row
+        entry = {}
+        entry.update(load_extension(ext))
+        entry.update({
+            'id': p64(tid),
+            'time': tid_time(tid),
+            'user_name': _b(user),
+            'description': _b(description),
+        })
+        if filter is not None and not filter(entry):
+            continue
+        if skipped < first:
+            skipped += 1
+            continue
+        result.append(entry)
+    # Drain the rest so the connection is free for the next statement.
+    conn.fetchall()
+    return result
+
+
+def undo(storage, conn, tid):
+    """Queue the records that undo transaction ``tid``; return their OIDs."""
+    adapter = storage._adapter
+    packed = adapter.transaction_packed(conn, tid)
+    if packed is None:
+        raise POSException.UndoError("No transaction %016x to undo" % tid)
+    if packed:
+        raise POSException.UndoError("Transaction %016x was packed away" % tid)
+    oids = []
+    tstore = storage._tstore
+    for oid, prev_tid, current_tid in adapter.undo_sources(conn, tid):
+        if prev_tid:
+            found, before_state = adapter.load_revision(conn, oid, prev_tid)
+            if not found:
+                raise POSException.UndoError(
+                    "The state before the transaction was packed away", p64(oid))
+        else:
+            before_state = None          # undoing the creation
+        if oid in tstore:
+            # An earlier undo in this same transaction already changed the
+            # object: that pending state is what we undo against.
+            current_state = tstore.read(oid)
+            record_prev = tstore.prev_tid(oid)
+            changed = True
+        else:
+            current_state = None
+            record_prev = current_tid
+            changed = current_tid != tid
+            if changed:
+                current_state = adapter.load_revision(conn, oid, current_tid)[1]
+        if changed:
+            # Changed since: fine if the object is back in the state the
+            # undone transaction gave it, or if the change is mergeable.
+            undone_state = adapter.load_revision(conn, oid, tid)[1]
+            if current_state != undone_state:
+                if before_state is None or current_state is None:
+                    raise POSException.UndoError(
+                        "Some data were modified by a later transaction", p64(oid))
+                try:
+                    before_state = storage.tryToResolveConflict(
+                        p64(oid), p64(current_tid), p64(tid), before_state, current_state)
+                except POSException.ConflictError:
+                    raise POSException.UndoError(
+                        "Some data were modified by a later transaction", p64(oid))
+        tstore.store(oid, record_prev, before_state)
+        if storage._btxn is not None and prev_tid and is_blob_record(before_state):
+            storage._btxn.copy(oid, prev_tid)
+        oids.append(oid)
+    return oids
+
+
+def record_iternext(storage, conn, next_oid):
+    start = u64(next_oid) if next_oid is not None else 0
+    rows = storage._adapter.record_iternext(conn, start)
+    if not rows:
+        raise POSException.POSKeyError(next_oid if next_oid is not None else p64(0))
+    oid, tid, state = rows[0]
+    following = p64(rows[1][0]) if len(rows) > 1 else None
+    return p64(oid), p64(tid), bytes(state), following
+
+
+class TransactionIterator:
+    """Iterates transactions in [start, stop] over one snapshot.
+
+    The iterator opens a load connection of its own and keeps its snapshot
+    until it is exhausted or closed, so concurrent commits never show up
+    half way through.
+    """
+
+    _conn = None
+
+    def __init__(self, adapter, start, stop):
+        self._adapter = adapter
+        self._conn = adapter.open_load()
+        adapter.begin_snapshot(self._conn)
+        last = adapter.get_last_tid(self._conn)
+        start = u64(start) if start is not None else 0
+        stop = min(u64(stop), last) if stop is not None else last
+        self._txns = iter(adapter.transactions_in_range(self._conn, start, stop))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._conn is None:
+            raise StopIteration
+        try:
+            tid, user, description, ext, packed = next(self._txns)
+        except StopIteration:
+            self.close()
+            raise
+        # data_txn stays None: every record carries its own state, never a
+        # back pointer.
+        records = [
+            DataRecord(p64(oid), p64(tid), _state(state), None)
+            for oid, state, _ in self._adapter.records_in_transaction(self._conn, tid)
+        ]
+        return _Transaction(p64(tid), 'p' if packed else ' ', _b(user), _b(description),
+                            _b(ext), records)
+
+    next = __next__
+
+    def close(self):
+        if self._conn is not None:
+            self._conn.rollback()
+            self._conn.close()
+            self._conn = None
+
+    def __del__(self):
+        self.close()
+
+
+def _state(state):
+    return bytes(state) if state is not None else None
+
+
+class _Transaction(TransactionRecord):
+
+    def __init__(self, tid, status, user, description, extension, records):
+        TransactionRecord.__init__(self, tid, status, user, description, extension)
+        self._records = records
+
+    def __iter__(self):
+        return iter(self._records)

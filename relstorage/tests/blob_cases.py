@@ -1,0 +1,252 @@
+"""Our own blob tests, run by make_suite for every database factory."""
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import unittest
+
+import transaction
+import ZODB
+from ZODB.blob import Blob
+
+from relstorage.blobs.cached import prune
+from relstorage.interfaces import RelStorageError
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+
+from .core_cases import FactoryCase
+
+MB = 1 << 20
+
+
+class BlobCase(FactoryCase):
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_blobs_')
+
+    def tearDown(self):
+        super().tearDown()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def blob_storage(self, name='blobs', **kw):
+        kw.setdefault('blob_dir', os.path.join(self.tmp, name))
+        return self.storage(**kw)
+
+
+class BlobCacheTests(BlobCase):
+
+    def test_unusable_blob_dir_fails_at_open(self):
+        not_a_dir = os.path.join(self.tmp, 'file')
+        with open(not_a_dir, 'w') as f:
+            f.write('x')
+        with self.assertRaises(RelStorageError) as cm:
+            self.blob_storage(blob_dir=os.path.join(not_a_dir, 'blobs'))
+        self.assertIn('blob-dir', str(cm.exception))
+
+    def test_pruning_under_concurrent_readers(self):
+        # 40 blobs of 256 KB with a cache limit of 1 MB: every reader keeps
+        # missing and downloading while the cache is pruned under it.
+        writer = self.blob_storage('writer-cache')
+        db = ZODB.DB(writer)
+        expected = {}
+        with db.transaction() as conn:
+            for i in range(40):
+                data = (b'%04d' % i) * (64 * 1024)
+                blob = Blob(data)
+                conn.root()['b%d' % i] = blob
+                expected['b%d' % i] = hashlib.sha1(data).hexdigest()
+        db.close()
+
+        reader_dir = os.path.join(self.tmp, 'reader-cache')
+        reader = self.blob_storage('reader-cache', blob_cache_size=MB,
+                                   blob_cache_size_check=10)
+        rdb = ZODB.DB(reader)
+        errors = []
+
+        def read_all(seed):
+            tm = transaction.TransactionManager()
+            conn = rdb.open(tm)
+            try:
+                for round_ in range(3):
+                    keys = sorted(expected)[seed::1] + sorted(expected)[:seed]
+                    for key in keys:
+                        with conn.root()[key].open('r') as f:
+                            got = hashlib.sha1(f.read()).hexdigest()
+                        if got != expected[key]:
+                            errors.append((key, got))
+                    tm.abort()
+                    conn.cacheMinimize()
+            except Exception as exc:  # pylint:disable=broad-except
+                errors.append(repr(exc))
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=read_all, args=(i * 7,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        rdb.close()
+        self.assertEqual(errors, [])
+        prune(reader_dir, MB, wait=True)
+        cached = sum(os.path.getsize(os.path.join(d, f))
+                     for d, _, files in os.walk(reader_dir)
+                     for f in files if f.endswith('.blob'))
+        self.assertLessEqual(cached, MB)
+
+    def test_interrupted_download_leaves_only_a_temporary_file(self):
+        storage = self.blob_storage('one')
+        db = ZODB.DB(storage)
+        with db.transaction() as conn:
+            conn.root()['b'] = Blob(b'x' * (3 * MB))
+        with db.transaction() as conn:
+            blob = conn.root()['b']
+            blob._p_activate()
+            oid, serial = blob._p_oid, blob._p_serial
+        db.close()
+        other = self.blob_storage('two', blob_chunk_size=MB)
+        calls = []
+
+        def failing_read(oid_int, tid_int, write, original=other._read_blob_chunks):
+            def write_then_fail(data):
+                write(data)
+                calls.append(len(data))
+                if len(calls) == 2:
+                    raise IOError('connection lost mid-download')
+            return original(oid_int, tid_int, write_then_fail)
+        other._read_blob_chunks = failing_read
+        with self.assertRaises(IOError):
+            other.loadBlob(oid, serial)
+        del other._read_blob_chunks
+        final = other._blobs.filename(int.from_bytes(oid, 'big'), int.from_bytes(serial, 'big'))
+        self.assertFalse(os.path.exists(final))
+        with open(other.loadBlob(oid, serial), 'rb') as f:
+            self.assertEqual(f.read(), b'x' * (3 * MB))
+
+
+KILLED_COMMIT = r'''
+import os, signal, sys, transaction, ZODB
+from ZODB.blob import Blob
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+from relstorage.storage import commit
+sys.path.insert(0, sys.argv[1])
+import factory_for_subprocess as f
+options = Options(keep_history=f.KEEP_HISTORY, blob_dir=sys.argv[2])
+db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
+original = commit.finish
+def finish_then_die(storage, conn):
+    # Everything is uploaded and voted; die before the commit happens.
+    os.kill(os.getpid(), signal.SIGKILL)
+commit.finish = finish_then_die
+with db.transaction() as conn:
+    conn.root()['big'] = Blob(b'y' * (5 << 20))
+'''
+
+
+class BlobCrashTests(BlobCase):
+
+    def test_sigkill_during_blob_commit(self):
+        storage = self.blob_storage('main')
+        db = ZODB.DB(storage)
+        with db.transaction() as conn:
+            conn.root()['kept'] = Blob(b'kept')
+        db.close()
+        helper_dir = self.factory.write_subprocess_factory(self.tmp, self.keep_history)
+        proc = subprocess.run([sys.executable, '-c', KILLED_COMMIT, helper_dir,
+                               os.path.join(self.tmp, 'dying')],
+                              capture_output=True, timeout=120)
+        self.assertEqual(proc.returncode, -signal.SIGKILL, proc.stderr.decode())
+        # Nothing of the killed transaction is visible, nothing is locked,
+        # and no final-named blob file points at a missing commit.
+        storage = self.blob_storage('after')
+        db = ZODB.DB(storage)
+        with db.transaction() as conn:
+            self.assertNotIn('big', conn.root())
+            with conn.root()['kept'].open() as f:
+                self.assertEqual(f.read(), b'kept')
+            conn.root()['big'] = Blob(b'z')          # and we can commit
+        with db.transaction() as conn:
+            with conn.root()['big'].open() as f:
+                self.assertEqual(f.read(), b'z')
+        db.close()
+        for dirpath, _, files in os.walk(os.path.join(self.tmp, 'dying')):
+            for name in files:
+                self.assertFalse(name.endswith('.blob'), os.path.join(dirpath, name))
+
+
+BIG_BLOB = r'''
+import hashlib, os, resource, sys, time, transaction, ZODB
+from ZODB.blob import Blob
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+sys.path.insert(0, sys.argv[1])
+import factory_for_subprocess as f
+blob_dir, size = sys.argv[2], int(sys.argv[3])
+source = os.path.join(blob_dir + '-src')
+block = os.urandom(1 << 20)
+digest = hashlib.sha256()
+with open(source, 'wb') as out:
+    for i in range(size >> 20):
+        chunk = i.to_bytes(8, 'big') + block[8:]
+        out.write(chunk)
+        digest.update(chunk)
+options = Options(keep_history=f.KEEP_HISTORY, blob_dir=blob_dir)
+db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
+t0 = time.time()
+with db.transaction() as conn:
+    blob = Blob()
+    blob.consumeFile(source)
+    conn.root()['big'] = blob
+written = time.time() - t0
+db.close()
+# A second storage with an empty cache downloads it again.
+options = Options(keep_history=f.KEEP_HISTORY, blob_dir=blob_dir + '-reader')
+db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
+t0 = time.time()
+check = hashlib.sha256()
+with db.transaction() as conn:
+    with conn.root()['big'].open() as fh:
+        while True:
+            data = fh.read(1 << 20)
+            if not data:
+                break
+            check.update(data)
+read = time.time() - t0
+db.close()
+assert check.hexdigest() == digest.hexdigest(), 'content differs'
+peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+print('size_mb=%d peak_rss_mb=%d write_s=%.1f read_s=%.1f' % (size >> 20, peak_mb, written, read))
+'''
+
+
+class BigBlobTests(BlobCase):
+    """A blob of several GB streams with bounded client memory (RS_BIG_BLOB_MB,
+    default 3072)."""
+
+    def test_big_blob_streams(self):
+        if not getattr(self.factory, 'big_blob_test', False):
+            self.skipTest('the multi-GB blob test runs on SQLite always, on PostgreSQL '
+                          'with RS_PG_BIG_BLOB=1 or RS_BIG_BLOB_MB set')
+        size = int(os.environ.get('RS_BIG_BLOB_MB', '3072')) << 20
+        helper_dir = self.factory.write_subprocess_factory(self.tmp, self.keep_history)
+        proc = subprocess.run([sys.executable, '-c', BIG_BLOB, helper_dir,
+                               os.path.join(self.tmp, 'big'), str(size)],
+                              capture_output=True, timeout=1200)
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode()[-3000:])
+        line = proc.stdout.decode().strip().splitlines()[-1]
+        sys.stderr.write('\n  big blob on %s: %s\n' % (self.factory.name, line))
+        fields = dict(part.split('=') for part in line.split())
+        # Streaming, not buffering: far less memory than the blob's size.
+        self.assertLess(int(fields['peak_rss_mb']), 512, line)
+
+
+ALL = (BlobCacheTests, BlobCrashTests, BigBlobTests)
+CASES = ALL + tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False})
+                    for c in (BlobCacheTests, BlobCrashTests))

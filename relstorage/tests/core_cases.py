@@ -1,0 +1,307 @@
+"""Our own storage tests, run by make_suite for every database factory."""
+import threading
+import time
+import unittest
+
+import transaction
+import ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import ConflictError
+from ZODB.tests.MinPO import MinPO
+from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.utils import p64
+from ZODB.utils import u64
+from ZODB.utils import z64
+
+from relstorage.interfaces import SchemaMismatchError
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+
+
+class FactoryCase(unittest.TestCase):
+    factory = None
+    keep_history = True
+
+    def setUp(self):
+        self.factory.fresh(self.keep_history)
+        self._open = []
+
+    def tearDown(self):
+        transaction.abort()
+        for storage in self._open:
+            storage.close()
+        self.factory.cleanup()
+
+    def storage(self, **kw):
+        kw.setdefault('keep_history', self.keep_history)
+        kw.setdefault('commit_lock_timeout', 10)
+        options = Options(**kw)
+        storage = RelStorage(self.factory.make_adapter(options), options=options)
+        self._open.append(storage)
+        return storage
+
+    def commit(self, storage, oid, serial, value, tid=None):
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, tid)
+        storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
+        storage.tpc_vote(txn)
+        return storage.tpc_finish(txn)
+
+
+class SchemaModeTests(FactoryCase):
+
+    def test_other_mode_is_refused_and_nothing_changes(self):
+        for first in (True, False):
+            self.factory.fresh(first)
+            storage = self.storage(keep_history=first)
+            oid = storage.new_oid()
+            tid = self.commit(storage, oid, z64, 1)
+            storage.close()
+            with self.assertRaises(SchemaMismatchError) as cm:
+                self.storage(keep_history=not first)
+            message = str(cm.exception)
+            self.assertIn('zodbconvert', message)
+            self.assertIn('history-preserving' if first else 'history-free', message)
+            # The database is untouched and still opens in its own mode.
+            again = self.storage(keep_history=first)
+            self.assertEqual(again.loadBefore(oid, p64(u64(tid) + 1))[1], tid)
+            self.assertEqual(again.lastTransaction(), tid)
+
+    def test_create_schema_false_only_verifies(self):
+        with self.assertRaises(SchemaMismatchError) as cm:
+            self.storage(create_schema=False)
+        self.assertIn('create-schema', str(cm.exception))
+        self.storage()                                  # creates it
+        self.storage(create_schema=False)               # now verifies fine
+
+
+class TidAndOidTests(FactoryCase):
+
+    def test_tid_after_planted_far_future_tid(self):
+        storage = self.storage()
+        oid = storage.new_oid()
+        future = p64(u64(self.commit(storage, oid, z64, 1)) + (365 * 24 * 3600 << 32))
+        planted = self.commit(storage, oid, storage.lastTransaction(), 2, tid=future)
+        self.assertEqual(planted, future)
+        # The clock says "now", but a commit must still come after the future tid.
+        next_tid = self.commit(storage, oid, planted, 3)
+        self.assertGreater(next_tid, planted)
+        self.assertGreater(self.commit(storage, oid, next_tid, 4), next_tid)
+
+    def test_explicit_tid_not_after_last_is_refused(self):
+        storage = self.storage()
+        oid = storage.new_oid()
+        tid = self.commit(storage, oid, z64, 1)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, tid)
+        storage.store(oid, tid, zodb_pickle(MinPO(2)), '', txn)
+        storage.tpc_vote(txn)
+        with self.assertRaises(Exception):
+            storage.tpc_finish(txn)
+        storage.tpc_abort(txn)
+        self.assertEqual(storage.lastTransaction(), tid)
+
+    def test_oids_never_reused(self):
+        storage = self.storage()
+        seen = set()
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for _ in range(40):
+            seen.add(storage.new_oid())
+        storage.tpc_abort(txn)
+        storage.close()
+        storage = self.storage()          # a new process would start here
+        later = {storage.new_oid() for _ in range(40)}
+        self.assertFalse(seen & later)
+        # restore() of a high OID pushes allocation past it.
+        high = p64(u64(max(later)) + 1000)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, p64(u64(storage.lastTransaction()) + 1 << 32))
+        storage.restore(high, storage.lastTransaction(), zodb_pickle(MinPO(1)), '', None, txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        other = self.storage()
+        self.assertGreater(other.new_oid(), high)
+
+
+class ConcurrencyTests(FactoryCase):
+
+    def test_conflict_resolution_across_storages(self):
+        from ZODB.tests.ConflictResolution import PCounter
+        db1 = ZODB.DB(self.storage())
+        db2 = ZODB.DB(self.storage())
+        try:
+            tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
+            c1 = db1.open(tm1)
+            c1.root()['counter'] = PCounter()
+            c1.root()['counter'].inc()      # give it a state to merge from
+            tm1.commit()
+            c2 = db2.open(tm2)
+            c2.root()['counter'].inc()
+            c1.root()['counter'].inc()
+            tm1.commit()
+            tm2.commit()            # resolved at vote
+            tm1.begin()
+            self.assertEqual(c1.root()['counter']._value, 3)
+        finally:
+            db1.close()
+            db2.close()
+
+    def test_unresolvable_conflict_is_retryable(self):
+        db1 = ZODB.DB(self.storage())
+        db2 = ZODB.DB(self.storage())
+        try:
+            tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
+            c1, c2 = db1.open(tm1), db2.open(tm2)
+            c1.root()['m'] = PersistentMapping()
+            tm1.commit()
+            tm2.begin()
+            c2.root()['m']['a'] = 1
+            c1.root()['m']['b'] = 2
+            tm1.commit()
+            with self.assertRaises(ConflictError):
+                tm2.commit()
+            tm2.abort()
+            # A retry sees the other commit and succeeds.
+            c2.root()['m']['a'] = 1
+            tm2.commit()
+            tm1.begin()
+            self.assertEqual(dict(c1.root()['m']), {'a': 1, 'b': 2})
+        finally:
+            db1.close()
+            db2.close()
+
+    def test_crossed_read_current_does_not_deadlock(self):
+        # T1 writes A and reads B current; T2 writes B and reads A current.
+        # Locking each side's rows in one global OID order means one waits
+        # for the other and then sees a read conflict; neither may deadlock.
+        from relstorage.interfaces import UnableToLockRowsError
+        s1, s2 = self.storage(), self.storage()
+        oid_a, oid_b = s1.new_oid(), s1.new_oid()
+        txn = TransactionMetaData()
+        s1.tpc_begin(txn)
+        s1.store(oid_a, z64, zodb_pickle(MinPO(0)), '', txn)
+        s1.store(oid_b, z64, zodb_pickle(MinPO(0)), '', txn)
+        s1.tpc_vote(txn)
+        tid = s1.tpc_finish(txn)
+        barrier = threading.Barrier(2)
+        after_first_lock = threading.Barrier(2, timeout=1)
+        results = {}
+
+        # Make the bad interleaving certain: each committer, after its first
+        # lock statement, waits until the other has taken its first lock too.
+        # With one global order the other blocks instead, and the wait just
+        # times out.
+        for storage in (s1, s2):
+            adapter = storage._adapter
+            original = adapter.lock_objects
+            state = {'first': True}
+
+            def lock_objects(conn, oids, read_oids, original=original, state=state):
+                original(conn, oids, read_oids)
+                if state['first']:
+                    state['first'] = False
+                    try:
+                        after_first_lock.wait()
+                    except threading.BrokenBarrierError:
+                        pass
+            adapter.lock_objects = lock_objects
+
+        def run(storage, write, read, key):
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            storage.store(write, tid, zodb_pickle(MinPO(key)), '', txn)
+            storage.checkCurrentSerialInTransaction(read, tid, txn)
+            barrier.wait()
+            try:
+                storage.tpc_vote(txn)
+                time.sleep(0.3)         # hold our locks while the other votes
+                storage.tpc_finish(txn)
+                results[key] = 'committed'
+            except Exception as exc:  # pylint:disable=broad-except
+                storage.tpc_abort(txn)
+                results[key] = exc
+
+        threads = [threading.Thread(target=run, args=(s1, oid_a, oid_b, 1)),
+                   threading.Thread(target=run, args=(s2, oid_b, oid_a, 2))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(len(results), 2, results)
+        for outcome in results.values():
+            self.assertNotIsInstance(outcome, UnableToLockRowsError)
+        self.assertIn('committed', results.values())
+
+    def test_snapshot_is_stable_until_transaction_ends(self):
+        db1 = ZODB.DB(self.storage())
+        db2 = ZODB.DB(self.storage())
+        try:
+            tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
+            c1, c2 = db1.open(tm1), db2.open(tm2)
+            c1.root()['a'] = PersistentMapping(v=1)
+            c1.root()['b'] = PersistentMapping(v=1)
+            tm1.commit()
+            tm2.begin()
+            self.assertEqual(c2.root()['a']['v'], 1)
+            c1.root()['a']['v'] = 2
+            c1.root()['b']['v'] = 2
+            tm1.commit()
+            # c2 is still in its transaction: it must see b as of its snapshot.
+            self.assertEqual(c2.root()['b']['v'], 1)
+            tm2.begin()
+            self.assertEqual((c2.root()['a']['v'], c2.root()['b']['v']), (2, 2))
+        finally:
+            db1.close()
+            db2.close()
+
+
+class ReadAheadTests(FactoryCase):
+
+    def test_sequential_reads_use_few_queries_and_keep_the_snapshot(self):
+        db = ZODB.DB(self.storage())
+        with db.transaction() as conn:
+            conn.root()['items'] = items = PersistentMapping()
+            for i in range(300):
+                items[i] = PersistentMapping(v=i)
+        db.close()
+
+        reader = self.storage()             # a new process: empty caches
+        writer = ZODB.DB(self.storage())
+        rdb = ZODB.DB(reader)
+        try:
+            tm = transaction.TransactionManager()
+            conn = rdb.open(tm)
+            items = conn.root()['items']
+            single_loads = []
+            original = reader._adapter.load_current
+
+            def counting(conn_, oid):
+                single_loads.append(oid)
+                return original(conn_, oid)
+            reader._adapter.load_current = counting
+            # Another client changes objects after the reader's snapshot began.
+            with writer.transaction() as wconn:
+                for i in range(150, 300):
+                    wconn.root()['items'][i]['v'] = -1
+            values = [items[i]['v'] for i in range(300)]
+            self.assertEqual(values, list(range(300)))
+            self.assertLess(len(single_loads), 30, len(single_loads))
+            tm.begin()
+            self.assertEqual([items[i]['v'] for i in (0, 149, 150, 299)], [0, 149, -1, -1])
+            conn.close()
+        finally:
+            rdb.close()
+            writer.close()
+
+
+ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests)
+
+
+def hf_variants():
+    """The same cases, history-free."""
+    return tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False}) for c in ALL)
+
+
+CASES = ALL + hf_variants()

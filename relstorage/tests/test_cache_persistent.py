@@ -1,0 +1,223 @@
+"""The persistent cache file (cache-local-dir): reuse it, never trust it blindly."""
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import unittest
+
+import transaction
+import ZODB
+from persistent.mapping import PersistentMapping
+
+from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+from relstorage.cache import persistent
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+
+
+class PersistentCacheTests(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_pcache_')
+        self.data = os.path.join(self.tmp, 'data')
+        self.cache_dir = os.path.join(self.tmp, 'cache')
+        os.mkdir(self.cache_dir)
+
+    def tearDown(self):
+        transaction.abort()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def open_db(self, cache=True, data=None, **kw):
+        kw.setdefault('cache_prefix', 'test')
+        if cache:
+            kw['cache_local_dir'] = self.cache_dir
+        options = Options(**kw)
+        storage = RelStorage(Sqlite3Adapter(data or self.data, options=options),
+                             options=options)
+        return ZODB.DB(storage)
+
+    def fill(self, db, count=20, value=0):
+        with db.transaction() as conn:
+            root = conn.root()
+            for i in range(count):
+                if i in root:
+                    root[i]['v'] = value
+                else:
+                    root[i] = PersistentMapping(v=value)
+
+    def read_all(self, db, count=20):
+        with db.transaction() as conn:
+            conn.cacheMinimize()
+            return [conn.root()[i]['v'] for i in range(count)]
+
+    def cache_file(self):
+        return persistent.cache_path(self.cache_dir, 'test')
+
+    def test_written_on_close_and_reused(self):
+        db = self.open_db()
+        self.fill(db)
+        self.assertEqual(self.read_all(db), [0] * 20)
+        db.close()
+        self.assertTrue(os.path.exists(self.cache_file()))
+        self.assertFalse([n for n in os.listdir(self.cache_dir) if n.startswith('.tmp')])
+        db = self.open_db()
+        stats = db.storage.cache_stats()
+        self.assertGreaterEqual(stats['persistent_loaded'], 21)   # 20 + the root
+        self.assertEqual(stats['persistent_dropped'], 0)
+        loads = stats['db_loads']
+        self.assertEqual(self.read_all(db), [0] * 20)
+        self.assertEqual(db.storage.cache_stats()['db_loads'], loads)
+        db.close()
+
+    def test_changes_made_while_the_worker_was_down(self):
+        db = self.open_db()
+        self.fill(db)
+        self.read_all(db)
+        db.close()
+        other = self.open_db(cache=False)
+        with other.transaction() as conn:
+            for i in range(5):
+                conn.root()[i]['v'] = 'changed'
+        other.close()
+        db = self.open_db()
+        stats = db.storage.cache_stats()
+        self.assertEqual(stats['persistent_dropped'], 5)
+        self.assertEqual(self.read_all(db), ['changed'] * 5 + [0] * 15)
+        db.close()
+
+    def test_database_restored_from_an_older_backup(self):
+        db = self.open_db()
+        self.fill(db, value='old')
+        db.close()
+        backup = os.path.join(self.tmp, 'backup')
+        shutil.copytree(self.data, backup)
+        db = self.open_db()
+        self.fill(db, value='newer')
+        self.assertEqual(self.read_all(db), ['newer'] * 20)
+        db.close()                                # the file now holds 'newer'
+        shutil.rmtree(self.data)
+        shutil.copytree(backup, self.data)        # restore the backup
+        with self.assertLogs('relstorage.cache.persistent', logging.WARNING) as logs:
+            db = self.open_db()
+        self.assertIn('restored from an older backup', logs.output[0])
+        self.assertEqual(db.storage.cache_stats()['persistent_loaded'], 0)
+        self.assertEqual(self.read_all(db), ['old'] * 20)
+        db.close()
+
+    def test_restored_backup_that_then_moved_past_the_file(self):
+        # Restore, then commit more before the worker restarts, so the
+        # database's last tid is after the file's: entries are still
+        # checked one by one (in bulk) and the stale ones dropped.
+        db = self.open_db()
+        self.fill(db, value='old')
+        db.close()
+        backup = os.path.join(self.tmp, 'backup')
+        shutil.copytree(self.data, backup)
+        db = self.open_db()
+        self.fill(db, value='lost')
+        self.read_all(db)
+        db.close()
+        shutil.rmtree(self.data)
+        shutil.copytree(backup, self.data)
+        other = self.open_db(cache=False)
+        with other.transaction() as conn:
+            conn.root()[0]['v'] = 'after restore'
+        other.close()
+        db = self.open_db()
+        stats = db.storage.cache_stats()
+        self.assertGreaterEqual(stats['persistent_dropped'], 20)
+        self.assertEqual(self.read_all(db), ['after restore'] + ['old'] * 19)
+        db.close()
+
+    def test_validation_is_one_query_per_batch(self):
+        db = self.open_db()
+        self.fill(db, count=1200)
+        self.read_all(db, 1200)
+        db.close()
+        options = Options()
+        adapter = Sqlite3Adapter(self.data, options=options)
+        calls = []
+        original = adapter.current_tids
+
+        def counting(conn, oids):
+            calls.append(len(oids))
+            return original(conn, oids)
+        adapter.current_tids = counting
+        kept = {}
+        snapshot, loaded, dropped = persistent.load_validated(
+            self.cache_file(), adapter, lambda o, t, s: kept.__setitem__(o, t),
+            lambda o, t, snap: None)
+        adapter.close()
+        # The 1200 objects, plus the root: its first, empty revision (the
+        # newest one is larger than cache-local-object-max) is out of date.
+        self.assertEqual((loaded, dropped), (1200, 1))
+        self.assertEqual(calls, [500, 500, 201])
+
+    def test_damaged_file_is_ignored(self):
+        db = self.open_db()
+        self.fill(db)
+        db.close()
+        with open(self.cache_file(), 'r+b') as f:
+            f.seek(40)
+            f.write(b'garbage!')
+        with self.assertLogs('relstorage.cache.persistent', logging.WARNING):
+            db = self.open_db()
+        self.assertEqual(db.storage.cache_stats()['persistent_loaded'], 0)
+        self.assertEqual(self.read_all(db), [0] * 20)
+        db.close()
+        with open(self.cache_file(), 'wb') as f:
+            f.write(b'RSLCACHE')                   # truncated
+        with self.assertLogs('relstorage.cache.persistent', logging.WARNING):
+            db = self.open_db()
+        self.assertEqual(self.read_all(db), [0] * 20)
+        db.close()
+
+    def test_two_workers_share_the_directory(self):
+        db = self.open_db()
+        self.fill(db, count=40)
+        db.close()
+        os.remove(self.cache_file())
+        w1, w2 = self.open_db(), self.open_db()
+        with w1.transaction() as conn:
+            [conn.root()[i]['v'] for i in range(20)]
+        with w2.transaction() as conn:
+            [conn.root()[i]['v'] for i in range(20, 40)]
+        w1.close()
+        w2.close()                # merges with what w1 wrote
+        _, entries = persistent.read_file(self.cache_file())
+        self.assertGreaterEqual(len({oid for oid, _, _ in entries}), 41)
+        db = self.open_db()
+        loads = db.storage.cache_stats()['db_loads']
+        self.assertEqual(self.read_all(db, 40), [0] * 40)
+        self.assertEqual(db.storage.cache_stats()['db_loads'], loads)
+        db.close()
+
+    def test_concurrent_writers_never_corrupt_the_file(self):
+        path = self.cache_file()
+        ctx = multiprocessing.get_context('fork')
+        procs = [ctx.Process(target=_writer, args=(path, n)) for n in range(4)]
+        for p in procs:
+            p.start()
+        for _ in range(30):
+            content = persistent.read_file(path)      # never raises
+            if content is not None:
+                for oid, tid, state in content[1]:
+                    self.assertEqual(state, b'%d-%d' % (oid, tid))
+        for p in procs:
+            p.join(60)
+            self.assertEqual(p.exitcode, 0)
+        last_tid, entries = persistent.read_file(path)
+        self.assertEqual(last_tid, 1000 + 3 * 10 + 9)
+        self.assertEqual({oid for oid, _, _ in entries}, set(range(4 * 100)))
+
+
+def _writer(path, n):
+    for round_ in range(10):
+        tid = 1000 + n * 10 + round_
+        entries = [(oid, tid, b'%d-%d' % (oid, tid)) for oid in range(n * 100, n * 100 + 100)]
+        persistent.save(path, tid, entries, 10 * 1024 * 1024)
+
+
+def test_suite():
+    return unittest.TestLoader().loadTestsFromTestCase(PersistentCacheTests)

@@ -1,0 +1,861 @@
+"""The shared suite, and MySQL-specific cases, on MySQL / MariaDB.
+
+Connection settings come from RS_MYSQL_HOST, RS_MYSQL_PORT, RS_MYSQL_USER
+and RS_MYSQL_PASSWD (default 127.0.0.1, 3306, root, empty).  The suite runs
+once per driver (mysqlclient's MySQLdb and PyMySQL) on two databases per
+driver, ``relstoragetest_<pid>_<driver>`` and a sibling, created on first
+use and dropped when the process exits.
+
+When RS_TEST_DATABASES is set and does not name mysql, nothing runs.
+Otherwise an unreachable server, or a missing driver, is a test failure,
+never a silent skip.
+"""
+import atexit
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+import unittest
+
+import persistent
+import transaction
+import transaction.interfaces
+import ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import ConflictError
+from ZODB.tests.MinPO import MinPO
+from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.tests.StorageTestBase import zodb_unpickle
+from ZODB.utils import p64
+from ZODB.utils import u64
+
+from relstorage import config
+from relstorage.adapters.mysql import drivers
+from relstorage.adapters.mysql.adapter import MySQLAdapter
+from relstorage.interfaces import DisconnectedError
+from relstorage.interfaces import RelStorageError
+from relstorage.interfaces import SchemaMismatchError
+from relstorage.interfaces import StateTooLargeError
+from relstorage.interfaces import UnableToAcquireCommitLockError
+from relstorage.interfaces import UnableToLockRowsError
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+
+from . import suite
+
+DRIVERS = ('MySQLdb', 'PyMySQL')
+
+
+def server_params():
+    params = {
+        'host': suite.env('RS_MYSQL_HOST', '127.0.0.1'),
+        'port': int(suite.env('RS_MYSQL_PORT', '3306')),
+        'user': suite.env('RS_MYSQL_USER', 'root'),
+        'passwd': suite.env('RS_MYSQL_PASSWD', ''),
+        'connect_timeout': 10,
+    }
+    return params
+
+
+def admin_connect(driver, db=None):
+    """A plain autocommit driver connection (no RelStorage involved)."""
+    params = server_params()
+    if db:
+        params['db'] = db
+    module = drivers.select_driver(driver)
+    conn = module.connect(params)
+    conn.autocommit(True)
+    return conn
+
+
+class MySQLFactory(suite.NamedDatabases):
+    """Database factory for suite.make_suite (see suite.py)."""
+
+    #: blob_cases' multi-gigabyte blob test: once, with the C driver.
+    big_blob_test = False
+
+    def __init__(self, driver, db_name):
+        self.driver = driver
+        self.name = 'mysql-' + driver
+        self.db_name = db_name
+        self._created = False
+        self._sibling = None
+        self._named = {}
+        self._fresh_in = None
+        self._admin = None
+
+    # --- administration --------------------------------------------------
+
+    def admin(self):
+        """A cached admin connection (no default database)."""
+        if self._admin is not None:
+            try:
+                self._admin.ping()
+            except Exception:  # pylint:disable=broad-except
+                self._admin = None
+        if self._admin is None:
+            self._admin = admin_connect(self.driver)
+        return self._admin
+
+    def admin_query(self, stmt, params=None):
+        cur = self.admin().cursor()
+        try:
+            cur.execute(stmt, params)
+            return cur.fetchall()
+        finally:
+            cur.close()
+
+    def ensure_database(self):
+        if not self._created:
+            self.admin_query('CREATE DATABASE IF NOT EXISTS %s' % self.db_name)
+            self._created = True
+            atexit.register(self.drop_database)
+
+    def drop_database(self):
+        try:
+            self.kill_sessions()
+            self.admin_query('DROP DATABASE IF EXISTS %s' % self.db_name)
+            self._admin.close()
+        except Exception:  # pylint:disable=broad-except
+            pass
+        self._admin = None
+
+    def session_ids(self):
+        """Server thread ids of the sessions using our database."""
+        rows = self.admin_query(
+            "SELECT id FROM information_schema.processlist "
+            "WHERE db = %s AND id <> CONNECTION_ID()", (self.db_name,))
+        return [row[0] for row in rows]
+
+    def kill_sessions(self):
+        """Kill every session on our database (left over by a test that
+        did not close its storage, or on purpose)."""
+        killed = 0
+        for session_id in self.session_ids():
+            try:
+                self.admin_query('KILL %d' % session_id)
+                killed += 1
+            except Exception:  # pylint:disable=broad-except
+                pass            # already gone
+        return killed
+
+    def connect_kwargs(self):
+        kwargs = server_params()
+        kwargs['db'] = self.db_name
+        return kwargs
+
+    # --- the factory protocol ----------------------------------------------
+
+    def fresh(self, keep_history):
+        self.ensure_database()
+        self.kill_sessions()
+        adapter = MySQLAdapter(options=Options(keep_history=keep_history,
+                                               commit_lock_timeout=10),
+                               driver=self.driver, **self.connect_kwargs())
+        adapter.drop_all()
+
+    def make_adapter(self, options):
+        return MySQLAdapter(options=options, driver=self.driver, **self.connect_kwargs())
+
+    def sibling(self):
+        if self._sibling is None:
+            self._sibling = MySQLFactory(self.driver, self.db_name + '_2')
+        return self._sibling
+
+    def make_named(self, key):
+        return MySQLFactory(self.driver, '%s_n_%s' % (self.db_name, key))
+
+    def write_subprocess_factory(self, directory, keep_history):
+        """A module a child process imports to reach the same database."""
+        with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:
+            f.write(SUBPROCESS_FACTORY % (keep_history, self.connect_kwargs(), self.driver))
+        return directory
+
+    def cleanup(self):
+        pass
+
+
+SUBPROCESS_FACTORY = """
+from relstorage.adapters.mysql.adapter import MySQLAdapter
+KEEP_HISTORY = %r
+CONNECT_KWARGS = %r
+DRIVER = %r
+def make_adapter(options):
+    return MySQLAdapter(options=options, driver=DRIVER, **CONNECT_KWARGS)
+"""
+
+
+# ----------------------------------------------------------------------
+# Our own cases.
+
+class Counter(persistent.Persistent):
+    """A plain counter: concurrent increments conflict (no resolution)."""
+    value = 0
+
+
+class MySQLTestCase(unittest.TestCase):
+    factory = None
+    keep_history = True
+
+    def setUp(self):
+        self.factory.fresh(self.keep_history)
+        self._storages = []
+        self._dbs = []
+
+    def tearDown(self):
+        transaction.abort()
+        for db in self._dbs:
+            try:
+                db.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
+        for storage in self._storages:
+            try:
+                storage.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
+        self.factory.cleanup()
+
+    def make_options(self, **kw):
+        kw.setdefault('keep_history', self.keep_history)
+        kw.setdefault('commit_lock_timeout', 10)
+        return Options(**kw)
+
+    def make_storage(self, **kw):
+        options = self.make_options(**kw)
+        storage = RelStorage(self.factory.make_adapter(options), options=options)
+        self._storages.append(storage)
+        return storage
+
+    def make_db(self, storage=None, **kw):
+        db = ZODB.DB(storage if storage is not None else self.make_storage(**kw))
+        self._dbs.append(db)
+        return db
+
+    def create_objects(self, storage, count):
+        """Commit ``count`` MinPO objects; return [(oid, serial)]."""
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        oids = [storage.new_oid() for _ in range(count)]
+        for i, oid in enumerate(oids):
+            storage.store(oid, p64(0), zodb_pickle(MinPO(i)), '', txn)
+        storage.tpc_vote(txn)
+        tid = storage.tpc_finish(txn)
+        return [(oid, tid) for oid in oids]
+
+    def begin_store(self, storage, items, read_current=()):
+        """tpc_begin + store ``items`` [(oid, serial, value)]."""
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for oid, serial, value in items:
+            storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
+        for oid, serial in read_current:
+            storage.checkCurrentSerialInTransaction(oid, serial, txn)
+        return txn
+
+    def locked_transactions(self):
+        """InnoDB transactions (other than the admin's) holding row locks."""
+        return self.factory.admin_query(
+            "SELECT trx_mysql_thread_id, trx_rows_locked FROM information_schema.innodb_trx "
+            "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_rows_locked > 0")
+
+    def assert_no_locks_held(self, but=(), wait=3.0):
+        """No transaction (except the sessions in ``but``) holds row locks.
+
+        information_schema.innodb_trx is a cache InnoDB refreshes only when
+        it has not been read for 0.1 s, and a killed client's session ends
+        asynchronously: look again, slowly, for up to ``wait`` seconds.
+        """
+        deadline = time.time() + wait
+        while True:
+            held = [row for row in self.locked_transactions() if row[0] not in but]
+            if not held or time.time() > deadline:
+                break
+            time.sleep(0.25)
+        self.assertEqual(held, [])
+
+    def assert_row_unlocked(self, oid):
+        """Lock the current row of ``oid`` without waiting, then let go."""
+        table = 'current_object' if self.keep_history else 'object_state'
+        conn = admin_connect(self.factory.driver, self.factory.db_name)
+        try:
+            cur = conn.cursor()
+            cur.execute('START TRANSACTION')
+            cur.execute('SELECT zoid FROM %s WHERE zoid = %%s FOR UPDATE NOWAIT' % table,
+                        (u64(oid),))
+            self.assertEqual(len(cur.fetchall()), 1)
+            cur.execute('ROLLBACK')
+        finally:
+            conn.close()
+
+
+class ParallelVoteTests(MySQLTestCase):
+
+    def test_disjoint_votes_do_not_block(self):
+        base = self.make_storage(commit_lock_timeout=5)
+        (a, a_tid), (b, b_tid), (c, c_tid) = self.create_objects(base, 3)
+        s1 = base.new_instance()
+        s2 = self.make_storage(commit_lock_timeout=5)   # another adapter
+        t1 = self.begin_store(s1, [(a, a_tid, 'a1'), (s1.new_oid(), p64(0), 'new1')],
+                              read_current=[(c, c_tid)])
+        t2 = self.begin_store(s2, [(b, b_tid, 'b2'), (s2.new_oid(), p64(0), 'new2')],
+                              read_current=[(c, c_tid)])
+        started = time.time()
+        s1.tpc_vote(t1)
+        s2.tpc_vote(t2)      # must not wait for s1: disjoint rows, shared read locks
+        tid1 = s1.tpc_finish(t1)
+        tid2 = s2.tpc_finish(t2)
+        self.assertLess(time.time() - started, 3)
+        self.assertGreater(tid2, tid1)
+        check = base.new_instance()
+        check.poll_invalidations()
+        self.assertEqual(zodb_unpickle(check.load(a)[0]).value, 'a1')
+        self.assertEqual(zodb_unpickle(check.load(b)[0]).value, 'b2')
+        self.assertEqual(check.load(a)[1], tid1)
+        self.assertEqual(check.load(b)[1], tid2)
+        for storage in (s1, s2, check):
+            storage.release()
+
+    def test_disjoint_votes_history_free(self):
+        self.keep_history = False
+        self.factory.fresh(False)
+        self.test_disjoint_votes_do_not_block()
+
+
+class LockTimeoutTests(MySQLTestCase):
+
+    def _conflicting_vote(self, mysql8_style=False):
+        holder = self.make_storage(commit_lock_timeout=2)
+        (lo, lo_tid), (hi, hi_tid) = self.create_objects(holder, 2)
+        waiter = self.make_storage(commit_lock_timeout=2)
+        if mysql8_style:
+            # The MySQL path: session innodb_lock_wait_timeout, restored after.
+            waiter._adapter.server.supports_set_statement = False
+        t1 = self.begin_store(holder, [(hi, hi_tid, 'holder')])
+        holder.tpc_vote(t1)
+        t2 = self.begin_store(waiter, [(lo, lo_tid, 'w'), (hi, hi_tid, 'w')])
+        started = time.time()
+        with self.assertRaises(UnableToLockRowsError) as cm:
+            waiter.tpc_vote(t2)
+        elapsed = time.time() - started
+        waiter.tpc_abort(t2)
+        self.assertTrue(1.5 <= elapsed < 5, elapsed)
+        self.assertIsInstance(cm.exception, ConflictError)
+        self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
+        self.assertIn('0x%x' % u64(hi), str(cm.exception))
+        # The waiter locked `lo` before waiting for `hi`: released now.
+        self.assert_row_unlocked(lo)
+        holder_thread = holder._store_conn.query_value('SELECT CONNECTION_ID()')
+        self.assert_no_locks_held(but=(holder_thread,))
+        if mysql8_style:
+            conn = waiter._store_conn
+            self.assertEqual(
+                conn.query_value('SELECT @@session.innodb_lock_wait_timeout'),
+                conn.query_value('SELECT @@global.innodb_lock_wait_timeout'))
+            conn.rollback()
+        holder.tpc_finish(t1)
+        # The retry succeeds.
+        waiter.poll_invalidations()
+        new_hi = waiter.load(hi)[1]
+        t3 = self.begin_store(waiter, [(lo, lo_tid, 'w'), (hi, new_hi, 'w')])
+        waiter.tpc_vote(t3)
+        waiter.tpc_finish(t3)
+        self.assert_no_locks_held()
+
+    def test_row_lock_timeout(self):
+        self._conflicting_vote()
+
+    def test_row_lock_timeout_session_variable(self):
+        self._conflicting_vote(mysql8_style=True)
+
+    def test_commit_lock_timeout(self):
+        storage = self.make_storage(commit_lock_timeout=2)
+        [(oid, serial)] = self.create_objects(storage, 1)
+        other = admin_connect(self.factory.driver, self.factory.db_name)
+        try:
+            cur = other.cursor()
+            cur.execute('START TRANSACTION')
+            cur.execute('SELECT tid FROM commit_lock FOR UPDATE')
+            txn = self.begin_store(storage, [(oid, serial, 'x')])
+            storage.tpc_vote(txn)
+            started = time.time()
+            with self.assertRaises(UnableToAcquireCommitLockError) as cm:
+                storage.tpc_finish(txn)
+            elapsed = time.time() - started
+            self.assertTrue(1.5 <= elapsed < 5, elapsed)
+            self.assertIsInstance(cm.exception, ConflictError)
+            self.assert_no_locks_held(but=(other.thread_id(),))
+            cur.execute('ROLLBACK')
+        finally:
+            other.close()
+        self.assert_row_unlocked(oid)
+        txn = self.begin_store(storage, [(oid, serial, 'y')])
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+
+
+def _increment_worker(driver, connect_kwargs, keep_history, count, results):
+    try:
+        options = Options(keep_history=keep_history, commit_lock_timeout=20)
+        adapter = MySQLAdapter(options=options, driver=driver, **connect_kwargs)
+        db = ZODB.DB(RelStorage(adapter, options=options))
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conflicts = 0
+        for _ in range(count):
+            while True:
+                try:
+                    tm.begin()
+                    root = conn.root()
+                    root['length'].change(1)
+                    root['counter'].value += 1
+                    tm.commit()
+                    break
+                except ConflictError:
+                    tm.abort()
+                    conflicts += 1
+        conn.close()
+        db.close()
+        results.put(('ok', conflicts))
+    except BaseException as exc:  # pylint:disable=broad-except
+        import traceback
+        results.put(('error', traceback.format_exc()))
+        raise SystemExit(1) from exc
+
+
+def _vote_and_wait_worker(driver, connect_kwargs, keep_history, oid, serial, results):
+    options = Options(keep_history=keep_history, commit_lock_timeout=5)
+    storage = RelStorage(MySQLAdapter(options=options, driver=driver, **connect_kwargs),
+                         options=options)
+    txn = TransactionMetaData()
+    storage.tpc_begin(txn)
+    storage.store(oid, serial, zodb_pickle(MinPO('killed')), '', txn)
+    storage.store(storage.new_oid(), p64(0), zodb_pickle(MinPO('new')), '', txn)
+    storage.tpc_vote(txn)
+    results.put('voted')
+    time.sleep(120)
+
+
+class MultiProcessTests(MySQLTestCase):
+
+    processes = 4
+    increments = 200
+
+    def _spawn(self, target, *args):
+        ctx = multiprocessing.get_context('spawn')
+        results = ctx.Queue()
+        kwargs = self.factory.connect_kwargs()
+        procs = [ctx.Process(target=target,
+                             args=(self.factory.driver, kwargs, self.keep_history) + args
+                             + (results,))
+                 for _ in range(1 if target is _vote_and_wait_worker else self.processes)]
+        for proc in procs:
+            proc.daemon = True
+            proc.start()
+        return procs, results
+
+    def test_concurrent_increments(self):
+        from BTrees.Length import Length
+        db = self.make_db()
+        with db.transaction() as conn:
+            conn.root()['length'] = Length()
+            conn.root()['counter'] = Counter()
+        started = time.time()
+        procs, results = self._spawn(_increment_worker, self.increments)
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(30)
+        errors = [text for status, text in outcomes if status != 'ok']
+        self.assertEqual(errors, [])
+        with db.transaction() as conn:
+            total = self.processes * self.increments
+            self.assertEqual(conn.root()['length'](), total)
+            self.assertEqual(conn.root()['counter'].value, total)
+        self.assertLess(time.time() - started, 90)
+
+    def test_sigkill_between_vote_and_finish(self):
+        storage = self.make_storage(commit_lock_timeout=2)
+        [(oid, serial)] = self.create_objects(storage, 1)
+        before = storage._adapter.get_last_tid(storage._adapter.open_load())
+        procs, results = self._spawn(_vote_and_wait_worker, oid, serial)
+        self.assertEqual(results.get(timeout=60), 'voted')
+        deadline = time.time() + 3
+        while not self.locked_transactions() and time.time() < deadline:
+            time.sleep(0.25)
+        self.assertTrue(self.locked_transactions())     # the child holds its row lock
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].join(10)
+        self.assert_no_locks_held(wait=10)
+        self.assert_row_unlocked(oid)
+        # Nothing of the child's transaction is visible.
+        check = storage.new_instance()
+        check.poll_invalidations()
+        self.assertEqual(u64(check.lastTransaction()), before)
+        self.assertEqual(zodb_unpickle(check.load(oid)[0]).value, 0)
+        self.assertEqual(len(check), 1)
+        check.release()
+        # And the object can be committed at once.
+        txn = self.begin_store(storage, [(oid, serial, 'after')])
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+
+
+class DisconnectTests(MySQLTestCase):
+
+    def test_killed_sessions_between_transactions(self):
+        db = self.make_db()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        with tm:
+            conn.root()['counter'] = Counter()
+        self.assertGreater(self.factory.kill_sessions(), 0)
+        # The next transaction reconnects the load, store and OID connections.
+        with tm:
+            conn.root()['counter'].value += 1
+            conn.root()['other'] = PersistentMapping()
+        self.assertEqual(self.factory.kill_sessions() > 0, True)
+        with tm:
+            conn.root()['counter'].value += 1
+        conn.close()
+        with db.transaction() as conn2:
+            self.assertEqual(conn2.root()['counter'].value, 2)
+
+    def test_killed_load_connection_in_flight(self):
+        (x, _), (oid, _) = self.create_objects(self.make_storage(), 2)
+        storage = self.make_storage()       # its cache has neither object
+        instance = storage.new_instance()
+        instance.poll_invalidations()
+        instance.load(x)
+        self.factory.kill_sessions()
+        with self.assertRaises(DisconnectedError) as cm:
+            instance.load(oid)
+        self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
+        self.assertNotIn(server_params()['passwd'] or '\0', str(cm.exception))
+        # The next transaction works.
+        instance.afterCompletion()
+        instance.poll_invalidations()
+        self.assertEqual(zodb_unpickle(instance.load(oid)[0]).value, 1)
+        instance.release()
+
+    def test_killed_store_connection_in_flight(self):
+        storage = self.make_storage()
+        [(oid, serial)] = self.create_objects(storage, 1)
+        before = storage.lastTransaction()
+        txn = self.begin_store(storage, [(oid, serial, 'lost')])
+        storage.tpc_vote(txn)
+        self.factory.kill_sessions()
+        with self.assertRaises(DisconnectedError):
+            storage.tpc_finish(txn)
+        storage.tpc_abort(txn)
+        check = storage.new_instance()
+        check.poll_invalidations()
+        self.assertEqual(check.lastTransaction(), before)
+        self.assertEqual(zodb_unpickle(check.load(oid)[0]).value, 0)
+        check.release()
+        txn = self.begin_store(storage, [(oid, serial, 'retried')])
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+
+
+class LargeStateTests(MySQLTestCase):
+
+    def test_state_larger_than_max_allowed_packet(self):
+        storage = self.make_storage()
+        [(oid, serial)] = self.create_objects(storage, 1)
+        packet = storage._adapter.max_allowed_packet
+        self.assertTrue(packet)
+        big = b'x' * (packet + 1)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, serial, big, '', txn)
+        with self.assertRaises(StateTooLargeError) as cm:
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        message = str(cm.exception)
+        self.assertIn('max_allowed_packet', message)
+        self.assertIn(str(len(big)), message)
+        self.assertIn(str(packet), message)
+        self.assert_no_locks_held()
+        # Other clients, and this one, go on.
+        other = self.make_storage()
+        self.create_objects(other, 1)
+        txn = self.begin_store(storage, [(oid, serial, 'small')])
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        del big
+
+    def test_large_states_round_trip(self):
+        storage = self.make_storage()
+        packet = storage._adapter.max_allowed_packet
+        # Escaping doubles these bytes: too big for one statement, so the
+        # state goes up in pieces; plus many small rows in the same upload.
+        quoted = b"'\\\0" * ((packet * 6 // 10) // 3)
+        plain = os.urandom(packet // 3)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        oids = [storage.new_oid() for _ in range(2002)]
+        storage.store(oids[0], p64(0), quoted, '', txn)
+        storage.store(oids[1], p64(0), plain, '', txn)
+        for oid in oids[2:]:
+            storage.store(oid, p64(0), zodb_pickle(MinPO(u64(oid))), '', txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        check = storage.new_instance()
+        check.poll_invalidations()
+        self.assertEqual(check.load(oids[0])[0], quoted)
+        self.assertEqual(check.load(oids[1])[0], plain)
+        self.assertEqual(zodb_unpickle(check.load(oids[-1])[0]).value, u64(oids[-1]))
+        self.assertEqual(len(check), 2002)
+        check.release()
+
+
+class ConnectionSettingsTests(MySQLTestCase):
+
+    def _adapter(self, **changes):
+        kwargs = self.factory.connect_kwargs()
+        kwargs.update(changes)
+        return MySQLAdapter(options=Options(), driver=self.factory.driver, **kwargs)
+
+    def _assert_fails_cleanly(self, adapter, secret=None):
+        started = time.time()
+        with self.assertRaises(RelStorageError) as cm:
+            adapter.prepare_schema()
+        self.assertLess(time.time() - started, 11)
+        message = str(cm.exception)
+        self.assertEqual(len(message.splitlines()), 1, message)
+        params = adapter._params
+        for part in (params['host'], params['db'], params['user']):
+            self.assertIn(str(part), message)
+        if secret:
+            self.assertNotIn(secret, message)
+            self.assertNotIn(secret, repr(cm.exception.args))
+        return message
+
+    def test_wrong_password(self):
+        secret = 'Not-The-Password-4711'
+        message = self._assert_fails_cleanly(self._adapter(passwd=secret), secret)
+        self.assertIn('denied', message)
+
+    def test_unknown_database(self):
+        message = self._assert_fails_cleanly(self._adapter(db='relstoragetest_no_such_db'))
+        self.assertIn('relstoragetest_no_such_db', message)
+
+    def test_unreachable_port_is_retryable(self):
+        adapter = self._adapter(port=1, connect_timeout=3)
+        with self.assertRaises(DisconnectedError):
+            adapter.connect('load')
+
+    def test_session_settings(self):
+        adapter = self._adapter()
+        for purpose in ('load', 'store', 'oid'):
+            raw = adapter.connect(purpose)
+            cur = raw.cursor()
+            cur.execute('SELECT @@session.time_zone, @@session.max_allowed_packet')
+            zone, packet = cur.fetchone()
+            self.assertEqual(zone, '+00:00')
+            self.assertEqual(packet, adapter.max_allowed_packet)
+            raw.close()
+        self.assertTrue(adapter.describe().startswith(adapter.server.flavor))
+
+    def test_drivers(self):
+        self.assertEqual(drivers.canonical_name('PyMySQL'), 'pymysql')
+        self.assertEqual(drivers.canonical_name('mysqlclient'), 'MySQLdb')
+        with self.assertRaises(RelStorageError):
+            drivers.select_driver('psycopg')
+        # Every spelling the configuration accepts is one we know.
+        for canonical, aliases in config.DRIVER_NAMES['mysql'].items():
+            for name in (canonical,) + aliases:
+                drivers.canonical_name(name)
+        self.assertIsInstance(drivers.select_driver('auto'), drivers.MySQLdbDriver)
+        saved = sys.modules.get('pymysql')
+        sys.modules['pymysql'] = None          # as if it were not installed
+        try:
+            with self.assertRaises(RelStorageError) as cm:
+                drivers.select_driver('pymysql')
+            self.assertIn('not installed', str(cm.exception))
+        finally:
+            if saved is None:
+                del sys.modules['pymysql']
+            else:
+                sys.modules['pymysql'] = saved
+
+    def test_zconfig(self):
+        import ZODB.config
+        params = self.factory.connect_kwargs()
+        lines = ['host %s' % params['host'], 'port %s' % params['port'],
+                 'user %s' % params['user'], 'db %s' % params['db'],
+                 'driver %s' % self.factory.driver]
+        if params['passwd']:
+            lines.append('passwd %s' % params['passwd'])
+        db = ZODB.config.databaseFromString(
+            "%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n"
+            "<mysql>\n%s\n</mysql>\n</relstorage>\n</zodb>\n" % '\n'.join(lines))
+        self._dbs.append(db)
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['x'], 1)
+        adapter = db.storage._adapter
+        self.assertEqual(adapter.driver.name, drivers.canonical_name(self.factory.driver))
+        self.assertFalse(adapter.keep_history)
+
+    def test_refuses_non_innodb_tables(self):
+        storage = self.make_storage()
+        storage.close()
+        conn = admin_connect(self.factory.driver, self.factory.db_name)
+        try:
+            conn.cursor().execute('ALTER TABLE new_oid ENGINE = MyISAM')
+        finally:
+            conn.close()
+        with self.assertRaises(SchemaMismatchError) as cm:
+            self.make_storage()
+        self.assertIn('InnoDB', str(cm.exception))
+
+    def test_mode_mismatch_leaves_database_alone(self):
+        self.make_storage(keep_history=True).close()
+        with self.assertRaises(SchemaMismatchError):
+            self.make_storage(keep_history=False)
+
+
+class ServerRestartTests(MySQLTestCase):
+    """The server itself restarts mid-session (shutdown, then started the
+    way the machine's package does); needs a local mariadbd."""
+
+    def restart_server(self):
+        import shutil
+        import subprocess
+        params = server_params()
+        daemon = '/usr/sbin/mariadbd'
+        if (params['host'] not in ('127.0.0.1', 'localhost') or not os.path.exists(daemon)
+                or not shutil.which('mysqladmin') or not shutil.which('start-stop-daemon')):
+            self.skipTest('no local mariadbd to restart')
+        args = ['mysqladmin', '-h', params['host'], '-P', str(params['port']),
+                '-u', params['user']]
+        if params['passwd']:
+            args.append('-p' + params['passwd'])
+        self.factory._admin = None
+        subprocess.run(args + ['shutdown'], check=True, capture_output=True, timeout=120)
+        # Start it again only once the old process is gone: start-stop-daemon
+        # --oknodo would take a server still shutting down for a running one.
+        deadline = time.time() + 60
+        while subprocess.run(['pidof', 'mariadbd'], capture_output=True).returncode == 0:
+            if time.time() > deadline:
+                break
+            time.sleep(0.2)
+        subprocess.run(['start-stop-daemon', '--start', '--oknodo', '--background',
+                        '--exec', daemon], check=True, capture_output=True, timeout=60)
+        deadline = time.time() + 60
+        while True:
+            try:
+                self.factory.admin_query('SELECT 1')
+                return
+            except Exception:  # pylint:disable=broad-except
+                self.factory._admin = None
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def test_server_restart_mid_session(self):
+        db = self.make_db()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        with tm:
+            conn.root()['a'] = PersistentMapping(n=1)
+        storage = self.make_storage()
+        [(x, tid0)] = self.create_objects(storage, 1)
+        in_flight = self.begin_store(storage, [(x, tid0, 99)])
+        storage.tpc_vote(in_flight)
+
+        self.restart_server()
+
+        # The voted transaction died with the server: a retryable error,
+        # and nothing of it committed.
+        with self.assertRaises(transaction.interfaces.TransientError):
+            storage.tpc_finish(in_flight)
+        storage.tpc_abort(in_flight)
+        self.assertEqual(storage.loadBefore(x, p64(u64(storage.lastTransaction()) + 1))[1],
+                         tid0)
+        # The same process carries on: loads, new OIDs and commits work.
+        with tm:
+            root = conn.root()
+            self.assertEqual(root['a']['n'], 1)
+            root['a']['n'] = 2
+            root['b'] = PersistentMapping(n=3)
+        conn.close()
+        with db.transaction() as conn2:
+            self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
+
+
+EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
+               DisconnectTests, LargeStateTests, ConnectionSettingsTests,
+               ServerRestartTests)
+
+
+# ----------------------------------------------------------------------
+
+class ServerUnavailable(unittest.TestCase):
+    """Stands in for the suite when it cannot run: fails loudly."""
+
+    reason = None
+
+    def test_mysql_server_available(self):
+        self.fail(self.reason)
+
+
+def _failing(label, reason):
+    cls = type('ServerUnavailable_%s' % label, (ServerUnavailable,), {'reason': reason})
+    return unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+
+
+def _rehome(tests, factory):
+    """Give the shared-suite tests ids under this module (and unique per
+    driver), so ``-t test_mysql`` selects them."""
+    for test in tests:
+        if isinstance(test, unittest.TestSuite):
+            _rehome(test, factory)
+        elif hasattr(test, '_dt_test'):
+            if not test._dt_test.name.startswith(__name__):
+                test._dt_test.name = '%s.%s.%s' % (
+                    __name__, factory.name.replace('-', '_'), test._dt_test.name)
+        else:
+            cls = type(test)
+            if cls.__module__ != __name__:
+                cls.__module__ = __name__
+
+
+def _wanted():
+    selected = os.environ.get('RS_TEST_DATABASES')
+    if selected is None:
+        return True
+    return 'mysql' in selected.lower().replace(',', ' ').split()
+
+
+def test_suite():
+    tests = unittest.TestSuite()
+    if not _wanted():
+        return tests
+    for driver in DRIVERS:
+        label = driver
+        try:
+            drivers.select_driver(driver)
+        except RelStorageError as exc:
+            tests.addTest(_failing(label, str(exc)))
+            continue
+        factory = MySQLFactory(driver, 'relstoragetest_%d_%s' % (os.getpid(), driver.lower()))
+        try:
+            factory.admin()
+        except Exception as exc:  # pylint:disable=broad-except
+            params = server_params()
+            tests.addTest(_failing(label, (
+                "Cannot reach the MySQL/MariaDB server at %s:%s as %r with %s: %s "
+                "(set RS_MYSQL_HOST/PORT/USER/PASSWD, or RS_TEST_DATABASES without "
+                "mysql to skip)" % (params['host'], params['port'], params['user'],
+                                    driver, exc))))
+            continue
+        driver_suite = suite.make_suite(factory, extra_cases=EXTRA_CASES)
+        _rehome(driver_suite, factory)
+        tests.addTest(driver_suite)
+    return tests

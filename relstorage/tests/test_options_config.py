@@ -1,0 +1,647 @@
+"""Options, the ZConfig component and the configuration docs agree.
+
+Nothing here opens a database: adapters and the storage are replaced by
+stand-ins where the wiring of ``open()`` is checked.
+"""
+
+import io
+import logging
+import os
+import sys
+import tempfile
+import types
+import unittest
+import xml.etree.ElementTree as ET
+from unittest import mock
+
+import ZConfig
+import ZConfig.datatypes
+import ZODB.config
+
+import relstorage
+from relstorage import config
+from relstorage.options import OPTIONS
+from relstorage.options import Option
+from relstorage.options import Options
+from relstorage.options import redact_secrets
+from relstorage.options import rst_table
+
+HERE = os.path.dirname(os.path.abspath(relstorage.__file__))
+COMPONENT = os.path.join(HERE, 'component.xml')
+DOCS = os.path.join(os.path.dirname(HERE), 'docs', 'configuration.rst')
+
+# Zope's zope.conf names its database section zodb_db (an extension of
+# ZODB's zodb section with mount points). This stand-in lets the Plone
+# example below parse exactly as users write it.
+ZOPE_LIKE_SCHEMA = """
+<schema prefix="ZODB.config">
+  <import package="ZODB"/>
+  <sectiontype name="zodb_db" extends="zodb" implements="ZODB.database">
+    <multikey name="mount-point" attribute="mount_points" datatype="string"/>
+  </sectiontype>
+  <multisection type="ZODB.database" name="*" attribute="databases"/>
+</schema>
+"""
+
+PLONE_EXAMPLE = """\
+%import relstorage
+<zodb_db main>
+  mount-point /
+  cache-size 30000
+  <relstorage>
+    blob-dir /var/blobs
+    shared-blob-dir false
+    keep-history false
+    <postgresql>
+      dsn dbname='plone' user='plone' host='localhost' password='secret'
+    </postgresql>
+  </relstorage>
+</zodb_db>
+"""
+
+DSN = "dbname='plone' user='plone' host='localhost' password='secret'"
+
+_zope_like_schema = None
+
+
+def zope_like_schema():
+    global _zope_like_schema
+    if _zope_like_schema is None:
+        _zope_like_schema = ZConfig.loadSchemaFile(
+            io.StringIO(ZOPE_LIKE_SCHEMA))
+    return _zope_like_schema
+
+
+def load_zope_like(text):
+    conf, _ = ZConfig.loadConfigFile(zope_like_schema(), io.StringIO(text))
+    return conf
+
+
+def load_db(text):
+    """Parse *text* (zodb sections) with ZODB's own schema; return the
+    first database's factory (not opened)."""
+    conf, _ = ZConfig.loadConfigFile(ZODB.config.getDbSchema(),
+                                     io.StringIO(text))
+    return conf.database[0]
+
+
+def relstorage_section(body, adapter='<sqlite3>\n data-dir @TMP@/db\n'
+                                     '</sqlite3>'):
+    return ('%%import relstorage\n<zodb>\n <relstorage>\n%s\n%s\n'
+            ' </relstorage>\n</zodb>\n' % (body, adapter))
+
+
+def component_tree():
+    return ET.parse(COMPONENT).getroot()
+
+
+def sectiontype(name):
+    for element in component_tree().iter('sectiontype'):
+        if element.get('name') == name:
+            return element
+    raise AssertionError('no sectiontype %r in component.xml' % name)
+
+
+def resolve_datatype(name):
+    if name.startswith('.'):
+        name = component_tree().get('prefix') + name
+    return ZConfig.datatypes.Registry().get(name)
+
+
+class TestComponentMatchesOptions(unittest.TestCase):
+
+    def _keys(self):
+        return {k.get('name'): k for k in sectiontype('relstorage')
+                if k.tag == 'key'}
+
+    def test_every_option_has_a_key(self):
+        keys = self._keys()
+        for option in OPTIONS:
+            if option.name in ('driver',):
+                continue
+            with self.subTest(option=option.name):
+                self.assertIn(option.name, keys)
+                key = keys[option.name]
+                self.assertEqual(key.get('default'), option.config_default)
+                conversion = resolve_datatype(key.get('datatype'))
+                self.assertEqual(conversion.datatype, option.datatype)
+                self.assertEqual(conversion.choices, option.choices)
+                if key.get('default') is not None:
+                    self.assertEqual(conversion(key.get('default')),
+                                     option.default)
+
+    def test_every_key_is_an_option(self):
+        names = {o.name for o in OPTIONS}
+        for name, key in self._keys().items():
+            if name == 'revert_when_stale':
+                self.assertEqual(key.get('attribute'),
+                                 'revert_when_stale_alias')
+                self.assertIsNone(key.get('default'))
+                continue
+            with self.subTest(key=name):
+                self.assertIn(name, names)
+
+    def test_driver_is_not_a_relstorage_key(self):
+        self.assertNotIn('driver', self._keys())
+
+    def test_one_required_adapter_section(self):
+        sections = [s for s in sectiontype('relstorage') if s.tag == 'section']
+        self.assertEqual(len(sections), 1)
+        self.assertEqual(sections[0].get('type'), 'relstorage.adapter')
+        self.assertEqual(sections[0].get('attribute'), 'adapter')
+        self.assertEqual(sections[0].get('required'), 'yes')
+
+    def test_adapter_sectiontypes(self):
+        expected = {
+            'sqlite3': ('.Sqlite3AdapterFactory', config.Sqlite3AdapterFactory),
+            'postgresql': ('.PostgreSQLAdapterFactory',
+                           config.PostgreSQLAdapterFactory),
+            'mysql': ('.MySQLAdapterFactory', config.MySQLAdapterFactory),
+            'oracle': ('.OracleAdapterFactory', config.OracleAdapterFactory),
+        }
+        for name, (datatype, factory) in expected.items():
+            with self.subTest(adapter=name):
+                element = sectiontype(name)
+                self.assertEqual(element.get('implements'),
+                                 'relstorage.adapter')
+                self.assertEqual(element.get('datatype'), datatype)
+                self.assertIs(resolve_datatype(datatype), factory)
+                driver = [k for k in element if k.get('name') == 'driver']
+                self.assertEqual(driver[0].get('default'), 'auto')
+
+    def test_relstorage_sectiontype(self):
+        element = sectiontype('relstorage')
+        self.assertEqual(element.get('implements'), 'ZODB.storage')
+        self.assertIs(resolve_datatype(element.get('datatype')),
+                      config.RelStorageFactory)
+
+
+class TestOptions(unittest.TestCase):
+
+    def test_defaults(self):
+        options = Options()
+        expected = {
+            'name': None, 'read_only': False, 'keep_history': True,
+            'create_schema': True, 'blob_dir': None, 'shared_blob_dir': False,
+            'blob_cache_size': None, 'blob_cache_size_check': 10,
+            'blob_cache_size_check_external': False,
+            'blob_chunk_size': 1048576, 'replica_conf': None,
+            'ro_replica_conf': None, 'replica_timeout': 600.0,
+            'revert_when_stale': False, 'poll_interval': 0, 'pack_gc': True,
+            'pack_prepack_only': False, 'pack_skip_prepack': False,
+            'pack_batch_timeout': 1.0, 'pack_commit_busy_delay': 5.0,
+            'cache_servers': None, 'cache_module_name': None,
+            'cache_prefix': None, 'cache_local_mb': 10,
+            'cache_local_dir': None, 'cache_local_object_max': 16384,
+            'cache_local_compression': 'none',
+            'cache_delta_size_limit': 100000, 'commit_lock_timeout': 30,
+            'commit_lock_id': 0, 'driver': 'auto',
+        }
+        self.assertEqual(options.as_dict(), expected)
+        for attribute, value in expected.items():
+            self.assertEqual(getattr(options, attribute), value)
+
+    def test_active_options(self):
+        active = {o.attribute for o in OPTIONS if o.active}
+        self.assertEqual(active, {
+            'name', 'read_only', 'keep_history', 'create_schema',
+            'commit_lock_timeout', 'commit_lock_id', 'cache_local_mb',
+            'cache_local_object_max', 'cache_local_compression', 'cache_local_dir',
+            'cache_servers', 'cache_module_name', 'cache_prefix',
+            'cache_delta_size_limit', 'driver',
+            'blob_dir', 'shared_blob_dir', 'blob_cache_size', 'blob_cache_size_check',
+            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc'})
+
+    def test_option_fields(self):
+        option = Options.option('keep-history')
+        self.assertIsInstance(option, Option)
+        self.assertEqual(option.name, 'keep-history')
+        self.assertEqual(option.attribute, 'keep_history')
+        self.assertEqual(option.datatype, 'boolean')
+        self.assertTrue(option.doc)
+        self.assertIs(Options.option('keep_history'), option)
+        for option in OPTIONS:
+            self.assertNotIn('\n', option.doc)
+
+    def test_unknown_option(self):
+        with self.assertRaisesRegex(TypeError, 'keep_histroy'):
+            Options(keep_histroy=False)
+        with self.assertRaisesRegex(TypeError, 'bogus-name'):
+            Options.from_config_names({'bogus-name': 1})
+        with self.assertRaisesRegex(TypeError, 'nope'):
+            Options().copy(nope=1)
+
+    def test_compression_validated(self):
+        self.assertEqual(
+            Options(cache_local_compression='zlib').cache_local_compression,
+            'zlib')
+        with self.assertRaisesRegex(ValueError, 'cache-local-compression'):
+            Options(cache_local_compression='lzma')
+        with self.assertRaisesRegex(ValueError, 'cache-local-compression'):
+            Options().copy(cache_local_compression='lzma')
+
+    def test_from_config_names(self):
+        options = Options.from_config_names(
+            {'keep-history': False, 'commit_lock_timeout': 5})
+        self.assertFalse(options.keep_history)
+        self.assertEqual(options.commit_lock_timeout, 5)
+
+    def test_copy(self):
+        original = Options(keep_history=False)
+        copy = original.copy(read_only=True)
+        self.assertFalse(copy.keep_history)
+        self.assertTrue(copy.read_only)
+        self.assertFalse(original.read_only)
+        self.assertEqual(original, original.copy())
+
+    def test_repr_hides_passwords(self):
+        options = Options(name="host=db password='s3cret'",
+                          cache_servers='memcache://u:s3cret@h:11211',
+                          keep_history=False)
+        text = repr(options)
+        self.assertNotIn('s3cret', text)
+        self.assertIn('keep_history=False', text)
+        self.assertEqual(repr(Options()), 'Options()')
+
+    def test_redact_secrets(self):
+        for text in ("dbname=x password=abc host=y",
+                     "dbname=x password='a b\\'c' host=y",
+                     'PASSWORD = "abc"',
+                     'postgresql://me:abc@host/db'):
+            with self.subTest(text=text):
+                self.assertNotIn('abc', redact_secrets(text))
+        self.assertEqual(redact_secrets('dbname=x host=y'), 'dbname=x host=y')
+
+    def test_log_inactive(self):
+        logger = logging.getLogger('relstorage.tests.inactive')
+        options = Options(blob_dir='/tmp', keep_history=False,
+                          pack_gc=True, replica_timeout=1.0)
+        with self.assertLogs(logger, logging.INFO) as logs:
+            options.log_inactive(logger)
+        self.assertEqual(logs.output, [
+            'INFO:relstorage.tests.inactive:option replica-timeout is '
+            'accepted but not yet active',
+        ])
+        with mock.patch.object(logger, 'info') as info:
+            Options(keep_history=False).log_inactive(logger)
+        info.assert_not_called()
+
+
+class _ParsingTests(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='relstorage-config-')
+        self.addCleanup(self._rmtmp)
+
+    def _rmtmp(self):
+        import shutil
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def load(self, body='', adapter=None):
+        if adapter is None:
+            text = relstorage_section(body)
+        else:
+            text = relstorage_section(body, adapter)
+        return load_db(text.replace('@TMP@', self.tmp)).config.storage
+
+    def assertConfigError(self, names, body='', adapter=None):
+        with self.assertRaises(ZConfig.ConfigurationError) as cm:
+            self.load(body, adapter)
+        for name in names:
+            self.assertIn(name, str(cm.exception))
+        return cm.exception
+
+
+class TestPloneExample(unittest.TestCase):
+
+    def _check(self, factory):
+        self.assertIsInstance(factory, config.RelStorageFactory)
+        options = factory.options
+        self.assertEqual(options.blob_dir, '/var/blobs')
+        self.assertFalse(options.shared_blob_dir)
+        self.assertFalse(options.keep_history)
+        self.assertEqual(options.driver, 'auto')
+        self.assertIsNone(options.name)
+        expected = Options(blob_dir='/var/blobs', keep_history=False)
+        self.assertEqual(options, expected)
+        adapter = factory.config.adapter
+        self.assertIsInstance(adapter, config.PostgreSQLAdapterFactory)
+        self.assertEqual(adapter.dsn, DSN)
+        self.assertNotIn('secret', repr(adapter))
+        self.assertNotIn('secret', repr(options))
+
+    def test_as_written_for_zope(self):
+        conf = load_zope_like(PLONE_EXAMPLE)
+        self.assertEqual(len(conf.databases), 1)
+        db = conf.databases[0]
+        self.assertIsInstance(db, ZODB.config.ZODBDatabase)
+        self.assertEqual(db.name, 'main')
+        self.assertEqual(db.config.mount_points, ['/'])
+        self.assertEqual(db.config.cache_size, 30000)
+        self._check(db.config.storage)
+
+    def test_with_zodb_db_schema(self):
+        # ZODB's own schema calls the section <zodb> and has no mount-point.
+        text = PLONE_EXAMPLE.replace('zodb_db', 'zodb').replace(
+            '  mount-point /\n', '')
+        db = load_db(text)
+        self.assertEqual(db.config.cache_size, 30000)
+        self._check(db.config.storage)
+
+
+class TestBadValues(_ParsingTests):
+
+    def test_unknown_key(self):
+        self.assertConfigError(['keep-histroy'], 'keep-histroy false')
+
+    def test_unknown_adapter_key(self):
+        self.assertConfigError(
+            ['data_dir'], adapter='<sqlite3>\n data_dir /x\n</sqlite3>')
+
+    def test_bad_boolean(self):
+        self.assertConfigError(['keep-history', 'maybe'], 'keep-history maybe')
+
+    def test_bad_compression(self):
+        self.assertConfigError(['cache-local-compression', 'lzma'],
+                               'cache-local-compression lzma')
+
+    def test_bad_integer(self):
+        self.assertConfigError(['commit-lock-timeout'],
+                               'commit-lock-timeout soon')
+
+    def test_bad_byte_size(self):
+        self.assertConfigError(['cache-local-object-max'],
+                               'cache-local-object-max lots')
+
+    def test_bad_float(self):
+        self.assertConfigError(['replica-timeout'], 'replica-timeout never')
+
+    def test_missing_parent_dir(self):
+        self.assertConfigError(['blob-dir'],
+                               'blob-dir @TMP@/missing/blobs')
+
+    def test_repeated_key(self):
+        self.assertConfigError(['keep-history'],
+                               'keep-history true\nkeep-history false')
+
+    def test_no_adapter(self):
+        self.assertConfigError(['relstorage.adapter'], adapter='')
+
+    def test_two_adapters(self):
+        self.assertConfigError(
+            ['relstorage.adapter'],
+            adapter='<sqlite3>\n data-dir @TMP@/db\n</sqlite3>\n'
+                    '<postgresql>\n</postgresql>')
+
+    def test_bad_driver(self):
+        self.assertConfigError(
+            ['driver', 'psycopg4'],
+            adapter='<postgresql>\n driver psycopg4\n</postgresql>')
+
+    def test_bad_mysql_port(self):
+        self.assertConfigError(['port'],
+                               adapter='<mysql>\n port mysql\n</mysql>')
+
+    def test_sqlite_needs_data_dir(self):
+        self.assertConfigError(['data-dir'], adapter='<sqlite3>\n</sqlite3>')
+
+    def test_no_password_in_errors(self):
+        error = self.assertConfigError(
+            ['bogus'], 'bogus 1',
+            adapter="<postgresql>\n dsn password='secret'\n</postgresql>")
+        self.assertNotIn('secret', str(error))
+
+
+class TestValues(_ParsingTests):
+
+    def test_defaults(self):
+        self.assertEqual(self.load().options, Options())
+
+    def test_every_key(self):
+        body = '\n'.join([
+            'name mystorage', 'read-only true', 'keep-history false',
+            'create-schema false', 'blob-dir @TMP@/blobs',
+            'shared-blob-dir true', 'blob-cache-size 2GB',
+            'blob-cache-size-check 20', 'blob-cache-size-check-external true',
+            'blob-chunk-size 4MB', 'replica-conf @TMP@/replicas.conf',
+            'ro-replica-conf @TMP@/ro.conf', 'replica-timeout 30',
+            'revert-when-stale true', 'poll-interval 5', 'pack-gc false',
+            'pack-prepack-only true', 'pack-skip-prepack true',
+            'pack-batch-timeout 2.5', 'pack-commit-busy-delay 0.5',
+            'cache-servers 127.0.0.1:11211 127.0.0.1:11212',
+            'cache-module-name pymemcache', 'cache-prefix zodb',
+            'cache-local-mb 100', 'cache-local-dir @TMP@/cache',
+            'cache-local-object-max 64KB', 'cache-local-compression zlib',
+            'cache-delta-size-limit 5000', 'commit-lock-timeout 9',
+            'commit-lock-id 7'])
+        options = self.load(body).options
+        self.assertEqual(options.as_dict(), {
+            'name': 'mystorage', 'read_only': True, 'keep_history': False,
+            'create_schema': False, 'blob_dir': self.tmp + '/blobs',
+            'shared_blob_dir': True, 'blob_cache_size': 2 * 1024 ** 3,
+            'blob_cache_size_check': 20,
+            'blob_cache_size_check_external': True,
+            'blob_chunk_size': 4 * 1024 ** 2,
+            'replica_conf': self.tmp + '/replicas.conf',
+            'ro_replica_conf': self.tmp + '/ro.conf',
+            'replica_timeout': 30.0, 'revert_when_stale': True,
+            'poll_interval': 5, 'pack_gc': False, 'pack_prepack_only': True,
+            'pack_skip_prepack': True, 'pack_batch_timeout': 2.5,
+            'pack_commit_busy_delay': 0.5,
+            'cache_servers': '127.0.0.1:11211 127.0.0.1:11212',
+            'cache_module_name': 'pymemcache', 'cache_prefix': 'zodb',
+            'cache_local_mb': 100, 'cache_local_dir': self.tmp + '/cache',
+            'cache_local_object_max': 65536,
+            'cache_local_compression': 'zlib',
+            'cache_delta_size_limit': 5000, 'commit_lock_timeout': 9,
+            'commit_lock_id': 7, 'driver': 'auto'})
+
+    def test_revert_when_stale_alias(self):
+        self.assertTrue(self.load('revert_when_stale true')
+                        .options.revert_when_stale)
+        self.assertFalse(self.load('revert-when-stale true\n'
+                                   'revert_when_stale false')
+                         .options.revert_when_stale)
+
+    def test_section_name_is_default_name(self):
+        text = ('%import relstorage\n<zodb>\n <relstorage mine>\n'
+                '<sqlite3>\n data-dir @TMP@/db\n</sqlite3>\n'
+                ' </relstorage>\n</zodb>\n').replace('@TMP@', self.tmp)
+        self.assertEqual(load_db(text).config.storage.options.name, 'mine')
+        self.assertEqual(
+            load_db(text.replace('<sqlite3>', 'name given\n<sqlite3>'))
+            .config.storage.options.name, 'given')
+
+
+class TestAdapterSections(_ParsingTests):
+
+    def test_sqlite3(self):
+        factory = self.load(adapter=(
+            '<sqlite3>\n data-dir @TMP@/db\n'
+            ' <pragmas>\n  synchronous off\n  cache_size -10000\n'
+            ' </pragmas>\n</sqlite3>'))
+        adapter = factory.config.adapter
+        self.assertIsInstance(adapter, config.Sqlite3AdapterFactory)
+        self.assertEqual(adapter.data_dir, self.tmp + '/db')
+        self.assertEqual(adapter.pragmas,
+                         {'synchronous': 'off', 'cache_size': '-10000'})
+        self.assertEqual(adapter.driver, 'auto')
+        self.assertEqual(factory.options.driver, 'auto')
+
+    def test_sqlite3_without_pragmas(self):
+        adapter = self.load().config.adapter
+        self.assertEqual(adapter.pragmas, {})
+
+    def test_postgresql(self):
+        factory = self.load(adapter=(
+            '<postgresql>\n dsn %s\n driver psycopg2\n</postgresql>' % DSN))
+        adapter = factory.config.adapter
+        self.assertIsInstance(adapter, config.PostgreSQLAdapterFactory)
+        self.assertEqual(adapter.dsn, DSN)
+        self.assertEqual(factory.options.driver, 'psycopg2')
+        self.assertEqual(self.load(adapter='<postgresql>\n</postgresql>')
+                         .config.adapter.dsn, '')
+
+    def test_mysql(self):
+        factory = self.load(adapter=(
+            '<mysql>\n host db.example.com\n port 3307\n user zope\n'
+            ' passwd secret\n db zodb\n unix_socket /run/mysqld.sock\n'
+            ' connect_timeout 5\n compress true\n'
+            ' read_default_file ~/.my.cnf\n read_default_group client\n'
+            ' driver MySQLClient\n</mysql>'))
+        adapter = factory.config.adapter
+        self.assertIsInstance(adapter, config.MySQLAdapterFactory)
+        self.assertEqual(adapter.connect_kwargs, {
+            'host': 'db.example.com', 'port': 3307, 'user': 'zope',
+            'passwd': 'secret', 'db': 'zodb',
+            'unix_socket': '/run/mysqld.sock', 'connect_timeout': 5,
+            'compress': True, 'read_default_file': '~/.my.cnf',
+            'read_default_group': 'client'})
+        self.assertEqual(factory.options.driver, 'MySQLdb')
+        self.assertNotIn('secret', repr(adapter))
+
+    def test_mysql_only_given_keys(self):
+        adapter = self.load(adapter='<mysql>\n db zodb\n</mysql>'
+                            ).config.adapter
+        self.assertEqual(adapter.connect_kwargs, {'db': 'zodb'})
+
+    def test_oracle(self):
+        factory = self.load(adapter=(
+            '<oracle>\n user zope\n password secret\n dsn db:1521/XE\n'
+            ' driver cx_oracle\n</oracle>'))
+        adapter = factory.config.adapter
+        self.assertIsInstance(adapter, config.OracleAdapterFactory)
+        self.assertEqual((adapter.config.user, adapter.config.password,
+                          adapter.config.dsn),
+                         ('zope', 'secret', 'db:1521/XE'))
+        self.assertEqual(factory.options.driver, 'cx_Oracle')
+        self.assertNotIn('secret', repr(adapter))
+
+    def test_driver_names(self):
+        for database, names in config.DRIVER_NAMES.items():
+            for canonical, aliases in names.items():
+                for spelling in (canonical, canonical.upper()) + aliases:
+                    with self.subTest(database=database, driver=spelling):
+                        self.assertEqual(
+                            getattr(config.keys, database + '_driver')(
+                                spelling), canonical)
+
+
+class TestCreateAndOpen(_ParsingTests):
+    """The factories hand the right arguments to adapter and storage
+    classes (stand-ins here; no database is opened)."""
+
+    def _fake_module(self, name, class_name):
+        module = types.ModuleType(name)
+        calls = []
+
+        class Fake:
+            def __init__(self, *args, **kwargs):
+                calls.append((args, kwargs))
+        Fake.__name__ = class_name
+        setattr(module, class_name, Fake)
+        patcher = mock.patch.dict(sys.modules, {name: module})
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        return Fake, calls
+
+    def test_sqlite3_create(self):
+        factory = self.load(adapter=(
+            '<sqlite3>\n data-dir @TMP@/db\n'
+            ' <pragmas>\n  synchronous off\n </pragmas>\n</sqlite3>'))
+        _, calls = self._fake_module('relstorage.adapters.sqlite.adapter',
+                                     'Sqlite3Adapter')
+        factory.config.adapter.create(factory.options)
+        self.assertEqual(calls, [((), {
+            'data_dir': self.tmp + '/db', 'pragmas': {'synchronous': 'off'},
+            'options': factory.options})])
+
+    def test_postgresql_create(self):
+        factory = self.load(adapter='<postgresql>\n dsn %s\n</postgresql>'
+                            % DSN)
+        _, calls = self._fake_module(
+            'relstorage.adapters.postgresql.adapter', 'PostgreSQLAdapter')
+        factory.config.adapter.create(factory.options)
+        self.assertEqual(calls, [((), {'dsn': DSN,
+                                       'options': factory.options})])
+
+    def test_mysql_create(self):
+        factory = self.load(adapter='<mysql>\n db zodb\n port 3306\n</mysql>')
+        _, calls = self._fake_module('relstorage.adapters.mysql.adapter',
+                                     'MySQLAdapter')
+        factory.config.adapter.create(factory.options)
+        self.assertEqual(calls, [((), {'db': 'zodb', 'port': 3306,
+                                       'options': factory.options})])
+
+    def test_oracle_create(self):
+        factory = self.load(adapter='<oracle>\n user u\n dsn d\n</oracle>')
+        _, calls = self._fake_module('relstorage.adapters.oracle.adapter',
+                                     'OracleAdapter')
+        factory.config.adapter.create(factory.options)
+        self.assertEqual(calls, [((), {'user': 'u', 'password': None,
+                                       'dsn': 'd',
+                                       'options': factory.options})])
+
+    def test_open(self):
+        factory = self.load('name main\nrevert-when-stale true')
+        adapter_class, adapter_calls = self._fake_module(
+            'relstorage.adapters.sqlite.adapter', 'Sqlite3Adapter')
+        storage_class, storage_calls = self._fake_module(
+            'relstorage.storage', 'RelStorage')
+        with self.assertLogs('relstorage.config', logging.INFO) as logs:
+            storage = factory.open()
+        self.assertIsInstance(storage, storage_class)
+        self.assertEqual(len(adapter_calls), 1)
+        (args, kwargs), = storage_calls
+        self.assertEqual(len(args), 1)
+        self.assertIsInstance(args[0], adapter_class)
+        self.assertEqual(kwargs, {'name': 'main',
+                                  'options': factory.options})
+        self.assertEqual(logs.output, [
+            'INFO:relstorage.config:option revert-when-stale is accepted but '
+            'not yet active'])
+
+
+class TestDocs(unittest.TestCase):
+
+    def test_rst_table_lists_every_option(self):
+        table = rst_table()
+        for option in OPTIONS:
+            self.assertIn('``%s``' % option.name, table)
+
+    def test_main_prints_table(self):
+        from relstorage import options
+        with mock.patch('sys.stdout', new_callable=io.StringIO) as out:
+            self.assertEqual(options.main(['--rst']), 0)
+        self.assertEqual(out.getvalue(), rst_table())
+
+    @unittest.skipUnless(os.path.exists(DOCS), 'docs/ not present')
+    def test_configuration_rst(self):
+        with open(DOCS, encoding='utf-8') as f:
+            text = f.read()
+        for option in OPTIONS:
+            with self.subTest(option=option.name):
+                self.assertIn(option.name, text)
+        self.assertIn(rst_table(), text,
+                      'docs/configuration.rst is out of date; paste in the '
+                      'output of: python -m relstorage.options --rst')

@@ -1,0 +1,222 @@
+"""The shared suite on SQLite (no server needed), plus SQLite-only cases."""
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import transaction
+import ZConfig
+import ZODB
+import ZODB.config
+from persistent.mapping import PersistentMapping
+
+from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+
+from . import suite
+
+
+class SqliteFactory:
+    name = 'sqlite'
+    big_blob_test = True
+
+    def __init__(self):
+        self._dirs = []
+        self.data_dir = None
+
+    def fresh(self, keep_history):
+        self.data_dir = tempfile.mkdtemp(prefix='relstoragetest_')
+        self._dirs.append(self.data_dir)
+
+    def make_adapter(self, options):
+        return Sqlite3Adapter(data_dir=self.data_dir, options=options)
+
+    def sibling(self):
+        return SqliteFactory()
+
+    def write_subprocess_factory(self, directory, keep_history):
+        """A module a child process imports to reach the same database."""
+        with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:
+            f.write(SUBPROCESS_FACTORY % (keep_history, self.data_dir))
+        return directory
+
+    def named(self, name):
+        """A factory for the database called ``name`` (blob doctests open
+        several); relative to the current directory, which ZODB's test
+        set-up makes a fresh temporary one for each test."""
+        return NamedSqliteFactory(name)
+
+    def cleanup(self):
+        while self._dirs:
+            shutil.rmtree(self._dirs.pop(), ignore_errors=True)
+
+
+SUBPROCESS_FACTORY = """
+from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+KEEP_HISTORY = %r
+def make_adapter(options):
+    return Sqlite3Adapter(data_dir=%r, options=options)
+"""
+
+
+class NamedSqliteFactory(SqliteFactory):
+
+    def __init__(self, name):
+        super().__init__()
+        self.data_dir = os.path.abspath(name + '.sqlite')
+
+    def fresh_if_new(self, keep_history):
+        pass        # a new directory per test already
+
+
+def zconfig(data_dir, storage_options='', adapter_options=''):
+    return textwrap.dedent("""\
+        %%import relstorage
+        <zodb>
+          <relstorage>
+            %s
+            <sqlite3>
+              data-dir %s
+              %s
+            </sqlite3>
+          </relstorage>
+        </zodb>
+        """) % (storage_options, data_dir, adapter_options)
+
+
+class SqliteConfigTests(unittest.TestCase):
+    """End to end through ZConfig and ZODB.DB, as zope.conf users do."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_')
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_zconfig_to_db_round_trip(self):
+        data_dir = os.path.join(self.tmp, 'data')
+        text = zconfig(data_dir, 'keep-history false\ncache-local-mb 5',
+                       '<pragmas>\n cache_size -8000\n</pragmas>')
+        db = ZODB.config.databaseFromString(text)
+        try:
+            with db.transaction() as conn:
+                conn.root()['site'] = PersistentMapping(title='Plone')
+            self.assertFalse(db.storage.supportsUndo())
+            with db.transaction() as conn:
+                self.assertEqual(conn.root()['site']['title'], 'Plone')
+            adapter = db.storage._adapter
+            self.assertEqual(adapter.pragmas['cache_size'], '-8000')
+            conn = adapter.open_load()
+            self.assertEqual(conn.query_value('PRAGMA cache_size'), -8000)
+            self.assertEqual(conn.query_value('PRAGMA journal_mode'), 'wal')
+            conn.close()
+        finally:
+            db.close()
+        self.assertTrue(os.path.exists(os.path.join(data_dir, 'main.sqlite3')))
+
+    def test_garbled_config_fails_before_touching_the_database(self):
+        data_dir = os.path.join(self.tmp, 'never-created')
+        for storage_options, key in (('keep-histroy false', 'keep-histroy'),
+                                     ('keep-history maybe', 'keep-history'),
+                                     ('cache-local-compression lzma', 'cache-local-compression'),
+                                     ('commit-lock-timeout soon', 'commit-lock-timeout')):
+            with self.assertRaises(ZConfig.ConfigurationError) as cm:
+                ZODB.config.databaseFromString(zconfig(data_dir, storage_options))
+            self.assertIn(key, str(cm.exception))
+            self.assertFalse(os.path.exists(data_dir), storage_options)
+
+    def test_inactive_option_is_logged(self):
+        data_dir = os.path.join(self.tmp, 'data')
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger('relstorage')
+        old_level = logger.level
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        try:
+            db = ZODB.config.databaseFromString(
+                zconfig(data_dir, 'revert-when-stale true'))
+            db.close()
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+        messages = [r.getMessage() for r in records]
+        self.assertTrue(any('revert-when-stale' in m and 'not yet active' in m
+                            for m in messages),
+                        messages)
+
+
+WORKER = r'''
+import sys, time, transaction, ZODB
+from ZODB.POSException import ConflictError
+from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+from persistent.mapping import PersistentMapping
+data_dir, worker, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+options = Options(commit_lock_timeout=60)
+db = ZODB.DB(RelStorage(Sqlite3Adapter(data_dir, options=options), options=options))
+tm = transaction.TransactionManager()
+conn = db.open(tm)
+for i in range(rounds):
+    while True:
+        try:
+            tm.begin()
+            root = conn.root()
+            root['count'] = root.get('count', 0) + 1
+            root['w%s-%d' % (worker, i)] = PersistentMapping(n=i)
+            tm.commit()
+            break
+        except ConflictError:
+            tm.abort()
+db.close()
+'''
+
+
+class SqliteMultiProcessTests(unittest.TestCase):
+
+    def test_processes_committing_to_one_data_dir(self):
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_')
+        try:
+            data_dir = os.path.join(tmp, 'data')
+            db = ZODB.DB(_storage(data_dir))
+            db.close()
+            workers, rounds = 4, 50
+            procs = [subprocess.Popen([sys.executable, '-c', WORKER, data_dir, str(w),
+                                       str(rounds)], stderr=subprocess.PIPE)
+                     for w in range(workers)]
+            for proc in procs:
+                _, err = proc.communicate(timeout=120)
+                self.assertEqual(proc.returncode, 0, err.decode())
+            db = ZODB.DB(_storage(data_dir))
+            try:
+                with db.transaction() as conn:
+                    root = conn.root()
+                    self.assertEqual(root['count'], workers * rounds)
+                    self.assertEqual(len([k for k in root if k.startswith('w')]),
+                                     workers * rounds)
+                tids = [t.tid for t in db.storage.iterator()]
+                self.assertEqual(tids, sorted(set(tids)))
+            finally:
+                db.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _storage(data_dir):
+    from relstorage.options import Options
+    from relstorage.storage import RelStorage
+    options = Options()
+    return RelStorage(Sqlite3Adapter(data_dir, options=options), options=options)
+
+
+def test_suite():
+    result = suite.make_suite(SqliteFactory())
+    loader = unittest.TestLoader()
+    for case in (SqliteConfigTests, SqliteMultiProcessTests):
+        result.addTest(loader.loadTestsFromTestCase(case))
+    return result

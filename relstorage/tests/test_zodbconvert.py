@@ -1,0 +1,567 @@
+"""zodbconvert end to end: FileStorage, ZEO and RelStorage on either side.
+
+RelStorage destinations run on every database in RS_TEST_DATABASES (see
+servers.py) whose adapter this checkout has; a configured server that cannot
+be reached fails the test, it is not skipped.
+"""
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+import unittest
+import uuid
+
+import transaction
+import ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.blob import Blob
+from ZODB.FileStorage import FileStorage
+from ZODB.utils import u64
+
+from relstorage import zodbconvert
+from relstorage.storage import copy
+
+from . import servers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ----------------------------------------------------------------------
+# Databases
+
+
+class SqliteDB:
+    name = 'sqlite'
+
+    def __init__(self, tmp):
+        self.dir = os.path.join(tmp, 'sqlite-%s' % uuid.uuid4().hex[:8])
+        os.makedirs(self.dir)
+
+    def section(self):
+        return '<sqlite3>\n data-dir %s\n</sqlite3>' % self.dir
+
+    def cleanup(self):
+        pass
+
+
+class PostgreSQLDB:
+    name = 'postgresql'
+
+    def __init__(self, tmp):
+        self.dbname = 'zodbconvert_%s' % uuid.uuid4().hex[:10]
+        self._admin('CREATE DATABASE %s' % self.dbname)
+
+    def _admin(self, stmt):
+        import psycopg
+        with psycopg.connect(servers.pg_dsn() + ' dbname=postgres', autocommit=True) as conn:
+            conn.execute(stmt)
+
+    def section(self):
+        return '<postgresql>\n dsn %s dbname=%s\n</postgresql>' % (servers.pg_dsn(),
+                                                                  self.dbname)
+
+    def cleanup(self):
+        self._admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % self.dbname)
+
+
+class MySQLDB:
+    name = 'mysql'
+
+    def __init__(self, tmp):
+        self.dbname = 'zodbconvert_%s' % uuid.uuid4().hex[:10]
+        self._admin('CREATE DATABASE %s' % self.dbname)
+
+    def _admin(self, stmt):
+        import MySQLdb
+        conn = MySQLdb.connect(**servers.mysql_params())
+        try:
+            conn.cursor().execute(stmt)
+        finally:
+            conn.close()
+
+    def section(self):
+        p = servers.mysql_params()
+        lines = ['<mysql>', ' host %s' % p['host'], ' port %d' % p['port'],
+                 ' user %s' % p['user'], ' db %s' % self.dbname]
+        if p['passwd']:
+            lines.append(' passwd %s' % p['passwd'])
+        return '\n'.join(lines + ['</mysql>'])
+
+    def cleanup(self):
+        self._admin('DROP DATABASE IF EXISTS %s' % self.dbname)
+
+
+DATABASES = {'sqlite': SqliteDB, 'postgresql': PostgreSQLDB, 'mysql': MySQLDB}
+
+
+def configured():
+    return [DATABASES[name] for name in servers.configured_databases() if name in DATABASES]
+
+
+# ----------------------------------------------------------------------
+# Helpers
+
+
+def make_source(path, blob_dir=None, transactions=12, start=0):
+    """A FileStorage with history, non-ASCII metadata, undo records (back
+    pointers) and an undone creation (a record without data)."""
+    storage = FileStorage(path, blob_dir=blob_dir)
+    db = ZODB.DB(storage)
+    try:
+        conn = db.open()
+        root = conn.root()
+        for i in range(start, start + transactions):
+            txn = transaction.get()
+            txn.note('Ändrung nº %d — ☃' % i)
+            txn.setUser('jürgen', '/plone')
+            txn.setExtendedInfo('grüße', 'wert %d ✓' % i)
+            key = 'obj%d' % (i % 4)
+            if key not in root:
+                root[key] = PersistentMapping()
+            root[key]['v'] = i
+            root[key]['text'] = 'x' * (i * 10)
+            if blob_dir and i % 5 == 0:
+                blob = Blob()
+                with blob.open('w') as f:
+                    f.write(b'blob %d ' % i * 1000)
+                root['blob%d' % i] = blob
+            transaction.commit()
+        if start == 0:
+            # Undo a change (back pointers), then create and undo a creation.
+            db.undo(db.undoLog(0, 1)[0]['id'])
+            transaction.commit()
+            root['doomed'] = PersistentMapping(v='bye')
+            transaction.commit()
+            db.undo(db.undoLog(0, 1)[0]['id'])
+            transaction.commit()
+        conn.close()
+    finally:
+        db.close()
+
+
+def fs_section(role, path, blob_dir=None):
+    text = '<filestorage %s>\n path %s\n' % (role, path)
+    if blob_dir:
+        text += ' blob-dir %s\n' % blob_dir
+    return text + '</filestorage>\n'
+
+
+def rs_section(role, db, keep_history=True, blob_dir=None):
+    text = '<relstorage %s>\n keep-history %s\n' % (role, 'true' if keep_history else 'false')
+    if blob_dir:
+        text += ' blob-dir %s\n' % blob_dir
+    return text + db.section() + '\n</relstorage>\n'
+
+
+def file_digest(path):
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def tree_state(directory):
+    """Names, sizes and digests of every file under ``directory``."""
+    result = {}
+    for base, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(base, name)
+            result[os.path.relpath(path, directory)] = file_digest(path)
+    return result
+
+
+def transactions_of(storage):
+    """[(tid, user, description, extension, {oid: data})] with back pointers
+    resolved: what two storages must agree on, transaction by transaction."""
+    result = []
+    for txn in storage.iterator():
+        records = {}
+        for rec in txn:
+            data = rec.data
+            if data is None and rec.data_txn is not None:
+                data = storage.loadSerial(rec.oid, rec.data_txn)
+            records[rec.oid] = data
+        result.append((txn.tid, txn.user, txn.description, txn.extension, records))
+    return result
+
+
+def current_objects(storage):
+    """{oid: (tid, state)} of every existing object, by walking the history."""
+    objects = {}
+    for _tid, _u, _d, _e, records in transactions_of(storage):
+        for oid in records:
+            try:
+                data, tid = storage.load(oid)
+            except Exception:  # deleted
+                objects.pop(oid, None)
+                continue
+            objects[oid] = (tid, data)
+    return objects
+
+
+class ConvertTestCase(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='zodbconvert_test_')
+        self._dbs = []
+
+    def tearDown(self):
+        for db in self._dbs:
+            db.cleanup()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def database(self, db_class=SqliteDB):
+        db = db_class(self.tmp)
+        self._dbs.append(db)
+        return db
+
+    def path(self, *names):
+        return os.path.join(self.tmp, *names)
+
+    def convert(self, source, destination, *args):
+        conf = self.path('convert-%s.conf' % uuid.uuid4().hex[:6])
+        with open(conf, 'w') as f:
+            f.write('%import relstorage\n' + source + destination)
+        out, err = io.StringIO(), io.StringIO()
+        rc = zodbconvert.main(list(args) + ['--no-progress', conf], stdout=out, stderr=err)
+        return rc, out.getvalue(), err.getvalue()
+
+    def assertConverted(self, result, rc=0):
+        code, out, err = result
+        self.assertEqual(code, rc, 'exit %s\nstdout:\n%s\nstderr:\n%s' % (code, out, err))
+        return out, err
+
+    def open_rs(self, db, keep_history=True, blob_dir=None, read_only=False):
+        import ZODB.config
+        text = rs_section('', db, keep_history, blob_dir)
+        if read_only:
+            text = text.replace('keep-history', 'read-only true\n keep-history', 1)
+        return ZODB.config.storageFromString('%import relstorage\n' + text)
+
+
+# ----------------------------------------------------------------------
+
+
+class TestRoundTrip(ConvertTestCase):
+
+    def _round_trip(self, db_class):
+        # One pair of files per database: the subtests share self.tmp.
+        src_name = 'source-%s.fs' % db_class.name
+        src = self.path(src_name)
+        make_source(src)
+        before = tree_state(self.tmp)
+        db = self.database(db_class)
+        out, _ = self.assertConverted(self.convert(
+            fs_section('source', src), rs_section('destination', db), '--verify'))
+        self.assertIn('Verified:', out)
+        self.assertEqual(tree_state(self.tmp).get(src_name), before[src_name])
+        back = self.path('back-%s.fs' % db_class.name)
+        self.assertConverted(self.convert(
+            rs_section('source', db), fs_section('destination', back), '--verify'))
+        original, copied = FileStorage(src, read_only=True), FileStorage(back, read_only=True)
+        try:
+            expected, actual = transactions_of(original), transactions_of(copied)
+            self.assertEqual(len(expected), 16)
+            self.assertEqual([t[0] for t in actual], [t[0] for t in expected])
+            for exp, act in zip(expected, actual):
+                self.assertEqual(act, exp)
+            # expected[0] is the root's creation by ZODB.DB.
+            self.assertEqual(expected[1][1], '/plone jürgen'.encode('utf-8'))
+            self.assertIn('☃'.encode('utf-8'), expected[1][2])
+            self.assertEqual(expected[1][3], {'grüße': 'wert 0 ✓'})
+            # The undone creation is a record without data on both sides.
+            self.assertIn(None, expected[-1][4].values())
+        finally:
+            original.close()
+            copied.close()
+        # The source directory was not touched (no index, lock or tmp files).
+        after = tree_state(self.tmp)
+        self.assertEqual({k: v for k, v in after.items() if k.startswith('source.fs')},
+                         {k: v for k, v in before.items() if k.startswith('source.fs')})
+
+    def test_history_preserving_round_trip(self):
+        for db_class in configured():
+            with self.subTest(database=db_class.name):
+                self._round_trip(db_class)
+
+    def test_history_free(self):
+        for db_class in configured():
+            with self.subTest(database=db_class.name):
+                src = self.path('hf-%s.fs' % db_class.name)
+                make_source(src)
+                db = self.database(db_class)
+                out, _ = self.assertConverted(self.convert(
+                    fs_section('source', src), rs_section('destination', db, False),
+                    '--verify'))
+                self.assertIn('current objects', out)
+                source = FileStorage(src, read_only=True)
+                dest = self.open_rs(db, keep_history=False)
+                try:
+                    expected = current_objects(source)
+                    self.assertEqual(len(dest), len(expected))
+                    for oid, (tid, data) in expected.items():
+                        self.assertEqual(dest.load(oid), (data, tid))
+                    self.assertEqual(dest.lastTransaction(), source.lastTransaction())
+                finally:
+                    source.close()
+                    dest.close()
+
+    def test_relstorage_hf_to_filestorage(self):
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          rs_section('destination', db, False)))
+        self.assertConverted(self.convert(rs_section('source', db, False),
+                                          fs_section('destination', self.path('b.fs')),
+                                          '--verify'))
+
+
+class TestZEOSource(ConvertTestCase):
+
+    def test_from_zeo_server(self):
+        import ZEO
+        src = self.path('zeo.fs')
+        make_source(src)
+        addr, stop = ZEO.server(path=src, port=('127.0.0.1', 0))
+        try:
+            db = self.database()
+            zeo = '<zeoclient source>\n server %s:%d\n</zeoclient>\n' % addr
+            out, _ = self.assertConverted(self.convert(zeo, rs_section('destination', db),
+                                                       '--verify'))
+            self.assertIn('Copied 16 transactions', out)
+        finally:
+            stop()
+
+
+class TestIncremental(ConvertTestCase):
+
+    def _incremental(self, keep_history):
+        src = self.path('inc-%s.fs' % keep_history)
+        make_source(src)
+        db = self.database()
+        dest = rs_section('destination', db, keep_history)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        make_source(src, transactions=5, start=100)
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--incremental', '--verify'))
+        self.assertIn('Copied 5 transactions', out)
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--incremental'))
+        self.assertIn('Nothing to copy', out)
+
+    def test_incremental_history_preserving(self):
+        self._incremental(True)
+
+    def test_incremental_history_free(self):
+        self._incremental(False)
+
+    def test_incremental_from_another_source_refused(self):
+        src, other = self.path('a.fs'), self.path('other.fs')
+        make_source(src)
+        make_source(other, transactions=30)
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        _, err = self.assertConverted(
+            self.convert(fs_section('source', other), dest, '--incremental'), rc=1)
+        self.assertIn('--clear', err)
+
+
+class Interrupt(KeyboardInterrupt):
+    pass
+
+
+class TestInterrupted(ConvertTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self._saved = copy.BATCH_RECORDS, copy.RelStorageWriter.flush
+        copy.BATCH_RECORDS = 3
+
+    def tearDown(self):
+        copy.BATCH_RECORDS, copy.RelStorageWriter.flush = self._saved
+        super().tearDown()
+
+    def _interrupt_after(self, flushes):
+        original = self._saved[1]
+        calls = []
+
+        def flush(writer):
+            if len(calls) == flushes and writer._pending:
+                raise Interrupt()
+            if writer._pending:
+                calls.append(1)
+            return original(writer)
+        copy.RelStorageWriter.flush = flush
+
+    def _interrupted(self, keep_history):
+        src = self.path('int.fs')
+        make_source(src, transactions=20)
+        db = self.database()
+        dest = rs_section('destination', db, keep_history)
+        self._interrupt_after(1)
+        _, err = self.assertConverted(self.convert(fs_section('source', src), dest), rc=1)
+        self.assertIn('--incremental', err)
+        copy.RelStorageWriter.flush = self._saved[1]
+        storage = self.open_rs(db, keep_history)
+        try:
+            partial = u64(storage.lastTransaction())
+        finally:
+            storage.close()
+        self.assertTrue(partial, 'nothing was committed before the interruption')
+        # Without --incremental: refused, with a message saying what to do.
+        _, err = self.assertConverted(self.convert(fs_section('source', src), dest), rc=1)
+        self.assertIn('--incremental', err)
+        self.assertIn('Nothing was written', err)
+        # With it: resumed, and the result is complete.
+        self.assertConverted(self.convert(fs_section('source', src), dest,
+                                          '--incremental', '--verify'))
+
+    def test_interrupted_history_preserving(self):
+        self._interrupted(True)
+
+    def test_interrupted_history_free_bulk(self):
+        self._interrupted(False)
+
+
+class TestRefusals(ConvertTestCase):
+
+    def test_dry_run_with_clear(self):
+        src = self.path('s.fs')
+        make_source(src)
+        rc, _, err = self.convert(fs_section('source', src),
+                                  rs_section('destination', self.database()),
+                                  '--dry-run', '--clear')
+        self.assertEqual(rc, 2)
+        self.assertIn('--dry-run', err)
+
+    def test_dry_run_writes_nothing(self):
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        out, _ = self.assertConverted(self.convert(
+            fs_section('source', src), rs_section('destination', db), '--dry-run'))
+        self.assertIn('Would copy 16 transactions', out)
+        # Still no schema there: a read-only open fails as before.
+        with self.assertRaises(Exception):
+            self.open_rs(db, read_only=True)
+        dest_fs = self.path('never.fs')
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          fs_section('destination', dest_fs), '--dry-run'))
+        self.assertFalse(os.path.exists(dest_fs))
+
+    def test_non_empty_destination_refused_then_clear(self):
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        storage = self.open_rs(db)
+        last = storage.lastTransaction()
+        storage.close()
+        _, err = self.assertConverted(self.convert(fs_section('source', src), dest), rc=1)
+        self.assertIn('not empty', err)
+        self.assertEqual(err.count('\n'), 1)
+        storage = self.open_rs(db)
+        self.assertEqual(storage.lastTransaction(), last)
+        storage.close()
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--clear', '--verify'))
+        self.assertIn('Clearing', out)
+
+    def test_clear_needs_relstorage(self):
+        src = self.path('s.fs')
+        make_source(src)
+        rc, _, err = self.convert(fs_section('source', src),
+                                  fs_section('destination', self.path('d.fs')), '--clear')
+        self.assertEqual(rc, 2, err)
+
+    def test_config_errors(self):
+        rc = zodbconvert.main(['--no-progress', self.path('missing.conf')],
+                              stdout=io.StringIO(), stderr=io.StringIO())
+        self.assertEqual(rc, 2)
+        err = io.StringIO()
+        conf = self.path('bad.conf')
+        with open(conf, 'w') as f:
+            f.write(fs_section('source', self.path('x.fs')))
+        self.assertEqual(zodbconvert.main([conf], stdout=io.StringIO(), stderr=err), 2)
+        self.assertIn('destination', err.getvalue())
+        self.assertEqual(zodbconvert.main(['--bogus'], stdout=io.StringIO(),
+                                          stderr=io.StringIO()), 2)
+
+
+class TestBlobs(ConvertTestCase):
+
+    def _blob_source(self):
+        src, blobs = self.path('blob.fs'), self.path('blobs')
+        make_source(src, blob_dir=blobs)
+        return src, blobs
+
+    def test_filestorage_to_filestorage_with_blobs(self):
+        src, blobs = self._blob_source()
+        dest, dest_blobs = self.path('dest.fs'), self.path('dest-blobs')
+        out, _ = self.assertConverted(self.convert(
+            fs_section('source', src, blobs), fs_section('destination', dest, dest_blobs),
+            '--verify'))
+        self.assertIn('3 blobs', out)
+        storage = FileStorage(dest, blob_dir=dest_blobs, read_only=True)
+        db = ZODB.DB(storage)
+        try:
+            root = db.open().root()
+            with root['blob5'].open() as f:
+                self.assertEqual(f.read(), b'blob 5 ' * 1000)
+        finally:
+            db.close()
+
+    def test_unreadable_source_blob_is_an_error(self):
+        src, blobs = self._blob_source()
+        for base, _, files in os.walk(blobs):
+            for name in files:
+                if name.endswith('.blob'):
+                    os.remove(os.path.join(base, name))
+                    break
+        rc, _, err = self.convert(fs_section('source', src, blobs),
+                                  fs_section('destination', self.path('d.fs'),
+                                             self.path('d-blobs')))
+        self.assertEqual(rc, 1)
+        self.assertIn('Cannot read the blob', err)
+
+    def test_blob_source_into_destination_without_blobs_is_an_error(self):
+        src, blobs = self._blob_source()
+        rc, _, err = self.convert(fs_section('source', src, blobs),
+                                  rs_section('destination', self.database()))
+        self.assertEqual(rc, 1)
+        self.assertIn('blob', err)
+
+    def test_filestorage_to_relstorage_with_blobs(self):
+        src, blobs = self._blob_source()
+        db = self.database()
+        out, _ = self.assertConverted(self.convert(
+            fs_section('source', src, blobs),
+            rs_section('destination', db, blob_dir=self.path('rs-blobs')), '--verify'))
+        self.assertIn('3 blobs', out)
+        back, back_blobs = self.path('back.fs'), self.path('back-blobs')
+        self.assertConverted(self.convert(
+            rs_section('source', db, blob_dir=self.path('rs-blobs2')),
+            fs_section('destination', back, back_blobs), '--verify'))
+
+
+class TestCommandLine(ConvertTestCase):
+
+    def test_console_script_module(self):
+        import subprocess
+        import sys
+        src = self.path('s.fs')
+        make_source(src, transactions=3)
+        conf = self.path('c.conf')
+        with open(conf, 'w') as f:
+            f.write('%import relstorage\n' + fs_section('source', src)
+                    + rs_section('destination', self.database()))
+        result = subprocess.run([sys.executable, '-m', 'relstorage.zodbconvert', conf],
+                                capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn('Copied 7 transactions', result.stdout)
+
+
+def test_suite():
+    return unittest.defaultTestLoader.loadTestsFromName(__name__)

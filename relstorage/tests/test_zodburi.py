@@ -1,0 +1,113 @@
+"""zodburi resolvers: URIs to RelStorage factories."""
+import shutil
+import tempfile
+import unittest
+
+import transaction
+import ZODB
+from zodburi import resolve_uri
+
+from relstorage import zodburi
+
+
+class TestResolvers(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='zodburi_test_')
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_sqlite_opens_and_stores(self):
+        for uri in ('sqlite://%s?keep-history=false&cache_local_mb=5' % self.tmp,
+                    'sqlite3://?data_dir=%s&keep_history=false&cache-local-mb=5' % self.tmp):
+            with self.subTest(uri=uri):
+                factory, dbkw = resolve_uri(uri)
+                self.assertFalse(factory.options.keep_history)
+                self.assertEqual(factory.options.cache_local_mb, 5)
+                self.assertEqual(dbkw['database_name'], 'unnamed')
+                db = ZODB.DB(factory(), **dbkw)
+                try:
+                    conn = db.open()
+                    conn.root()['x'] = 1
+                    transaction.commit()
+                    conn.close()
+                    self.assertFalse(db.storage.supportsUndo())
+                finally:
+                    db.close()
+
+    def test_db_arguments_returned(self):
+        factory, dbkw = resolve_uri(
+            'sqlite://%s?database_name=main&connection_cache_size=123'
+            '&connection_pool_size=3' % self.tmp)
+        self.assertEqual(dbkw, {'database_name': 'main', 'cache_size': 123,
+                                'pool_size': 3})
+
+    def test_every_option_accepted(self):
+        from relstorage.options import Options
+        samples = {'boolean': 'true', 'integer': '3', 'float': '1.5',
+                   'byte-size': '10MB', 'string': 'abc', 'existing-dirpath': self.tmp}
+        for option in Options.OPTIONS:
+            if option.attribute == 'driver':
+                continue
+            value = option.choices[0] if option.choices else samples[option.datatype]
+            for spelling in (option.name, option.attribute):
+                with self.subTest(option=spelling):
+                    factory, _ = zodburi.sqlite_resolver(
+                        'sqlite://%s?%s=%s' % (self.tmp, spelling, value))
+                    self.assertIsNotNone(getattr(factory.options, option.attribute))
+
+    def test_bad_arguments(self):
+        cases = {
+            'sqlite://%s?no_such_option=1' % self.tmp: "unknown argument 'no_such_option'",
+            'sqlite://%s?keep-history=perhaps' % self.tmp: 'keep-history',
+            'sqlite://%s?cache-local-compression=lzma' % self.tmp: 'cache-local-compression',
+            'sqlite://%s?driver=nope' % self.tmp: 'driver',
+            'sqlite://': 'data directory is missing',
+            'sqlite://host/dir': 'no host',
+            'mysql://u:p@h:port/db': 'port',
+            'mysql://u:p@h/db?connect_timeout=soon': 'connect_timeout',
+        }
+        for uri, message in cases.items():
+            with self.subTest(uri=uri):
+                with self.assertRaises(ValueError) as ctx:
+                    resolve_uri(uri)
+                self.assertIn(message, str(ctx.exception))
+
+    def test_postgresql_dsn_without_leaking_password(self):
+        for scheme in ('postgres', 'postgresql'):
+            factory, _ = resolve_uri(
+                "%s://bob:s3cr%%40t@db.example:5433/zodb?driver=psycopg2"
+                "&keep-history=false&dsn=sslmode%%3Drequire" % scheme)
+            section = factory.adapter_factory.config
+            self.assertEqual(section.dsn, "host='db.example' port='5433' user='bob' "
+                                          "password='s3cr@t' dbname='zodb' sslmode=require")
+            self.assertEqual(section.driver, 'psycopg2')
+            self.assertNotIn('s3cr', repr(factory.adapter_factory))
+        with self.assertRaises(ValueError) as ctx:
+            resolve_uri('postgres://bob:hunter2@h/db?bogus=1')
+        self.assertNotIn('hunter2', str(ctx.exception))
+
+    def test_mysql_connect_arguments(self):
+        factory, _ = resolve_uri('mysql://root:pw@127.0.0.1:3307/zodb'
+                                 '?connect_timeout=7&unix_socket=/tmp/s&driver=PyMySQL')
+        kwargs = factory.adapter_factory.connect_kwargs
+        self.assertEqual(kwargs, {'host': '127.0.0.1', 'port': 3307, 'user': 'root',
+                                  'passwd': 'pw', 'db': 'zodb', 'unix_socket': '/tmp/s',
+                                  'connect_timeout': 7})
+        self.assertEqual(factory.options.driver, 'pymysql')
+        self.assertNotIn("'pw'", repr(factory.adapter_factory))
+
+    def test_oracle(self):
+        factory, _ = resolve_uri('oracle://scott:tiger@dbhost:1521/XEPDB1?keep_history=true')
+        section = factory.adapter_factory.config
+        self.assertEqual((section.user, section.password, section.dsn),
+                         ('scott', 'tiger', 'dbhost:1521/XEPDB1'))
+
+    def test_sqlite_pragmas(self):
+        factory, _ = resolve_uri('sqlite://%s?pragma_synchronous=off' % self.tmp)
+        self.assertEqual(factory.adapter_factory.pragmas, {'synchronous': 'off'})
+
+
+def test_suite():
+    return unittest.defaultTestLoader.loadTestsFromName(__name__)

@@ -1,0 +1,492 @@
+"""zodbconvert: copy the contents of one ZODB storage into another.
+
+Usage: ``zodbconvert [options] CONFIG``, where CONFIG is a ZConfig file with
+two storage sections named ``source`` and ``destination``::
+
+    %import relstorage
+    <filestorage source>
+      path /var/zodb/Data.fs
+      blob-dir /var/zodb/blobs
+    </filestorage>
+    <relstorage destination>
+      keep-history false
+      <sqlite3>
+        data-dir /var/zodb/sqlite
+      </sqlite3>
+    </relstorage>
+
+Any ZODB storage may stand on either side.  The source is opened read-only.
+See docs/zodbconvert.rst for the options, the exit codes and how resuming
+works.
+
+Exit codes: 0 success, 1 failure (including refusals because of what the
+destination holds, and a failed --verify), 2 usage or configuration error.
+"""
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+
+from ZODB.utils import p64
+from ZODB.utils import tid_repr
+from ZODB.utils import u64
+
+from relstorage.options import redact_secrets
+from relstorage.storage import copy
+
+log = logging.getLogger('zodbconvert')
+
+SCHEMA = """
+<schema>
+  <import package="ZODB"/>
+  <section type="ZODB.storage" name="source" attribute="source" required="yes">
+    <description>The storage to copy from (opened read-only).</description>
+  </section>
+  <section type="ZODB.storage" name="destination" attribute="destination"
+           required="yes">
+    <description>The storage to copy into.</description>
+  </section>
+</schema>
+"""
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad arguments or configuration: exit code 2."""
+
+
+class Failure(Exception):
+    """The conversion failed or was refused: exit code 1."""
+
+
+# ----------------------------------------------------------------------
+# Progress and messages
+
+
+def _size(n):
+    for unit in ('B', 'KB', 'MB', 'GB'):
+        if abs(n) < 1024 or unit == 'GB':
+            return ('%d %s' % (n, unit)) if unit == 'B' else ('%.1f %s' % (n, unit))
+        n /= 1024.0
+    return '%.1f TB' % n  # pragma: no cover
+
+
+def _duration(seconds):
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return '%d:%02d:%02d' % (h, m, s)
+
+
+class Progress:
+    """One self-rewriting status line on a terminal (stderr).
+
+    ``fraction`` (a callable taking the stats) estimates how much is done, for
+    the remaining-time estimate; None when unknown.
+    """
+
+    interval = 0.5
+
+    def __init__(self, stream, label, fraction=None, enabled=True):
+        self.stream = stream
+        self.label = label
+        self.fraction = fraction
+        self.enabled = enabled
+        self._last = 0.0
+        self._width = 0
+
+    def __call__(self, stats, force=False):
+        if not self.enabled:
+            return
+        now = time.time()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        elapsed = stats.elapsed
+        line = '%s: %d txn, %d records, %s' % (
+            self.label, stats.transactions, stats.records, _size(stats.bytes + stats.blob_bytes))
+        line += ' | %.0f records/s, %s/s' % (stats.records / elapsed,
+                                              _size((stats.bytes + stats.blob_bytes) / elapsed))
+        fraction = self.fraction(stats) if self.fraction is not None else None
+        if fraction and 0 < fraction <= 1:
+            remaining = elapsed * (1 - fraction) / fraction
+            line += ' | %3.0f%%, %s left' % (fraction * 100, _duration(remaining))
+        pad = max(self._width - len(line), 0)
+        self._width = len(line)
+        self.stream.write('\r' + line + ' ' * pad)
+        self.stream.flush()
+
+    def finish(self):
+        if self.enabled and self._width:
+            self.stream.write('\n')
+            self.stream.flush()
+            self._width = 0
+
+
+def _summary(stats, verb):
+    elapsed = stats.elapsed
+    text = '%s %d transactions, %d records, %s' % (
+        verb, stats.transactions, stats.records, _size(stats.bytes))
+    if stats.blobs:
+        text += ', %d blobs (%s)' % (stats.blobs, _size(stats.blob_bytes))
+    text += ' in %s (%.0f records/s, %s/s)' % (
+        _duration(elapsed), stats.records / elapsed,
+        _size((stats.bytes + stats.blob_bytes) / elapsed))
+    return text
+
+
+# ----------------------------------------------------------------------
+# Configuration and storages
+
+
+def load_config(path):
+    import ZConfig
+    schema = ZConfig.loadSchemaFile(_StringIO(SCHEMA))
+    if not os.path.exists(path):
+        raise UsageError('configuration file %s does not exist' % path)
+    try:
+        config, _ = ZConfig.loadConfig(schema, path)
+    except ZConfig.ConfigurationError as exc:
+        raise UsageError('configuration error in %s: %s' % (path, _one_line(exc))) from exc
+    except Exception as exc:  # ImportError of a %import, ...
+        raise UsageError('cannot read configuration %s: %s' % (path, _one_line(exc))) from exc
+    return config.source, config.destination
+
+
+def _StringIO(text):
+    import io
+    return io.StringIO(text)
+
+
+def _make_read_only(factory):
+    """Ask the section factory for a read-only storage, where it can."""
+    options = getattr(factory, 'options', None)
+    if options is not None and hasattr(options, 'read_only') and hasattr(options, 'copy'):
+        factory.options = options.copy(read_only=True)     # <relstorage>
+        return True
+    section = getattr(factory, 'config', None)
+    if section is not None and hasattr(section, 'read_only'):
+        section.read_only = True                          # filestorage, zeoclient, ...
+        return True
+    return False
+
+
+def open_storage(factory, role, read_only=False):
+    if read_only and not _make_read_only(factory):
+        log.warning('The %s storage type cannot be opened read-only.', role)
+    try:
+        return factory.open()
+    except Exception as exc:
+        raise Failure('cannot open the %s storage: %s' % (role, _one_line(exc))) from exc
+
+
+def _name(storage):
+    try:
+        name = storage.getName()
+        if copy.is_relstorage(storage):
+            name = '%s (%s, %s)' % (name, storage._adapter.describe(),
+                                    'history-preserving' if storage._adapter.keep_history
+                                    else 'history-free')
+        return redact_secrets(name)
+    except Exception:  # pylint:disable=broad-except
+        return type(storage).__name__
+
+
+def _close(storage):
+    if storage is not None:
+        try:
+            storage.close()
+        except Exception:  # pylint:disable=broad-except
+            log.debug('error closing %r', storage, exc_info=True)
+
+
+# ----------------------------------------------------------------------
+# The conversion
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog='zodbconvert',
+        description='Copy the contents of the ZODB storage named "source" in '
+                    'CONFIG into the one named "destination".')
+    parser.add_argument('config', metavar='CONFIG',
+                        help='ZConfig file with <... source> and <... destination> '
+                             'storage sections')
+    parser.add_argument('--dry-run', action='store_true',
+                        help='read the source and report what would be copied; '
+                             'write nothing')
+    parser.add_argument('--clear', action='store_true',
+                        help='empty the destination (a RelStorage) before copying')
+    parser.add_argument('--incremental', action='store_true',
+                        help="copy only the source transactions after the destination's "
+                             "last one (also resumes an interrupted copy)")
+    parser.add_argument('--verify', action='store_true',
+                        help='afterwards, re-read both sides and compare every record '
+                             'and blob')
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument('--progress', dest='progress', action='store_true', default=None,
+                       help='show a progress line even when stderr is not a terminal')
+    group.add_argument('--no-progress', dest='progress', action='store_false',
+                       help='never show the progress line')
+    parser.add_argument('--debug', action='store_true',
+                        help='log debugging information and show tracebacks')
+    args = parser.parse_args(argv)
+    if args.dry_run and args.clear:
+        parser.error('--clear cannot be combined with --dry-run (a dry run writes nothing)')
+    if args.clear and args.incremental:
+        parser.error('--clear and --incremental contradict each other')
+    return args
+
+
+def main(argv=None, stdout=None, stderr=None):
+    stdout = stdout if stdout is not None else sys.stdout
+    stderr = stderr if stderr is not None else sys.stderr
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            args = parse_args(argv)
+    except SystemExit as exc:        # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=stderr, format='zodbconvert: %(levelname)s: %(message)s',
+                            level=logging.DEBUG if args.debug else logging.WARNING)
+    try:
+        Converter(args, stdout, stderr).run()
+    except UsageError as exc:
+        stderr.write('zodbconvert: error: %s\n' % redact_secrets(str(exc)))
+        return EXIT_USAGE
+    except (Failure, copy.CopyError, copy.VerifyError) as exc:
+        if args.debug:
+            log.exception('failure')
+        stderr.write('zodbconvert: %s\n' % redact_secrets(str(exc)))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        stderr.write('\nzodbconvert: interrupted. Every transaction copied so far is '
+                     'complete; run again with --incremental to resume.\n')
+        return EXIT_FAILURE
+    except Exception as exc:  # pylint:disable=broad-except
+        if args.debug:
+            log.exception('failure')
+        stderr.write('zodbconvert: failed: %s: %s\n'
+                     % (type(exc).__name__, redact_secrets(_one_line(exc))))
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+class Converter:
+
+    def __init__(self, args, stdout, stderr):
+        self.args = args
+        self.stdout = stdout
+        self.stderr = stderr
+        show = args.progress
+        if show is None:
+            show = hasattr(stderr, 'isatty') and stderr.isatty()
+        self.show_progress = show
+
+    def say(self, text):
+        self.stdout.write(text + '\n')
+        self.stdout.flush()
+
+    def run(self):
+        args = self.args
+        source_factory, dest_factory = load_config(args.config)
+        source = dest = None
+        try:
+            source = open_storage(source_factory, 'source', read_only=True)
+            if args.dry_run:
+                dest = self._open_dest_read_only(dest_factory)
+            else:
+                dest = open_storage(dest_factory, 'destination')
+                if args.clear:
+                    dest = self._clear(dest_factory, dest)
+            self.say('Source:      %s' % _name(source))
+            self.say('Destination: %s' % (_name(dest) if dest is not None
+                                           else '(does not exist yet)'))
+            self.convert(source, dest)
+        finally:
+            _close(dest)
+            _close(source)
+
+    def _open_dest_read_only(self, factory):
+        if not _make_read_only(factory):
+            raise UsageError('--dry-run: the destination storage type cannot be opened '
+                             'read-only, so a dry run could write to it')
+        try:
+            return factory.open()
+        except Exception as exc:  # pylint:disable=broad-except
+            # Typically it does not exist yet (no file, no schema).
+            self.say('Dry run: the destination cannot be opened read-only (%s); '
+                     'treating it as empty.' % redact_secrets(_one_line(exc)))
+            return None
+
+    def _clear(self, factory, dest):
+        if not copy.is_relstorage(dest):
+            _close(dest)
+            raise UsageError('--clear works only with a RelStorage destination; %s '
+                             'is a %s' % (_name(dest), type(dest).__name__))
+        if not dest._options.create_schema:
+            _close(dest)
+            raise UsageError('--clear needs create-schema true in the destination '
+                             'section (the schema is dropped and created again)')
+        self.say('Clearing the destination %s' % _name(dest))
+        adapter = dest._adapter
+        dest.close()
+        adapter.drop_all()
+        return open_storage(factory, 'destination')
+
+    # ------------------------------------------------------------------
+
+    def convert(self, source, dest):
+        args = self.args
+        source_last = u64(source.lastTransaction())
+        dest_last = u64(dest.lastTransaction()) if dest is not None else 0
+        if dest is not None and (dest_last or _has_objects(dest)) and not args.incremental:
+            raise Failure(
+                'the destination is not empty (last transaction %s). Nothing was '
+                'written. Use --incremental to copy only the newer transactions '
+                '(this also resumes an interrupted copy), or --clear to empty a '
+                'RelStorage destination first.' % _tid(dest_last))
+        if dest_last:
+            self._check_incremental(source, dest, source_last, dest_last)
+        history_free = dest is not None and copy.is_history_free(dest)
+        bulk = (history_free and not dest_last
+                and hasattr(source, 'record_iternext'))
+        stats = copy.Stats()
+        verb = 'Would copy' if args.dry_run else 'Copied'
+        if source_last <= dest_last:
+            self.say('Nothing to copy: the destination is up to date (last transaction %s).'
+                     % _tid(dest_last))
+        elif bulk:
+            self.say('%s the current objects as of %s (history-free destination: '
+                     'no history, no transaction metadata)'
+                     % ('Would copy' if args.dry_run else 'Copying', _tid(source_last)))
+            total = {}
+            progress = Progress(self.stderr, 'copying', enabled=self.show_progress,
+                                fraction=lambda s: s.records / total['n'] if total.get('n')
+                                else None)
+            try:
+                copy.copy_current(source, dest, source_last, progress=progress,
+                                  dry_run=args.dry_run, stats=stats,
+                                  on_scan=lambda n: total.__setitem__('n', n))
+            finally:
+                progress.finish()
+            self.say(_summary(stats, verb).replace('transactions', 'transaction ids'))
+        else:
+            start = p64(dest_last + 1) if dest_last else None
+            if dest_last:
+                self.say('%s the transactions after %s' % (
+                    'Would copy' if args.dry_run else 'Copying', _tid(dest_last)))
+            progress = Progress(self.stderr, 'copying', enabled=self.show_progress,
+                                fraction=_tid_fraction(source, dest_last, source_last))
+            try:
+                copy.copy_transactions(source, dest, start, progress=progress,
+                                       dry_run=args.dry_run, stats=stats)
+            finally:
+                progress.finish()
+            self.say(_summary(stats, verb))
+            if stats.renumbered:
+                self.say('Warning: %d source transactions were out of order and were '
+                         'given new ids; --incremental cannot resume past them.'
+                         % stats.renumbered)
+        if args.dry_run:
+            self.say('Dry run: nothing was written.')
+            if args.verify:
+                self.say('--verify skipped: a dry run copies nothing.')
+            return
+        if args.verify:
+            self.verify(source, dest)
+
+    def _check_incremental(self, source, dest, source_last, dest_last):
+        if dest_last > source_last:
+            raise Failure(
+                "the destination's last transaction %s is newer than the source's "
+                "(%s): it was not copied from this source, or was written to since. "
+                "Use --clear to start over." % (_tid(dest_last), _tid(source_last)))
+        if copy.is_history_free(source):
+            # A history-free source lists only the tids of current objects, so
+            # an older tid may have vanished from it; nothing to check.
+            return
+        first = None
+        iterator = source.iterator(p64(dest_last), p64(dest_last))
+        try:
+            for txn in iterator:
+                first = txn.tid
+                break
+        finally:
+            close = getattr(iterator, 'close', None)
+            if close is not None:
+                close()
+        if first != p64(dest_last):
+            raise Failure(
+                "the destination's last transaction %s is not in the source, so "
+                "--incremental cannot tell what is missing (a different source, or one "
+                "packed since). Use --clear to copy everything again." % _tid(dest_last))
+
+    def verify(self, source, dest):
+        as_of = u64(dest.lastTransaction())
+        progress = Progress(self.stderr, 'verifying', enabled=self.show_progress)
+        try:
+            if copy.is_history_free(dest) or copy.is_history_free(source):
+                # Only current objects are comparable.
+                stats = copy.verify_current(source, dest, as_of, progress=progress)
+                what = 'objects'
+                count = stats.records
+            else:
+                stats = copy.verify_history(source, dest, progress=progress,
+                                            stop=p64(as_of))
+                what = 'transactions (%d records)' % stats.records
+                count = stats.transactions
+        finally:
+            progress.finish()
+        text = 'Verified: %d %s identical' % (count, what)
+        if stats.blobs:
+            text += ', %d blobs' % stats.blobs
+        self.say(text + ' (%s).' % _duration(stats.elapsed))
+
+
+def _has_objects(storage):
+    try:
+        return len(storage) > 0
+    except Exception:  # pylint:disable=broad-except
+        return False
+
+
+def _tid(tid_int):
+    return tid_repr(p64(tid_int))
+
+
+def _tid_fraction(source, first, last):
+    """Progress estimate from the position of the tids in time (cheap, generic)."""
+    if not last or last <= first:
+        return None
+    if not first:
+        # A whole copy: start from the source's first transaction.
+        iterator = source.iterator()
+        try:
+            for txn in iterator:
+                first = u64(txn.tid)
+                break
+        finally:
+            close = getattr(iterator, 'close', None)
+            if close is not None:
+                close()
+    span = float(last - first) or 1.0
+
+    def fraction(stats):
+        if stats.last_tid is None:
+            return None
+        return min(max((u64(stats.last_tid) - first) / span, 0.0), 1.0)
+    return fraction
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""zodburi resolvers: open a RelStorage from a URI.
+
+Registered as ``zodburi.resolvers`` entry points (see setup.py)::
+
+    postgres://user:password@host:5432/dbname?keep_history=false
+    postgresql://...                     (the same)
+    mysql://user:password@host:3306/dbname?cache-local-mb=50
+    sqlite:///path/to/data-dir           or  sqlite://?data_dir=/path/to/data-dir
+    sqlite3://...                        (the same)
+    oracle://user:password@host:1521/service
+
+Every ``<relstorage>`` option is accepted as a query argument, spelled with
+dashes or underscores, and converted exactly as in a configuration file
+(the datatypes come from relstorage.config, which takes them from
+options.py).  Each adapter also takes its own section keys (``driver``; for
+PostgreSQL ``dsn`` adding libpq parameters; for MySQL ``unix_socket``,
+``connect_timeout``, ``compress``, ``read_default_file``,
+``read_default_group``; for SQLite ``pragma_NAME=value``).  ZODB.DB
+arguments (``database_name``, ``connection_cache_size``, ...) are returned
+in the second item, as every zodburi resolver does.  Anything else raises
+``ValueError`` naming the argument.  A password never appears in a message.
+"""
+from urllib.parse import parse_qsl
+from urllib.parse import unquote
+from urllib.parse import urlsplit
+
+from relstorage.options import Options
+
+#: Query arguments handed back for ZODB.DB (zodburi converts them).
+DB_ARGS = ('database_name',) + tuple('connection_' + name for name in (
+    'pool_size', 'pool_timeout', 'cache_size', 'cache_size_bytes',
+    'historical_pool_size', 'historical_cache_size', 'historical_cache_size_bytes',
+    'historical_timeout', 'large_record_size'))
+
+
+class _Section:
+    """Stands in for a parsed adapter section so that the factories of
+    relstorage.config build the adapter exactly as for a config file."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def getSectionName(self):
+        return None
+
+
+class Resolver:
+    """Base of the per-database resolvers; subclasses parse the location."""
+
+    scheme = None
+    database = None         # key of relstorage.config.DRIVER_NAMES
+    adapter_keys = ()       # extra query keys for the adapter section
+
+    def __call__(self, uri):
+        parts = urlsplit(uri)
+        if parts.fragment:
+            raise ValueError('%s URI: fragments (#...) are not allowed' % self.scheme)
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+        option_values, adapter_values, dbkw = self._split_query(query)
+        section = self.section(parts, adapter_values)
+        options = self._options(option_values, section)
+        factory_class = self.factory_class()
+        adapter_factory = factory_class(section)
+
+        def factory():
+            from relstorage.storage import RelStorage
+            adapter = adapter_factory.create(options)
+            return RelStorage(adapter, name=options.name, options=options)
+        factory.options = options
+        factory.adapter_factory = adapter_factory
+        return factory, dbkw
+
+    # ------------------------------------------------------------------
+
+    def _split_query(self, query):
+        from relstorage import config
+        options, adapter, dbkw = {}, {}, {}
+        for key, value in query:
+            name = key.replace('-', '_')
+            if name in DB_ARGS:
+                dbkw[name] = value
+            elif name == 'driver' or name in self.adapter_keys or self._is_adapter_key(name):
+                adapter[name] = value
+            elif hasattr(config.keys, name) and name in Options._by_attribute \
+                    and name != 'driver':
+                try:
+                    options[name] = getattr(config.keys, name)(value)
+                except ValueError as exc:
+                    raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+            else:
+                raise ValueError(
+                    '%s URI: unknown argument %r; use a RelStorage option (%s), an '
+                    'adapter key (%s) or a ZODB.DB argument (%s)' % (
+                        self.scheme, key,
+                        ', '.join(o.name for o in Options.OPTIONS
+                                  if o.attribute != 'driver'),
+                        ', '.join(('driver',) + tuple(self.adapter_keys)),
+                        ', '.join(DB_ARGS)))
+        return options, adapter, dbkw
+
+    def _is_adapter_key(self, name):
+        return False
+
+    def _driver(self, adapter_values):
+        from relstorage import config
+        convert = getattr(config.keys, self.database + '_driver')
+        try:
+            return convert(adapter_values.pop('driver', 'auto'))
+        except ValueError as exc:
+            raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+
+    def _options(self, values, section):
+        values = dict(values)
+        values['driver'] = section.driver
+        try:
+            return Options(**values)
+        except (TypeError, ValueError) as exc:
+            raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+
+    def section(self, parts, adapter_values):
+        raise NotImplementedError
+
+    def factory_class(self):
+        raise NotImplementedError
+
+
+def _libpq_quote(value):
+    return "'%s'" % str(value).replace('\\', '\\\\').replace("'", "\\'")
+
+
+class PostgreSQLResolver(Resolver):
+    scheme = 'postgresql'
+    database = 'postgresql'
+    adapter_keys = ('dsn',)
+
+    def section(self, parts, adapter_values):
+        driver = self._driver(adapter_values)
+        params = []
+        if parts.hostname:
+            params.append(('host', unquote(parts.hostname)))
+        if _port(parts, self.scheme):
+            params.append(('port', str(_port(parts, self.scheme))))
+        if parts.username:
+            params.append(('user', unquote(parts.username)))
+        if parts.password is not None:
+            params.append(('password', unquote(parts.password)))
+        dbname = unquote(parts.path.lstrip('/'))
+        if dbname:
+            params.append(('dbname', dbname))
+        dsn = ' '.join('%s=%s' % (k, _libpq_quote(v)) for k, v in params)
+        extra = adapter_values.pop('dsn', '')
+        if extra:
+            dsn = (dsn + ' ' + extra).strip()
+        return _Section(dsn=dsn, driver=driver)
+
+    def factory_class(self):
+        from relstorage.config import PostgreSQLAdapterFactory
+        return PostgreSQLAdapterFactory
+
+
+class MySQLResolver(Resolver):
+    scheme = 'mysql'
+    database = 'mysql'
+    adapter_keys = ('unix_socket', 'connect_timeout', 'compress', 'read_default_file',
+                    'read_default_group')
+
+    def section(self, parts, adapter_values):
+        from relstorage import config
+        driver = self._driver(adapter_values)
+        values = dict.fromkeys(config.MySQLAdapterFactory.CONNECT_KEYS)
+        values['host'] = unquote(parts.hostname) if parts.hostname else None
+        values['port'] = _port(parts, self.scheme)
+        values['user'] = unquote(parts.username) if parts.username else None
+        values['passwd'] = unquote(parts.password) if parts.password is not None else None
+        values['db'] = unquote(parts.path.lstrip('/')) or None
+        for key, value in adapter_values.items():
+            convert = getattr(config.keys, 'mysql_' + key, None)
+            if convert is not None:
+                try:
+                    value = convert(value)
+                except ValueError as exc:
+                    raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+            values[key] = value
+        return _Section(driver=driver, **values)
+
+    def factory_class(self):
+        from relstorage.config import MySQLAdapterFactory
+        return MySQLAdapterFactory
+
+
+class SqliteResolver(Resolver):
+    scheme = 'sqlite'
+    database = 'sqlite3'
+    adapter_keys = ('data_dir',)
+
+    def _is_adapter_key(self, name):
+        return name.startswith('pragma_')
+
+    def section(self, parts, adapter_values):
+        driver = self._driver(adapter_values)
+        if parts.netloc:
+            raise ValueError('%s URI: no host is allowed; write sqlite:///path/to/dir or '
+                             'sqlite://?data_dir=/path/to/dir' % self.scheme)
+        path = unquote(parts.path)
+        data_dir = adapter_values.pop('data_dir', None)
+        if path and data_dir:
+            raise ValueError('%s URI: give the data directory either as the path or as '
+                             'data_dir, not both' % self.scheme)
+        data_dir = data_dir or path
+        if not data_dir:
+            raise ValueError('%s URI: the data directory is missing; write '
+                             'sqlite:///path/to/dir or sqlite://?data_dir=/path/to/dir'
+                             % self.scheme)
+        pragmas = {key[len('pragma_'):]: value for key, value in adapter_values.items()
+                   if key.startswith('pragma_')}
+        return _Section(data_dir=data_dir, pragmas=pragmas, driver=driver)
+
+    def factory_class(self):
+        from relstorage.config import Sqlite3AdapterFactory
+        return Sqlite3AdapterFactory
+
+
+class OracleResolver(Resolver):
+    scheme = 'oracle'
+    database = 'oracle'
+    adapter_keys = ('dsn',)
+
+    def section(self, parts, adapter_values):
+        driver = self._driver(adapter_values)
+        dsn = adapter_values.pop('dsn', None)
+        if not dsn:
+            host = parts.hostname or ''
+            port = _port(parts, self.scheme)
+            dsn = host + (':%d' % port if port else '') + parts.path
+        return _Section(user=unquote(parts.username) if parts.username else None,
+                        password=unquote(parts.password) if parts.password is not None
+                        else None,
+                        dsn=dsn or None, driver=driver)
+
+    def factory_class(self):
+        from relstorage.config import OracleAdapterFactory
+        return OracleAdapterFactory
+
+
+def _port(parts, scheme):
+    try:
+        return parts.port
+    except ValueError:
+        raise ValueError('%s URI: the port is not a number' % scheme) from None
+
+
+postgresql_resolver = PostgreSQLResolver()
+mysql_resolver = MySQLResolver()
+sqlite_resolver = SqliteResolver()
+oracle_resolver = OracleResolver()
