@@ -169,8 +169,14 @@ class MemcacheStateCache:
     def set(self, oid, tid, state):
         self.set_many({(oid, tid): state})
 
-    def set_many(self, states):
-        """Store {(oid, tid): state}; never waits for replies, never raises."""
+    def set_many(self, states, wait=False):
+        """Store {(oid, tid): state}; never raises.
+
+        With ``wait`` false the replies are not awaited (states read from
+        the database: a lost one only costs a later miss).  With ``wait``
+        true the call returns once memcached has stored them, so another
+        process told about the revision afterwards finds it (commits).
+        """
         by_server = {}
         for (oid, tid), state in states.items():
             if state is None or len(state) > MAX_VALUE:
@@ -180,8 +186,13 @@ class MemcacheStateCache:
         for server in self._servers:
             batch = by_server.get(id(server))
             if batch:
-                method = 'set_multi' if self._lock is not None else 'set_many'
-                _, ok = self._call(server, method, batch)
+                if self._lock is not None:
+                    # pylibmc's set_multi always waits for its replies.
+                    _, ok = self._call(server, 'set_multi', batch)
+                else:
+                    # pymemcache answers the keys that were not stored.
+                    _, ok = self._call(server, 'set_many', batch,
+                                       noreply=not wait)
                 if ok:
                     self.stores += len(batch)
 

@@ -182,6 +182,20 @@ class StorageCache:
         if self.memcache is not None and state is not None:
             self.memcache.set(oid, tid, state)
 
+    def committed(self, tid, rows):
+        """The states of a transaction just committed as ``tid``
+        (``rows``: (oid, state) pairs): into the local cache, and into
+        memcached in one batch whose replies are awaited, so that another
+        process that learns of ``tid`` by polling finds them there."""
+        fresh = {}
+        local = self.local
+        for oid, state in rows:
+            local.put(oid, tid, state)
+            if state is not None:
+                fresh[(oid, tid)] = state
+        if fresh and self.memcache is not None:
+            self.memcache.set_many(fresh, wait=True)
+
     def clear(self):
         """After pack: revisions may be gone, forget what we knew."""
         self.local.clear()

@@ -105,6 +105,5 @@ def finish(storage, conn):
         raise
     if storage._btxn is not None:
         storage._blobs.committed(storage._btxn, tid)
-    for oid, _, state in tstore.rows():
-        storage._cache.put(oid, tid, state)
+    storage._cache.committed(tid, ((oid, state) for oid, _, state in tstore.rows()))
     return tid

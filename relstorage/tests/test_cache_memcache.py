@@ -129,6 +129,25 @@ class MemcacheTests(unittest.TestCase):
         self.assertEqual(stats['memcache']['hits'], 20)
         inst.release()
 
+    def test_committed_states_are_in_memcached_when_commit_returns(self):
+        # Regression: committed states used to be sent without waiting for
+        # memcached's reply, so a process that polled right after the commit
+        # could ask memcached before the set had been processed, and read
+        # from the database (seen once in CI).
+        writer, reader = self.storage(), self.storage()
+        oids = [writer.new_oid() for _ in range(10)]
+        inst = reader.new_instance()
+        inst.poll_invalidations()
+        for rnd in range(40):
+            tid = self.commit(writer, {oid: rnd for oid in oids},
+                              serials=None if rnd == 0 else {oid: last for oid in oids})
+            last = tid
+            self.assertEqual(sorted(inst.poll_invalidations()), sorted(oids))
+            for oid in oids:
+                self.assertEqual(inst.load(oid)[1], tid)
+        self.assertEqual(reader.cache_stats()['db_loads'], 0)
+        inst.release()
+
     def test_states_read_from_the_database_are_shared(self):
         plain = self.storage(cache_servers=None)         # commits without memcached
         first, second = self.storage(), self.storage()
