@@ -241,3 +241,65 @@ def verify(config_path, source):
     if got == source['last_tid']:
         return 'ok'
     return 'last tid %s, source %s' % (got, source['last_tid'])
+
+
+def main(argv=None):
+    """``python -m bench.convert``: only the zodbconvert benchmark, for a few
+    targets, several runs each, the targets taking turns (so that a load
+    from other work on the machine spreads over all of them alike).
+    Prints each run and the median per target; writes no report."""
+    import argparse
+    import statistics
+    from .targets import TARGETS, Unavailable
+    p = argparse.ArgumentParser(prog='python -m bench.convert',
+                                description=main.__doc__)
+    p.add_argument('--targets', default='mysql-mysqldb',
+                   help='comma-separated RelStorage targets (see '
+                        '"python -m bench --list")')
+    p.add_argument('--runs', type=int, default=3,
+                   help='runs per target (default 3)')
+    p.add_argument('--no-blobs', action='store_true',
+                   help='convert the source without the blob transaction')
+    p.add_argument('--smoke', action='store_true',
+                   help='the tiny source of "python -m bench --smoke"')
+    p.add_argument('--scratch', default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        'var', 'bench'))
+    args = p.parse_args(argv)
+    names = [n for n in args.targets.split(',') if n]
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        p.error('unknown targets: %s' % ', '.join(unknown))
+    scratch = os.path.abspath(args.scratch)
+    os.makedirs(os.path.join(scratch, 'logs'), exist_ok=True)
+    for name in names:
+        try:
+            TARGETS[name].check()
+        except Unavailable as e:
+            p.error('%s cannot run here: %s' % (name, e))
+    params = dict(SMOKE if args.smoke else DEFAULTS)
+    with_blobs = not args.no_blobs
+    source = generate(os.path.join(scratch, 'convert-source' +
+                                   ('' if with_blobs else '-noblobs')),
+                      with_blobs=with_blobs, **params)
+    rates = {name: [] for name in names}
+    for i in range(args.runs):
+        for name in names:
+            log = os.path.join(scratch, 'logs', '%s-zodbconvert.log' % name)
+            res = run(TARGETS[name], scratch, source, log)
+            if res['status'] != 'ok' or res['verified'] != 'ok':
+                print('%s run %d: %s' % (name, i + 1, res), flush=True)
+                return 1
+            rates[name].append(res['records_per_s'])
+            print('%s run %d: %.0f records/s, %.1f MB/s (%.2f s), load %.2f'
+                  % (name, i + 1, res['records_per_s'], res['mb_per_s'],
+                     res['seconds'], os.getloadavg()[0]), flush=True)
+    for name in names:
+        print('%s: median %.0f records/s over %d runs (%s)' % (
+            name, statistics.median(rates[name]), len(rates[name]),
+            ', '.join('%.0f' % r for r in rates[name])))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

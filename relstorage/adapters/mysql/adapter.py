@@ -17,14 +17,18 @@ Connections, by purpose:
 ``oid``    READ COMMITTED, autocommit on: OIDs come from an AUTO_INCREMENT
            table, whose values are never rolled back.
 
-Every session runs in UTC and binds states as binary literals.  The
-server's ``max_allowed_packet`` is read at connect: uploads are split into
-multi-row INSERTs below it, and a state larger than it fails at vote with
-StateTooLargeError.
+Every session runs in UTC.  Uploads (states, blob chunks) and row-lock
+IN lists are written into the statement text (states as hex literals)
+rather than bound through the driver, which is much slower per value (see
+``upload``); other statements bind parameters, bytes as ``_binary`` literals.
+The server's ``max_allowed_packet`` is read at connect: uploads are split
+into multi-row INSERTs below it, and a state larger than it fails at vote
+with StateTooLargeError.
 """
 import logging
 import math
 import re
+from binascii import hexlify
 from contextlib import contextmanager
 
 from ...interfaces import DisconnectedError
@@ -47,6 +51,9 @@ CONNECT_KEYS = ('host', 'port', 'user', 'passwd', 'db', 'unix_socket',
 DEFAULT_CONNECT_TIMEOUT = 10
 #: Bytes kept free in every statement for its text and the packet header.
 PACKET_MARGIN = 1024
+#: Bytes of one temp_store row in an upload besides its state's hex digits:
+#: two 20-digit numbers, the X'' quotes, parentheses and commas.
+ROW_OVERHEAD = 50
 
 
 class ServerInfo:
@@ -320,7 +327,11 @@ class MySQLAdapter(Adapter):
             for stmt, group in ((self.sql.LOCK_CURRENT_EXCLUSIVE, oids),
                                 (self.sql.LOCK_CURRENT_SHARED, read_current_oids)):
                 for chunk in chunks(group, self.max_in_list):
-                    conn.query_all(bounded(self.in_list(stmt, len(chunk))), chunk)
+                    # The OIDs are written into the text: binding costs a
+                    # Python call per value in either driver (with mysqlclient,
+                    # 100 lists of 1000: 0.10 s bound, 0.03 s as text).
+                    in_list = ','.join(['%d' % oid for oid in chunk])
+                    conn.query_all(bounded(stmt.format(in_list=in_list)), None)
 
     def lock_commit(self, conn):
         with self._bounded_lock_wait(conn) as bounded:
@@ -342,28 +353,38 @@ class MySQLAdapter(Adapter):
     def upload(self, conn, rows):
         """Multi-row INSERTs into temp_store, each below max_allowed_packet.
 
+        The statement text is built here, states as hexadecimal literals
+        (``X'...'``), and sent without driver parameters.  Binding each value
+        through the driver costs a Python call per value and, with
+        mysqlclient, ``mysql_real_escape_string`` under the utf8mb4 charset
+        (a multibyte check per byte) plus the server's slower parsing of
+        escaped strings: measured on a 100,000-row upload of 190-byte states,
+        1.16 s with bound parameters against 0.40 s like this (PyMySQL,
+        which already sends hex, 0.58 s).  Hex doubles the bytes on the wire,
+        which the statement budget below accounts for.
+
         A state too big for a statement of its own (but within the packet
         limit) is sent in pieces appended with CONCAT; a state larger than
         max_allowed_packet cannot be stored at all.
         """
         budget = self.max_allowed_packet - PACKET_MARGIN
         prefix = self.sql.INSERT_TEMP_MANY
-        literal_size = self.driver.bytes_literal_size
+        limit = self.upload_batch
         batch = []
         size = len(prefix)
         for oid, prev_tid, state in rows:
             if state is None:
-                row_size = 50
+                row_size = ROW_OVERHEAD
             else:
                 if len(state) > budget:
                     self._state_too_large(conn, oid, len(state))
-                row_size = 50 + literal_size(state)
+                row_size = ROW_OVERHEAD + 2 * len(state)
             if len(prefix) + row_size > budget:
                 self._insert_rows(conn, prefix, batch)
                 batch, size = [], len(prefix)
                 self._upload_in_pieces(conn, oid, prev_tid, state, budget)
                 continue
-            if batch and (size + row_size > budget or len(batch) >= self.upload_batch):
+            if batch and (size + row_size > budget or len(batch) >= limit):
                 self._insert_rows(conn, prefix, batch)
                 batch, size = [], len(prefix)
             batch.append((oid, prev_tid, state))
@@ -373,8 +394,13 @@ class MySQLAdapter(Adapter):
     def _insert_rows(self, conn, prefix, batch):
         if not batch:
             return
-        stmt = prefix + ','.join(['(%s,%s,%s)'] * len(batch))
-        conn.execute(stmt, [value for row in batch for value in row])
+        values = b','.join([
+            b"(%d,%d,X'%b')" % (oid, prev_tid, hexlify(state)) if state is not None
+            else b'(%d,%d,NULL)' % (oid, prev_tid)
+            for oid, prev_tid, state in batch])
+        # No parameters (None): neither driver then scans the text for
+        # placeholders.
+        conn.execute(prefix.encode('ascii') + values, None)
 
     def _upload_in_pieces(self, conn, oid, prev_tid, state, budget):
         piece = max(1, (budget - 200) // 2 - 16)
@@ -391,7 +417,15 @@ class MySQLAdapter(Adapter):
                 "whose max_allowed_packet is %d bytes: lower blob-chunk-size or "
                 "raise max_allowed_packet." % (len(data), self.describe(),
                                                self.max_allowed_packet))
-        super().upload_blob_chunk(conn, oid, chunk_num, data)
+        if 2 * len(data) + 200 <= self.max_allowed_packet - PACKET_MARGIN:
+            # A hex literal, for the reasons given in upload(): with
+            # mysqlclient, 20 chunks of 1 MB took 0.72 s bound (escaped)
+            # and 0.30 s as hex.
+            conn.execute(b"INSERT INTO temp_blob_chunk (zoid, chunk_num, chunk) "
+                         b"VALUES (%d,%d,X'%b')" % (oid, chunk_num, hexlify(data)), None)
+        else:
+            # Only the escaped form fits (mysqlclient): bind it.
+            super().upload_blob_chunk(conn, oid, chunk_num, data)
 
     def _state_too_large(self, conn, oid, size):
         # Nothing of this transaction is committed: discard the connection
