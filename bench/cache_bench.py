@@ -13,8 +13,12 @@ Scenarios
   cold        a new storage (empty caches) in this process: every load queries
   local       the same storage again: every state and tid from the local cache
   mc-fresh    a fresh process with memcached, states put there by another
-              process: the tids are unknown, so the loads still query
+              process, which also published its hot list: the fresh process
+              warms its local cache from memcached at its first poll
   db-fresh    the same fresh process without memcached
+  *-random    the same, reading the objects in a shuffled order (no
+              read-ahead); "+open" adds opening the storage and the first
+              poll (which includes the warm start) to the reads
   mc-polled   a running process whose poll told it the new tids of 1000
               objects another process just rewrote: states from memcached
   db-polled   the same without memcached (states from the database)
@@ -24,6 +28,7 @@ memcached (``/usr/bin/memcached``) is started on a free 127.0.0.1 port.
 import argparse
 import json
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -101,23 +106,37 @@ def timed_read(db, oids, conn=None):
 
 
 def child_read(args):
-    """A fresh process: open, read once, print the ms."""
+    """A fresh process: open, read once, print the ms.
+
+    ``open_ms`` is the time to open the storage and begin the first
+    transaction (connections, first poll, and with memcached the warm
+    start); ``ms`` the reads alone.
+    """
     oids = [p64(int(o)) for o in args.oids.split(',')]
+    if args.shuffle:
+        random.Random(42).shuffle(oids)
     kw = {'cache_servers': args.servers} if args.servers else {}
+    start = time.perf_counter()
     db = open_db(args, **kw)
-    ms = timed_read(db, oids)
+    conn = db.open(transaction.TransactionManager())
+    conn.transaction_manager.begin()
+    open_ms = (time.perf_counter() - start) * 1000
+    ms = timed_read(db, oids, conn)
+    conn.close()
     stats = db.storage.cache_stats()
     db.close()
-    print(json.dumps({'ms': ms, 'db_loads': stats['db_loads'],
+    print(json.dumps({'ms': ms, 'open_ms': open_ms, 'db_loads': stats['db_loads'],
                       'mc_hits': stats.get('memcache', {}).get('hits', 0)}))
 
 
-def fresh_process(args, oids, servers=None):
+def fresh_process(args, oids, servers=None, shuffle=False):
     cmd = [sys.executable, '-m', 'bench.cache_bench', '--child-read', '--db', args.db,
            '--data-dir', args.data_dir or '', '--dsn', args.dsn,
            '--oids', ','.join(str(int.from_bytes(o, 'big')) for o in oids)]
     if servers:
         cmd += ['--servers', servers]
+    if shuffle:
+        cmd.append('--shuffle')
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -150,7 +169,7 @@ def pg_setup(args, drop_only=False):
 
 
 def report(name, values, note=''):
-    print('%-10s %8.1f ms  (median of %d: %s)%s' % (
+    print('%-17s %8.1f ms  (median of %d: %s)%s' % (
         name, statistics.median(values), len(values),
         ' '.join('%.1f' % v for v in values), note))
 
@@ -166,6 +185,7 @@ def main(argv=None):
     parser.add_argument('--child-read', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--oids', help=argparse.SUPPRESS)
     parser.add_argument('--servers', help=argparse.SUPPRESS)
+    parser.add_argument('--shuffle', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_read:
         return child_read(args)
@@ -191,16 +211,20 @@ def main(argv=None):
         report('cold', cold)
         report('local', local)
 
-        # Another process puts the states into memcached by reading them.
+        # Another process puts the states into memcached by reading them
+        # (and publishes its hot list when it closes).
         fresh_process(args, oids, servers)
-        mc_fresh, db_fresh = [], []
-        for _ in range(args.repeat):
-            r = fresh_process(args, oids, servers)
-            mc_fresh.append(r['ms'])
-            db_fresh.append(fresh_process(args, oids)['ms'])
-        report('mc-fresh', mc_fresh, '  [%d db loads, %d memcached hits]'
-               % (r['db_loads'], r['mc_hits']))
-        report('db-fresh', db_fresh)
+        for order, shuffle in (('', False), ('-random', True)):
+            runs = {'mc': [], 'db': []}
+            for _ in range(args.repeat):
+                runs['mc'].append(fresh_process(args, oids, servers, shuffle))
+                runs['db'].append(fresh_process(args, oids, None, shuffle))
+            for kind in ('mc', 'db'):
+                last = runs[kind][-1]
+                report('%s-fresh%s' % (kind, order), [r['ms'] for r in runs[kind]],
+                       '  [%d db loads, %d memcached hits]' % (last['db_loads'], last['mc_hits']))
+                report('  +open', [r['ms'] + r['open_ms'] for r in runs[kind]],
+                       '  (open and first poll included)')
 
         mc_polled, db_polled = [], []
         for use_mc in (True, False):

@@ -261,6 +261,11 @@ class Adapter:
     def poll_changes(self, conn, after_tid, upto_tid):
         return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
 
+    def recent_changes(self, conn, upto_tid, limit):
+        """The ``limit`` newest (oid, tid) changes with tid <= upto_tid,
+        newest first (one row per object)."""
+        return conn.query_all(self.q(self.sql.RECENT_CHANGES), (upto_tid, limit))
+
     def load_current(self, conn, oid):
         """(state, tid) of the current revision or None; state None = deleted."""
         return conn.query_one(self.q(self.sql.LOAD_CURRENT), (oid,))

@@ -84,6 +84,17 @@ class Statements:
         SELECT zoid, tid FROM object_state WHERE tid > %s AND tid <= %s
     """
 
+    # The newest changes up to a snapshot, newest first: a fresh process
+    # starts its change log with them (cache/storage_cache.py, backfill).
+    RECENT_CHANGES = """
+        SELECT zoid, tid FROM current_object WHERE tid <= %s
+        ORDER BY tid DESC LIMIT %s
+    """
+    RECENT_CHANGES_HF = """
+        SELECT zoid, tid FROM object_state WHERE tid <= %s
+        ORDER BY tid DESC LIMIT %s
+    """
+
     COUNT_OBJECTS = "SELECT COUNT(*) FROM current_object"
     COUNT_OBJECTS_HF = "SELECT COUNT(*) FROM object_state"
 

@@ -92,6 +92,11 @@ class LocalStateCache:
                 stored = zlib.decompress(stored)
             yield oid_int, tid_int, stored
 
+    def keys(self):
+        """(oid, tid) from least to most recently used (a copy)."""
+        with self._lock:
+            return list(self._data)
+
     def clear(self):
         with self._lock:
             self._data.clear()

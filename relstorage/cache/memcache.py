@@ -15,6 +15,7 @@ that a dead server does not cost a timeout per read.
 """
 import importlib
 import logging
+import struct
 import threading
 import time
 import zlib
@@ -28,6 +29,11 @@ CONNECT_TIMEOUT = 0.5
 TIMEOUT = 0.5
 #: memcached's default item size limit is 1 MB (key and overhead included).
 MAX_VALUE = 1000 * 1000
+#: A hint's value: (tid, as_of), see get_hints.
+_HINT = struct.Struct('>QQ')
+_TID = struct.Struct('>Q')
+#: Entries of the hot list (16 bytes each, compressed under MAX_VALUE).
+HOT_MAX = 50000
 
 
 def parse_servers(text):
@@ -85,6 +91,7 @@ class MemcacheStateCache:
         self.prefix = prefix
         self.module_name = module_name or 'pymemcache'
         self.hits = self.misses = self.errors = self.stores = 0
+        self.hint_hits = self.hint_misses = 0
         if self.module_name == 'pymemcache':
             from pymemcache.client.base import PooledClient
             self._servers = [
@@ -135,33 +142,17 @@ class MemcacheStateCache:
 
     def get(self, oid, tid):
         key = self.key(oid, tid)
-        value, ok = self._call(self._server_for(key), 'get', key)
+        value = self._get_keys((key,)).get(key)
         if value is None:
             self.misses += 1
             return None
         self.hits += 1
-        return bytes(value)
+        return value
 
     def get_many(self, pairs):
         """{(oid, tid): state} for the pairs memcached has."""
-        by_server = {}
-        keys = {}
-        for pair in pairs:
-            key = self.key(*pair)
-            keys[key] = pair
-            by_server.setdefault(id(self._server_for(key)), []).append(key)
-        found = {}
-        for server in self._servers:
-            batch = by_server.get(id(server))
-            if not batch:
-                continue
-            method = 'get_multi' if self._lock is not None else 'get_many'
-            values, ok = self._call(server, method, batch)
-            for key, value in (values or {}).items():
-                if isinstance(key, bytes):
-                    key = key.decode('ascii')
-                if value is not None and key in keys:
-                    found[keys[key]] = bytes(value)
+        keys = {self.key(*pair): pair for pair in pairs}
+        found = {keys[key]: value for key, value in self._get_keys(keys).items()}
         self.hits += len(found)
         self.misses += len(keys) - len(found)
         return found
@@ -169,20 +160,110 @@ class MemcacheStateCache:
     def set(self, oid, tid, state):
         self.set_many({(oid, tid): state})
 
-    def set_many(self, states, wait=False):
-        """Store {(oid, tid): state}; never raises.
+    def set_many(self, states, hints=None, wait=False):
+        """Store ``states`` {(oid, tid): state} and ``hints`` {oid: (tid,
+        as_of)}; never raises.
 
         With ``wait`` false the replies are not awaited (states read from
         the database: a lost one only costs a later miss).  With ``wait``
         true the call returns once memcached has stored them, so another
         process told about the revision afterwards finds it (commits).
         """
-        by_server = {}
+        values = {}
         for (oid, tid), state in states.items():
-            if state is None or len(state) > MAX_VALUE:
+            if state is not None and len(state) <= MAX_VALUE:
+                values[self.key(oid, tid)] = bytes(state)
+        if hints:
+            for oid, (tid, as_of) in hints.items():
+                values[self.hint_key(oid)] = _HINT.pack(tid, as_of)
+        self._set_keys(values, wait)
+
+    # ------------------------------------------------------------------
+    # Hints: which revision was current, shared between processes.
+    #
+    # ``<prefix>:t:<oid>`` holds (tid, as_of): "in snapshot as_of, oid's
+    # current revision was tid".  That stays true forever, so an old hint is
+    # never wrong, only less useful; the reader combines it with its own
+    # change log (mvcc.ChangeIndex.record) to decide whether it answers for
+    # its snapshot.  It lets a fresh process find states in memcached
+    # without asking the database which tid is current.
+
+    def hint_key(self, oid):
+        return '%s:t:%x' % (self.prefix, oid)
+
+    def get_hints(self, oids):
+        """{oid: (tid, as_of)} for the oids memcached has a hint for."""
+        keys = {self.hint_key(oid): oid for oid in oids}
+        found = {}
+        for key, value in self._get_keys(keys).items():
+            if len(value) == _HINT.size:
+                found[keys[key]] = _HINT.unpack(value)
+        self.hint_hits += len(found)
+        self.hint_misses += len(keys) - len(found)
+        return found
+
+    # ------------------------------------------------------------------
+    # The hot list: what one process had in its local cache, so that a
+    # fresh process (another worker, another host) can start warm.
+    # ``<prefix>:hot`` holds as_of and (oid, tid) pairs, most recently used
+    # first, each a hint as above; the last process to publish wins.
+
+    def hot_key(self):
+        return '%s:hot' % (self.prefix,)
+
+    def set_hot(self, as_of, pairs):
+        pairs = pairs[:HOT_MAX]
+        data = bytearray(_TID.pack(as_of))
+        for oid, tid in pairs:
+            data += _HINT.pack(oid, tid)
+        self._set_keys({self.hot_key(): zlib.compress(bytes(data))}, wait=True)
+        return len(pairs)
+
+    def get_hot(self):
+        """(as_of, [(oid, tid), ...]) or None."""
+        key = self.hot_key()
+        value = self._get_keys((key,)).get(key)
+        if not value:
+            return None
+        try:
+            data = zlib.decompress(value)
+        except zlib.error:
+            return None
+        if len(data) < _TID.size or (len(data) - _TID.size) % _HINT.size:
+            return None
+        as_of, = _TID.unpack_from(data)
+        return as_of, list(_HINT.iter_unpack(memoryview(data)[_TID.size:]))
+
+    # ------------------------------------------------------------------
+
+    def _get_keys(self, keys):
+        """{key: bytes} for those of ``keys`` memcached has (one request per
+        server)."""
+        by_server = {}
+        for key in keys:
+            by_server.setdefault(id(self._server_for(key)), []).append(key)
+        found = {}
+        for server in self._servers:
+            batch = by_server.get(id(server))
+            if not batch:
                 continue
-            key = self.key(oid, tid)
-            by_server.setdefault(id(self._server_for(key)), {})[key] = bytes(state)
+            if len(batch) == 1:
+                value, _ = self._call(server, 'get', batch[0])
+                values = {batch[0]: value}
+            else:
+                method = 'get_multi' if self._lock is not None else 'get_many'
+                values, _ = self._call(server, method, batch)
+            for key, value in (values or {}).items():
+                if isinstance(key, bytes):
+                    key = key.decode('ascii')
+                if value is not None and key in keys:
+                    found[key] = bytes(value)
+        return found
+
+    def _set_keys(self, values, wait):
+        by_server = {}
+        for key, value in values.items():
+            by_server.setdefault(id(self._server_for(key)), {})[key] = value
         for server in self._servers:
             batch = by_server.get(id(server))
             if batch:
@@ -200,6 +281,7 @@ class MemcacheStateCache:
         total = self.hits + self.misses
         return {'hits': self.hits, 'misses': self.misses, 'errors': self.errors,
                 'stores': self.stores, 'ratio': (self.hits / total) if total else 0.0,
+                'hint_hits': self.hint_hits, 'hint_misses': self.hint_misses,
                 'servers': ['%s:%d' % s.address for s in self._servers],
                 'down': ['%s:%d' % s.address for s in self._servers if not s.usable()]}
 

@@ -128,6 +128,11 @@ class ChangeIndex:
                 self.answered += 1
             return tid
 
+    def peek(self, oid, snapshot):
+        """Like tid_at, without counting in the statistics."""
+        with self._lock:
+            return self._tid_at(oid, snapshot)
+
     def _tid_at(self, oid, snapshot):
         if self._poisoned and self._is_poisoned(snapshot):
             return None
@@ -186,6 +191,19 @@ class ChangeIndex:
         with self._lock:
             if self._start is None and not self._is_poisoned(snapshot):
                 self._start_log_at(snapshot)
+
+    def backfill(self, after, snapshot, rows):
+        """Start the change log at ``after`` rather than at ``snapshot``:
+        ``rows`` are the newest change of every object changed in
+        ``(after, snapshot]``, as read in ``snapshot``.  Only when there is
+        no log yet (a fresh process): it makes older knowledge usable, such
+        as a hint that says which tid was current in a snapshot in that
+        window (memcache.py)."""
+        with self._lock:
+            if self._start is not None or self._is_poisoned(snapshot) or after > snapshot:
+                return False
+            self._merge(after, snapshot, rows)
+            return True
 
     def _start_log_at(self, snapshot):
         self._reset_log()

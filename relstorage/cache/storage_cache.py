@@ -21,6 +21,7 @@ import threading
 import time
 
 from .local import LocalStateCache
+from .memcache import HOT_MAX
 from .mvcc import ChangeIndex
 from . import persistent
 
@@ -30,6 +31,11 @@ MB = 1024 * 1024
 #: States read from the database are sent to memcached this many at a time
 #: (and at every poll).
 MEMCACHE_BATCH = 100
+#: Seconds between two publications of the hot list to memcached (also
+#: published on close).
+HOT_INTERVAL = 300.0
+#: States asked of memcached per request when warming a fresh process.
+WARM_BATCH = 1000
 #: Seconds between two DEBUG lines of statistics.
 STATS_LOG_INTERVAL = 60.0
 
@@ -57,12 +63,17 @@ class StorageCache:
         self.prefix = safe_prefix(prefix)
         self.memcache = None
         self._to_memcache = {}      # states read from the database, sent in batches
+        self._hints_to_memcache = {}    # and which tid was current: {oid: (tid, as_of)}
         self._to_memcache_lock = threading.Lock()
         if options.cache_servers:
             from .memcache import MemcacheStateCache
             self.memcache = MemcacheStateCache(options.cache_servers,
                                                options.cache_module_name, self.prefix)
         self.db_loads = 0
+        self.hinted = 0             # tids learned from memcached hints
+        self.warmed = 0             # states copied from memcached at start
+        self._hot_published = time.monotonic()
+        self._backfilled = False
         self.index_mismatches = 0
         self.persistent_loaded = self.persistent_dropped = 0
         self._last_stats_log = time.monotonic()
@@ -77,6 +88,9 @@ class StorageCache:
         """(state, tid) of oid's revision current in ``snapshot``; None when
         the object does not exist there.  ``conn`` is the snapshot's
         connection."""
+        # A tid the index does not know costs one query, which also gives
+        # the state: asking memcached for a hint first would only add a
+        # round trip (hints are used in batches: prefetch, warm start).
         tid = self.index.tid_at(oid, snapshot)
         if tid is not None:
             state = self.local.get(oid, tid)
@@ -101,12 +115,26 @@ class StorageCache:
         if state is not None:
             self.local.put(oid, found, state)
             if self.memcache is not None:
-                self._send_later(oid, found, state)
+                self._send_later(oid, found, state, snapshot)
         return state, found
 
-    def _send_later(self, oid, tid, state):
+    def _tid_from_hints(self, oids, snapshot):
+        """{oid: tid} current in ``snapshot`` for those of ``oids`` whose
+        memcached hint the index can use (see mvcc.ChangeIndex.record)."""
+        index = self.index
+        result = {}
+        for oid, (tid, as_of) in self.memcache.get_hints(oids).items():
+            index.record(oid, tid, as_of)
+            tid = index.tid_at(oid, snapshot)
+            if tid is not None:
+                result[oid] = tid
+        self.hinted += len(result)
+        return result
+
+    def _send_later(self, oid, tid, state, snapshot):
         with self._to_memcache_lock:
             self._to_memcache[(oid, tid)] = state
+            self._hints_to_memcache[oid] = (tid, snapshot)
             if len(self._to_memcache) < MEMCACHE_BATCH:
                 return
         self.flush()
@@ -118,8 +146,9 @@ class StorageCache:
             return
         with self._to_memcache_lock:
             batch, self._to_memcache = self._to_memcache, {}
-        if batch:
-            self.memcache.set_many(batch)
+            hints, self._hints_to_memcache = self._hints_to_memcache, {}
+        if batch or hints:
+            self.memcache.set_many(batch, hints)
 
     def prefetch(self, adapter, conn, oids, snapshot):
         """Make the current states of ``oids`` in ``snapshot`` cached, with
@@ -132,39 +161,151 @@ class StorageCache:
                 missing.append(oid)
             elif (oid, tid) not in self.local:
                 from_memcache.append((oid, tid))
-        if from_memcache:
-            if self.memcache is not None:
+        if self.memcache is not None:
+            if missing:
+                hinted = self._tid_from_hints(missing, snapshot)
+                if hinted:
+                    missing = [oid for oid in missing if oid not in hinted]
+                    from_memcache.extend(pair for pair in hinted.items()
+                                         if pair not in self.local)
+            if from_memcache:
                 found = self.memcache.get_many(from_memcache)
                 for (oid, tid), state in found.items():
                     self.local.put(oid, tid, state)
-            else:
-                found = {}
-            missing.extend(oid for oid, tid in from_memcache if (oid, tid) not in found)
+                missing.extend(oid for oid, tid in from_memcache if (oid, tid) not in found)
+        else:
+            missing.extend(oid for oid, _ in from_memcache)
         if not missing:
             return 0
         rows = adapter.load_current_many(conn, missing)
         self.db_loads += len(rows)
         fresh = {}
+        hints = {}
         for oid, (state, tid) in rows.items():
             self.index.record(oid, tid, snapshot)
             if state is not None:
                 self.local.put(oid, tid, state)
                 fresh[(oid, tid)] = state
+                hints[oid] = (tid, snapshot)
         if fresh and self.memcache is not None:
-            self.memcache.set_many(fresh)
+            self.memcache.set_many(fresh, hints)
         return len(rows)
 
     def poll(self, adapter, conn, prev, snapshot):
         """The (oid, tid) changes in (prev, snapshot], keeping the index's
         change log; ``prev`` None on an instance's first poll."""
         self.flush()
+        fresh = prev is None and self.memcache is not None and not self._backfilled
+        if fresh:
+            self._backfill(adapter, conn, snapshot)
         changes = self.index.poll(
             prev, snapshot, lambda after, upto: adapter.poll_changes(conn, after, upto))
         now = time.monotonic()
+        if fresh:
+            self._warm_from_memcache(snapshot)
+        elif self.memcache is not None and now - self._hot_published >= HOT_INTERVAL:
+            self.publish_hot()
         if now - self._last_stats_log >= STATS_LOG_INTERVAL and log.isEnabledFor(logging.DEBUG):
             self._last_stats_log = now
             self.log_stats()
         return changes
+
+    def _backfill(self, adapter, conn, snapshot):
+        """A fresh process starts its change log with the newest changes
+        (up to half of cache-delta-size-limit) instead of empty at its first
+        snapshot, so that memcached hints written by other processes in
+        that window tell it which tids are current without a query."""
+        self._backfilled = True
+        if self.index.window is not None:
+            return
+        limit = max(1, self.index.limit // 2)
+        rows = adapter.recent_changes(conn, snapshot, limit + 1)
+        if len(rows) > limit:
+            # Complete only above the oldest tid seen: rows of that tid
+            # may have been cut off by the limit.
+            after = rows[-1][1]
+            rows = [(oid, tid) for oid, tid in rows if tid > after]
+        else:
+            after = 0
+        if self.index.backfill(after, snapshot, rows):
+            log.debug("Change log started at %x with %d changes up to %x",
+                      after, len(rows), snapshot)
+
+    def publish_hot(self):
+        """Tell memcached which revisions our local cache holds, most
+        recently used first, each current as of the newest snapshot the
+        index knows, so that fresh processes can start warm.  The list
+        already there is merged in after ours (where our change log proves
+        its entries still current), so a short-lived process does not
+        replace what a busy one published."""
+        self._hot_published = time.monotonic()
+        window = self.index.window
+        if self.memcache is None or window is None or not len(self.local):
+            return 0
+        as_of = window[1]
+        index = self.index
+        pairs = []
+        seen = set()
+        for oid, tid in reversed(self.local.keys()):
+            if oid not in seen and index.peek(oid, as_of) == tid:
+                seen.add(oid)
+                pairs.append((oid, tid))
+                if len(pairs) >= HOT_MAX:
+                    break
+        if not pairs:
+            return 0
+        theirs = self.memcache.get_hot()
+        if theirs and len(pairs) < HOT_MAX:
+            their_as_of, their_pairs = theirs
+            for oid, tid in their_pairs:
+                if oid in seen:
+                    continue
+                index.record(oid, tid, their_as_of)
+                current = index.peek(oid, as_of)
+                if current is not None:
+                    seen.add(oid)
+                    pairs.append((oid, current))
+                    if len(pairs) >= HOT_MAX:
+                        break
+        return self.memcache.set_hot(as_of, pairs)
+
+    def _warm_from_memcache(self, snapshot):
+        """Fill the local cache of a fresh process with the states another
+        process published as hot (publish_hot): one request for the list,
+        then one per WARM_BATCH states, at most cache-local-mb of them.
+        Each entry is a hint, used only where the change log proves it
+        current in ``snapshot``."""
+        local = self.local
+        if not local.limit:
+            return
+        hot = self.memcache.get_hot()
+        if not hot:
+            return
+        as_of, pairs = hot
+        index = self.index
+        wanted = []
+        # No more hints than the index keeps (cache-delta-size-limit).
+        for oid, tid in pairs[:index.limit // 2]:
+            index.record(oid, tid, as_of)
+            current = index.peek(oid, snapshot)
+            if current is not None and (oid, current) not in local:
+                wanted.append((oid, current))
+        size = 0
+        warmed = []
+        for start in range(0, len(wanted), WARM_BATCH):
+            found = self.memcache.get_many(wanted[start:start + WARM_BATCH])
+            for pair in wanted[start:start + WARM_BATCH]:
+                state = found.get(pair)
+                if state is not None:
+                    warmed.append((pair, state))
+                    size += len(state)
+            if size >= local.limit:
+                break
+        # Least recently used first, so the hottest end up most recent.
+        for (oid, tid), state in reversed(warmed):
+            local.put(oid, tid, state)
+        self.warmed += len(warmed)
+        log.debug("Warmed the local cache with %d states from memcached", len(warmed))
 
     def rolled_back(self, new_last, old_last):
         """The database went back in time: forget every tid we knew."""
@@ -188,13 +329,15 @@ class StorageCache:
         memcached in one batch whose replies are awaited, so that another
         process that learns of ``tid`` by polling finds them there."""
         fresh = {}
+        hints = {}
         local = self.local
         for oid, state in rows:
             local.put(oid, tid, state)
             if state is not None:
                 fresh[(oid, tid)] = state
+                hints[oid] = (tid, tid)
         if fresh and self.memcache is not None:
-            self.memcache.set_many(fresh, wait=True)
+            self.memcache.set_many(fresh, hints, wait=True)
 
     def clear(self):
         """After pack: revisions may be gone, forget what we knew."""
@@ -211,6 +354,8 @@ class StorageCache:
             'tid_known': index.answered,
             'tid_unknown': index.unknown,
             'db_loads': self.db_loads,
+            'tids_from_hints': self.hinted,
+            'warmed_from_memcache': self.warmed,
             'polls': index.polls,
             'polls_without_query': index.polls_free,
             'log_entries': index.log_size(),
@@ -280,6 +425,8 @@ class StorageCache:
             return
         self._closed = True
         self.flush()
+        if self.memcache is not None:
+            self.publish_hot()
         self.save()
         if log.isEnabledFor(logging.DEBUG):
             self.log_stats()

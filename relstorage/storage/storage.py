@@ -277,6 +277,11 @@ class RelStorage(ConflictResolvingStorage):
         """
         if oid_int == self._ra_next:
             self._ra_run += 1
+        elif oid_int == self._ra_next - 1:
+            # The same object again: ZODB's Connection.get loads a state to
+            # make the ghost and again to activate it.  Neither breaks
+            # nor extends the run.
+            return
         else:
             self._ra_run = 0
         self._ra_next = oid_int + 1

@@ -296,6 +296,34 @@ class ReadAheadTests(FactoryCase):
             writer.close()
 
 
+    def test_read_ahead_with_connection_get(self):
+        # Regression: Connection.get(oid) loads each state twice (to make
+        # the ghost, then to activate it); the repeat used to reset the run
+        # of consecutive OIDs, so read-ahead never started.
+        db = ZODB.DB(self.storage())
+        with db.transaction() as conn:
+            objs = [PersistentMapping(v=i) for i in range(200)]
+            for obj in objs:
+                conn.add(obj)
+        oids = [obj._p_oid for obj in objs]
+        db.close()
+        reader = self.storage()
+        rdb = ZODB.DB(reader)
+        try:
+            conn = rdb.open(transaction.TransactionManager())
+            single_loads = []
+            original = reader._adapter.load_current
+
+            def counting(conn_, oid):
+                single_loads.append(oid)
+                return original(conn_, oid)
+            reader._adapter.load_current = counting
+            self.assertEqual([conn.get(oid)['v'] for oid in oids], list(range(200)))
+            self.assertLess(len(single_loads), 10, len(single_loads))
+            conn.close()
+        finally:
+            rdb.close()
+
 ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests)
 
 

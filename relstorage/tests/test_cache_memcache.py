@@ -174,6 +174,129 @@ class MemcacheTests(unittest.TestCase):
         inst1.release()
         inst2.release()
 
+    def wait_for_hint(self, storage, oid):
+        # Hints of database loads are sent without waiting for replies.
+        client = storage._cache.memcache
+        deadline = time.time() + 5
+        while not client.get_hints([u64(oid)]) and time.time() < deadline:
+            time.sleep(0.01)
+
+    def read_all(self, storage, oids):
+        inst = storage.new_instance()
+        inst.poll_invalidations()
+        result = []
+        for oid in oids:
+            state, serial = inst.load(oid)
+            result.append((zodb_unpickle(state).value, serial))
+        inst.release()
+        return result
+
+    def test_fresh_process_reads_what_another_process_loaded(self):
+        # A fresh process knows no tids.  Its change log starts with the
+        # newest changes (here at most 200: cache-delta-size-limit 400, and
+        # the newest transaction alone changed 250 objects, so none), which
+        # do not include the 30 objects; what another process left
+        # in memcached tells it which revisions are current, so the states
+        # come from memcached without asking the database.
+        plain = self.storage(cache_servers=None)
+        oids = [plain.new_oid() for _ in range(30)]
+        others = [plain.new_oid() for _ in range(250)]
+        tid = self.commit(plain, {oid: i for i, oid in enumerate(oids)})
+        self.commit(plain, {other: 'x' for other in others})
+        first = self.storage()
+        expected = [(i, tid) for i in range(len(oids))]
+        self.assertEqual(self.read_all(first, oids), expected)
+        self.assertGreaterEqual(first.cache_stats()['db_loads'], 30)
+        first.close()              # sends what it read, and its hot list
+        self.wait_for_hint(self.storage(), oids[-1])
+
+        # 1. The hot list: the fresh process warms its local cache at its
+        #    first poll, in a few requests.
+        fresh = self.storage(cache_delta_size_limit=400)
+        self.assertEqual(self.read_all(fresh, list(reversed(oids))), expected[::-1])
+        stats = fresh.cache_stats()
+        self.assertEqual(stats['db_loads'], 0)
+        self.assertGreaterEqual(stats['warmed_from_memcache'], 30)
+        self.assertEqual(stats['index_mismatches'], 0)
+        self.assertEqual(stats['log_entries'], 0)
+
+        # 2. Without a hot list, read-ahead in OID order asks memcached for
+        #    the hints and states of the next objects, two requests per
+        #    batch.
+        fresh._cache.memcache._set_keys({fresh._cache.memcache.hot_key(): b''}, True)
+        fresh = self.storage(cache_delta_size_limit=400)
+        self.assertEqual(self.read_all(fresh, oids), expected)
+        stats = fresh.cache_stats()
+        self.assertEqual(stats['warmed_from_memcache'], 0)
+        # The three loads before read-ahead starts ask the database: for a
+        # single load a hint would cost a round trip more than the query.
+        self.assertEqual(stats['db_loads'], 3)
+        self.assertGreaterEqual(stats['tids_from_hints'], 27)
+        self.assertEqual(stats['index_mismatches'], 0)
+
+    def test_hot_list_of_a_short_lived_process_keeps_the_busy_ones(self):
+        writer = self.storage()
+        oids = [writer.new_oid() for _ in range(40)]
+        self.commit(writer, {oid: 'v' for oid in oids})
+        busy = self.storage()
+        self.read_all(busy, oids)
+        self.assertEqual(busy._cache.publish_hot(), 40)
+        brief = self.storage()
+        self.read_all(brief, oids[:2])
+        brief.close()
+        _, pairs = self.storage()._cache.memcache.get_hot()
+        self.assertEqual(len(pairs), 40)
+        self.assertEqual([u64(o) for o in oids[:2]], sorted(p[0] for p in pairs[:2]))
+
+    def test_fresh_process_knows_the_newest_changes(self):
+        # Objects changed recently are in the change log a fresh process
+        # starts with: their tids are known without hints or queries.
+        writer = self.storage()
+        oids = [writer.new_oid() for _ in range(20)]
+        tid = self.commit(writer, {oid: i for i, oid in enumerate(oids)})
+        fresh = self.storage()
+        self.assertEqual(self.read_all(fresh, oids), [(i, tid) for i in range(20)])
+        stats = fresh.cache_stats()
+        self.assertEqual((stats['db_loads'], stats['tids_from_hints']), (0, 0))
+        self.assertEqual(stats['memcache']['hits'], 20)
+
+    def test_hint_of_an_object_changed_since_is_not_served(self):
+        plain = self.storage(cache_servers=None)       # writes leave no hints
+        oid = plain.new_oid()
+        tid1 = self.commit(plain, {oid: 'old'})
+        first = self.storage()
+        self.assertEqual(self.read_all(first, [oid]), [('old', tid1)])
+        first.close()
+        self.wait_for_hint(self.storage(), oid)
+        tid2 = self.commit(plain, {oid: 'new'}, {oid: tid1})
+        fresh = self.storage()
+        self.assertEqual(self.read_all(fresh, [oid]), [('new', tid2)])
+        self.assertEqual(fresh.cache_stats()['index_mismatches'], 0)
+
+    def test_hint_older_than_the_change_log_is_not_used(self):
+        # cache-delta-size-limit 10: a fresh process's log holds the 5
+        # newest changes, so the change of ``oid`` after its hint was
+        # written falls outside the log; the hint must then be ignored.
+        plain = self.storage(cache_servers=None)
+        oid = plain.new_oid()
+        others = [plain.new_oid() for _ in range(8)]
+        tid1 = self.commit(plain, {oid: 'old'})
+        first = self.storage()
+        self.assertEqual(self.read_all(first, [oid]), [('old', tid1)])
+        first.close()
+        self.wait_for_hint(self.storage(), oid)
+        tid2 = self.commit(plain, {oid: 'new'}, {oid: tid1})
+        for other in others:
+            self.commit(plain, {other: 'x'})
+        fresh = self.storage(cache_delta_size_limit=10)
+        self.assertEqual(self.read_all(fresh, [oid]), [('new', tid2)])
+        stats = fresh.cache_stats()
+        self.assertEqual((stats['db_loads'], stats['tids_from_hints']), (1, 0))
+        self.assertEqual(stats['index_mismatches'], 0)
+        # With a log long enough, the same hint is refuted by the log.
+        roomy = self.storage()
+        self.assertEqual(self.read_all(roomy, [oid]), [('new', tid2)])
+
     def test_memcached_stopped_mid_run(self):
         writer, reader = self.storage(), self.storage()
         oids = [writer.new_oid() for _ in range(10)]
