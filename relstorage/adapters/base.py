@@ -258,6 +258,26 @@ class Adapter:
     def get_last_tid(self, conn):
         return conn.query_value(self.q(self.sql.GET_LAST_TID)) or 0
 
+    def snapshot_marks(self, conn):
+        """(last tid, pack mark) in the snapshot: one query for both."""
+        last = mark = 0
+        for row_id, tid in conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS)):
+            if row_id == 0:
+                last = tid or 0
+            else:
+                mark = tid or 0
+        return last, mark
+
+    def bump_pack_mark(self, conn):
+        """Increment the pack mark, inside the pack's store transaction
+        (which holds the commit lock, so two packs cannot race)."""
+        old = conn.query_value(self.q(self.sql.GET_PACK_MARK))
+        if old is None:
+            conn.execute(self.q(self.sql.INSERT_PACK_MARK), (1,))
+            return 1
+        conn.execute(self.q(self.sql.SET_PACK_MARK), (old + 1,))
+        return old + 1
+
     def poll_changes(self, conn, after_tid, upto_tid):
         return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
 

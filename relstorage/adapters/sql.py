@@ -8,9 +8,13 @@ replacing the attribute, never by editing a string at run time.
 
 Tables (both modes):
 
-``commit_lock``      one row: ``tid`` is the last committed transaction id.
+``commit_lock``      row 0: ``tid`` is the last committed transaction id.
                      Locking that row is the database-wide commit lock, and
                      reading it is how pollers learn the newest snapshot.
+                     Row 1 (written by the first pack): the pack mark, a
+                     counter every pack increments, so that other processes
+                     learn, with the same query, that cached revisions and
+                     objects may be gone.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
@@ -37,6 +41,10 @@ class Statements:
     # --- snapshot reads -------------------------------------------------
 
     GET_LAST_TID = "SELECT tid FROM commit_lock WHERE id = 0"
+    GET_SNAPSHOT_MARKS = "SELECT id, tid FROM commit_lock WHERE id IN (0, 1)"
+    GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
+    SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"
+    INSERT_PACK_MARK = "INSERT INTO commit_lock (id, tid) VALUES (1, %s)"
 
     LOAD_CURRENT = """
         SELECT s.state, s.tid

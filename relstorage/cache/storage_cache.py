@@ -71,6 +71,10 @@ class StorageCache:
                                                options.cache_module_name, self.prefix)
         self.db_loads = 0
         self.hinted = 0             # tids learned from memcached hints
+        self._mark_lock = threading.Lock()
+        self._pack_mark = 0
+        self._pack_mark_known = False
+        self._hints_from = 0        # no hint as of an earlier snapshot (pack)
         self.warmed = 0             # states copied from memcached at start
         self._hot_published = time.monotonic()
         self._backfilled = False
@@ -134,7 +138,8 @@ class StorageCache:
     def _send_later(self, oid, tid, state, snapshot):
         with self._to_memcache_lock:
             self._to_memcache[(oid, tid)] = state
-            self._hints_to_memcache[oid] = (tid, snapshot)
+            if snapshot >= self._hints_from:
+                self._hints_to_memcache[oid] = (tid, snapshot)
             if len(self._to_memcache) < MEMCACHE_BATCH:
                 return
         self.flush()
@@ -186,7 +191,8 @@ class StorageCache:
             if state is not None:
                 self.local.put(oid, tid, state)
                 fresh[(oid, tid)] = state
-                hints[oid] = (tid, snapshot)
+                if snapshot >= self._hints_from:
+                    hints[oid] = (tid, snapshot)
         if fresh and self.memcache is not None:
             self.memcache.set_many(fresh, hints)
         return len(rows)
@@ -335,7 +341,8 @@ class StorageCache:
             local.put(oid, tid, state)
             if state is not None:
                 fresh[(oid, tid)] = state
-                hints[oid] = (tid, tid)
+                if tid >= self._hints_from:
+                    hints[oid] = (tid, tid)
         if fresh and self.memcache is not None:
             self.memcache.set_many(fresh, hints, wait=True)
 
@@ -343,6 +350,33 @@ class StorageCache:
         """After pack: revisions may be gone, forget what we knew."""
         self.local.clear()
         self.index.clear()
+
+    def note_pack_mark(self, mark, snapshot):
+        """A snapshot ``snapshot`` saw pack mark ``mark`` (see
+        adapters/sql.py, commit_lock).  The first time a greater mark is
+        seen, everything cached may describe objects or revisions the pack
+        removed: forget it all, and move to a memcached namespace of the
+        new mark, where only what is learned from now on goes.  Marks only
+        grow; an older snapshot still showing the previous mark changes
+        nothing."""
+        with self._mark_lock:
+            if mark <= self._pack_mark and self._pack_mark_known:
+                return
+            first = not self._pack_mark_known
+            self._pack_mark_known = True
+            self._pack_mark = mark
+            if self.memcache is not None:
+                self.memcache.prefix = self.prefix if not mark else '%s:p%x' % (self.prefix, mark)
+            if first:
+                return
+            # Hints must describe post-pack snapshots: an instance still
+            # reading an older snapshot may load a removed object.
+            self._hints_from = snapshot
+            with self._to_memcache_lock:
+                self._to_memcache.clear()
+                self._hints_to_memcache.clear()
+            self.clear()
+            log.info("The database was packed (pack mark %d): cleared the cache.", mark)
 
     # ------------------------------------------------------------------
     # Statistics

@@ -62,6 +62,9 @@ def pack(storage, t, referencesf, gc):
                        if state is None and oid not in newer)
         old_revisions = [(oid, tid) for oid, (tid, _) in keep.items() if oid not in removed]
         adapter.pack_delete(conn, sorted(removed), old_revisions, pack_tid)
+        # In the same transaction as the deletions: a snapshot that sees
+        # them also sees the new mark, and its reader drops its caches.
+        adapter.bump_pack_mark(conn)
         conn.commit()
         if storage._blobs is not None:
             storage._blobs.forget(removed, old_revisions)

@@ -118,6 +118,8 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = False
         self._snapshot_tid = 0
         self._poll_tid = None          # what the ZODB connection has been told
+        self._snapshot_pack_mark = 0    # the pack mark in our snapshot
+        self._poll_pack_mark = None     # ... when the ZODB connection last polled
         self._last_commit_tid = 0
         self._ra_next = self._ra_run = 0      # read-ahead state (see _read_ahead)
         self._ra_until = -1
@@ -180,7 +182,7 @@ class RelStorage(ConflictResolvingStorage):
             conn = self._get_load_conn()
             try:
                 self._adapter.begin_snapshot(conn)
-                tid = self._adapter.get_last_tid(conn)
+                tid, pack_mark = self._adapter.snapshot_marks(conn)
                 break
             except DisconnectedError:
                 # The server restarted or dropped us since the last
@@ -191,6 +193,10 @@ class RelStorage(ConflictResolvingStorage):
                     raise
         self._snapshot_open = True
         self._snapshot_tid = tid
+        self._snapshot_pack_mark = pack_mark
+        # A pack happened since the cache last looked: it drops what
+        # may be gone (see StorageCache.packed).
+        self._cache.note_pack_mark(pack_mark, tid)
         if self._poll_tid is None:
             self._poll_tid = tid
         return conn
@@ -214,6 +220,14 @@ class RelStorage(ConflictResolvingStorage):
             conn = self._ensure_snapshot()
             current = self._snapshot_tid
             self._poll_tid = current
+            mark, self._poll_pack_mark = self._poll_pack_mark, self._snapshot_pack_mark
+            if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
+                # Packed since our last poll: objects our ZODB connection
+                # caches may be gone, so it must drop everything.  The
+                # shared change log restarts at this (post-pack) snapshot.
+                self._own_tids = set()
+                self._cache.poll(self._adapter, conn, None, current)
+                return None
             if previous is None or current == previous:
                 self._own_tids = set()
                 # Nothing to invalidate, but keep the shared change log

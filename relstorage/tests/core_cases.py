@@ -8,6 +8,7 @@ import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import ConflictError
+from ZODB.POSException import POSKeyError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.utils import p64
@@ -324,7 +325,44 @@ class ReadAheadTests(FactoryCase):
         finally:
             rdb.close()
 
-ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests)
+class PackVisibilityTests(FactoryCase):
+
+    def test_other_process_forgets_objects_removed_by_pack(self):
+        # Regression: another process kept serving an object that a pack
+        # removed (from its ZODB connection cache and its state cache),
+        # because a pack's deletions are not changes its polls can see.
+        # Every pack now increments a pack mark read with the last tid.
+        db1 = ZODB.DB(self.storage())
+        db2 = ZODB.DB(self.storage())             # "another process"
+        try:
+            with db1.transaction() as conn:
+                conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
+                conn.root()['kept'] = kept = PersistentMapping(v='kept')
+            doomed_oid, kept_oid = doomed._p_oid, kept._p_oid
+            tm2 = transaction.TransactionManager()
+            conn2 = db2.open(tm2)
+            self.assertEqual(conn2.get(doomed_oid)['v'], 'doomed')
+            tm2.abort()
+            with db1.transaction() as conn:
+                del conn.root()['doomed']
+            db1.pack(time.time() + 1)
+            self.assertRaises(POSKeyError, db1.storage.load, doomed_oid)
+
+            tm2.begin()                           # polls: learns of the pack
+            self.assertRaises(POSKeyError, lambda: conn2.get(doomed_oid)['v'])
+            self.assertEqual(conn2.get(kept_oid)['v'], 'kept')
+            self.assertRaises(POSKeyError, db2.storage.load, doomed_oid)
+            tm2.abort()
+            conn2.close()
+            stats = db2.storage.cache_stats()
+            self.assertEqual(stats['index_mismatches'], 0)
+        finally:
+            db1.close()
+            db2.close()
+
+
+ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests,
+       PackVisibilityTests)
 
 
 def hf_variants():

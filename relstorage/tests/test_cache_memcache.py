@@ -14,6 +14,7 @@ import unittest
 
 import transaction
 from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import POSKeyError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.tests.StorageTestBase import zodb_unpickle
@@ -233,6 +234,31 @@ class MemcacheTests(unittest.TestCase):
         self.assertEqual(stats['db_loads'], 3)
         self.assertGreaterEqual(stats['tids_from_hints'], 27)
         self.assertEqual(stats['index_mismatches'], 0)
+
+    def test_fresh_process_after_pack_ignores_what_memcached_knew(self):
+        # Objects removed by a pack leave no change for the change log to
+        # see; a fresh process must not take them from memcached (hot list,
+        # hints, states).  After a pack, processes use a new namespace.
+        writer = self.storage()
+        oids = [writer.new_oid() for _ in range(3)]
+        tid = self.commit(writer, {oid: 'v' for oid in oids})
+        first = self.storage()
+        self.read_all(first, oids)
+        first.close()                             # publishes its hot list
+        self.wait_for_hint(self.storage(), oids[-1])
+        # Nothing references these objects: a pack with GC removes them.
+        from ZODB.serialize import referencesf
+        packer = self.storage()
+        packer.pack(time.time() + 1, referencesf)
+        fresh = self.storage()
+        inst = fresh.new_instance()
+        inst.poll_invalidations()
+        for oid in oids:
+            self.assertRaises(POSKeyError, inst.load, oid)
+        inst.release()
+        self.assertEqual(fresh.cache_stats()['warmed_from_memcache'], 0)
+        self.assertIn(':p1', fresh._cache.memcache.prefix)
+        self.assertTrue(tid)
 
     def test_hot_list_of_a_short_lived_process_keeps_the_busy_ones(self):
         writer = self.storage()
