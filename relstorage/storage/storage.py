@@ -20,6 +20,7 @@ move the rows into place and commit.
 """
 import logging
 import threading
+import weakref
 
 import zope.interface
 from ZODB import POSException
@@ -131,14 +132,17 @@ class RelStorage(ConflictResolvingStorage):
         # afterCompletion/poll, as MVCC requires.
         self._autorefresh = _parent is None
         self._closed = False
+        self._instances = weakref.WeakSet()
         self._reset_tpc()
 
     # ------------------------------------------------------------------
     # Instances (IMVCCStorage)
 
     def new_instance(self):
-        return type(self)(self._adapter, name=self._name, options=self._options,
-                          _parent=self)
+        instance = type(self)(self._adapter, name=self._name, options=self._options,
+                              _parent=self)
+        self._instances.add(instance)
+        return instance
 
     def before_instance(self, before=None):
         instance = self.new_instance()
@@ -160,6 +164,11 @@ class RelStorage(ConflictResolvingStorage):
         self._closed = True
         self.release()
         if self._parent is None:
+            # Instances nobody released (a ZODB connection never closed)
+            # would otherwise keep their database sessions until garbage
+            # collection.
+            for instance in list(self._instances):
+                instance.release()
             self._cache.close()
             self._adapter.close()
 

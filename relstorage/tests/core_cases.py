@@ -361,8 +361,25 @@ class PackVisibilityTests(FactoryCase):
             db2.close()
 
 
+class LifecycleTests(FactoryCase):
+
+    def test_close_releases_instances_left_open(self):
+        # An instance whose ZODB connection was never closed must not keep
+        # its database sessions after the storage is closed.
+        storage = self.storage()
+        oid = storage.new_oid()
+        self.commit(storage, oid, z64, 'v')
+        inst = storage.new_instance()
+        inst.poll_invalidations()
+        inst.load(oid)
+        self.assertIsNotNone(inst._load_conn)
+        storage.close()
+        self.assertIsNone(inst._load_conn)
+        self.assertIsNone(inst._store_conn)
+
+
 ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests,
-       PackVisibilityTests)
+       PackVisibilityTests, LifecycleTests)
 
 
 def hf_variants():
