@@ -11,6 +11,7 @@ was emptied first, so that every object goes through ``storage.load``::
 
 Scenarios
   cold        a new storage (empty caches) in this process: every load queries
+              (in OID order, read-ahead reads 128 objects per query)
   local       the same storage again: every state and tid from the local cache
   mc-fresh    a fresh process with memcached, states put there by another
               process, which also published its hot list: the fresh process
@@ -201,15 +202,18 @@ def main(argv=None):
         print('%s: %d objects, pickles of %d bytes; %d runs each'
               % (args.db, len(oids), size, args.repeat))
 
-        cold, local = [], []
-        for _ in range(args.repeat):
-            db = open_db(args)
-            cold.append(timed_read(db, oids))
-            local.append(timed_read(db, oids))
-            assert db.storage.cache_stats()['index_mismatches'] == 0
-            db.close()
-        report('cold', cold)
-        report('local', local)
+        shuffled = list(oids)
+        random.Random(42).shuffle(shuffled)
+        for order, sequence in (('', oids), ('-random', shuffled)):
+            cold, local = [], []
+            for _ in range(args.repeat):
+                db = open_db(args)
+                cold.append(timed_read(db, sequence))
+                local.append(timed_read(db, sequence))
+                assert db.storage.cache_stats()['index_mismatches'] == 0
+                db.close()
+            report('cold' + order, cold)
+            report('local' + order, local)
 
         # Another process puts the states into memcached by reading them
         # (and publishes its hot list when it closes).
