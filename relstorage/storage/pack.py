@@ -27,22 +27,32 @@ def pack(storage, t, referencesf, gc):
         adapter.begin_store_checked(conn)
         last_tid = adapter.lock_commit_checked(conn)
         pack_tid = min(limit, last_tid)
-        # keep[oid] = the revision current at pack time; newer[oid] = revisions after it
+        # keep[oid] = (tid, exists) of the revision current at pack time;
+        # newer[oid] = revisions after it.  Only OIDs and references stay
+        # in memory, never states: the references of the revision kept so
+        # far are replaced when a newer one (up to the pack time) comes by.
         keep = {}
         newer = {}
-        refs = {}
+        kept_refs = {}
+        newer_refs = {}
         for oid, tid, state in adapter.iter_states(conn):
-            state = bytes(state) if state is not None else None
             if tid <= pack_tid:
-                if tid >= keep.get(oid, (-1, None))[0]:
-                    keep[oid] = (tid, state)
+                if tid >= keep.get(oid, (-1, False))[0]:
+                    keep[oid] = (tid, state is not None)
+                    if gc:
+                        if state is not None:
+                            kept_refs[oid] = {u64(r) for r in referencesf(bytes(state))}
+                        else:
+                            kept_refs.pop(oid, None)
             else:
                 newer.setdefault(oid, []).append(tid)
                 if gc and state is not None:
-                    refs.setdefault(oid, set()).update(u64(r) for r in referencesf(state))
-        for oid, (tid, state) in keep.items():
-            if gc and state is not None:
-                refs.setdefault(oid, set()).update(u64(r) for r in referencesf(state))
+                    newer_refs.setdefault(oid, set()).update(
+                        u64(r) for r in referencesf(bytes(state)))
+        refs = kept_refs
+        for oid, more in newer_refs.items():
+            refs.setdefault(oid, set()).update(more)
+        del newer_refs
 
         removed_objects = []
         if gc:
@@ -58,8 +68,8 @@ def pack(storage, t, referencesf, gc):
             removed_objects = [oid for oid in keep if oid not in reachable]
         removed = set(removed_objects)
         # Objects that did not exist at pack time and have no later revision.
-        removed.update(oid for oid, (tid, state) in keep.items()
-                       if state is None and oid not in newer)
+        removed.update(oid for oid, (tid, exists) in keep.items()
+                       if not exists and oid not in newer)
         old_revisions = [(oid, tid) for oid, (tid, _) in keep.items() if oid not in removed]
         adapter.pack_delete(conn, sorted(removed), old_revisions, pack_tid)
         # In the same transaction as the deletions: a snapshot that sees
