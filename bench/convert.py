@@ -15,6 +15,7 @@ last transaction id is compared with the source's. Results are records/s
 blob bytes).
 """
 import json
+import math
 import os
 import random
 import shutil
@@ -31,12 +32,21 @@ SMOKE = dict(transactions=5, objects_per_txn=200, object_size=100,
 
 
 def generate(directory, transactions, objects_per_txn, object_size, blobs,
-             blob_mb, with_blobs=True):
+             blob_mb, with_blobs=True, revisions=1):
     """Make (or reuse) the source FileStorage in *directory*; return its
-    metadata dict (path, blob_dir, records, bytes, blob_bytes, ...)."""
+    metadata dict (path, blob_dir, records, bytes, blob_bytes, ...).
+
+    With ``revisions`` > 1, the small objects are rewritten in further
+    passes of ``transactions`` transactions (the last pass rewriting only a
+    share of them when ``revisions`` is not whole), so that the source holds
+    about ``revisions`` records per object: a history for the history-free
+    fast path to skip."""
     params = dict(transactions=transactions, objects_per_txn=objects_per_txn,
                   object_size=object_size, blobs=blobs if with_blobs else 0,
                   blob_mb=blob_mb, version=1)
+    if revisions > 1:
+        # Only then, so that sources made before this option are reused.
+        params['revisions'] = revisions
     meta_path = os.path.join(directory, 'source.json')
     if os.path.exists(meta_path):
         with open(meta_path) as f:
@@ -73,6 +83,19 @@ def generate(directory, transactions, objects_per_txn, object_size, blobs,
         transaction.get().note('generated transaction %d' % t)
         transaction.commit()
         conn.cacheMinimize()
+    passes = int(math.ceil(revisions)) - 1
+    for r in range(1, passes + 1):
+        # The last pass may rewrite only a part of the objects (revisions
+        # 1.5: half of them once more).
+        share = min(revisions - r, 1.0)
+        for t in range(transactions):
+            container = root['data'][t]
+            for i in range(int(round((objects_per_txn - 1) * share))):
+                container[i]['data'] = rnd.randbytes(object_size)
+            container['revision'] = r
+            transaction.get().note('revision %d of transaction %d' % (r, t))
+            transaction.commit()
+            conn.cacheMinimize()
     if params['blobs']:
         container = PersistentMapping()
         for i in range(params['blobs']):
@@ -168,9 +191,10 @@ def blob_problem(target, scratch):
         shutil.rmtree(blob_dir, ignore_errors=True)
 
 
-def run(target, scratch, source, log_path, timeout=1200):
+def run(target, scratch, source, log_path, timeout=1200, options=()):
     """Convert *source* (metadata from :func:`generate`) into a fresh
-    database of *target*; return a result dict."""
+    database of *target* (zodbconvert *options* added); return a result
+    dict."""
     handle = target.create(scratch, 'convert')
     blob_dir = None
     if source['blob_dir']:
@@ -181,7 +205,7 @@ def run(target, scratch, source, log_path, timeout=1200):
         config = target.zodbconvert_config(
             handle, os.path.join(scratch, '%s-zodbconvert.conf' % target.name),
             source['path'], source['blob_dir'], blob_dir=blob_dir)
-        cmd = [sys.executable, '-m', 'relstorage.zodbconvert', config]
+        cmd = [sys.executable, '-m', 'relstorage.zodbconvert'] + list(options) + [config]
         with open(log_path, 'w') as log:
             log.write('$ %s\n' % ' '.join(cmd))
             log.flush()
@@ -262,6 +286,11 @@ def main(argv=None):
                    help='convert the source without the blob transaction')
     p.add_argument('--smoke', action='store_true',
                    help='the tiny source of "python -m bench --smoke"')
+    p.add_argument('--revisions', type=float, default=1,
+                   help='records per small object in the source (default 1: '
+                        'no history)')
+    p.add_argument('--strategy', choices=('auto', 'replay', 'current'),
+                   help="pass zodbconvert's --strategy (default: its own)")
     p.add_argument('--scratch', default=os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         'var', 'bench'))
@@ -280,20 +309,27 @@ def main(argv=None):
     params = dict(SMOKE if args.smoke else DEFAULTS)
     with_blobs = not args.no_blobs
     source = generate(os.path.join(scratch, 'convert-source' +
-                                   ('' if with_blobs else '-noblobs')),
-                      with_blobs=with_blobs, **params)
+                                   ('' if with_blobs else '-noblobs') +
+                                   ('-r%g' % args.revisions if args.revisions > 1
+                                    else '')),
+                      with_blobs=with_blobs, revisions=args.revisions, **params)
+    options = ['--strategy', args.strategy] if args.strategy else []
     rates = {name: [] for name in names}
     for i in range(args.runs):
         for name in names:
             log = os.path.join(scratch, 'logs', '%s-zodbconvert.log' % name)
-            res = run(TARGETS[name], scratch, source, log)
+            res = run(TARGETS[name], scratch, source, log, options=options)
             if res['status'] != 'ok' or res['verified'] != 'ok':
                 print('%s run %d: %s' % (name, i + 1, res), flush=True)
                 return 1
             rates[name].append(res['records_per_s'])
-            print('%s run %d: %.0f records/s, %.1f MB/s (%.2f s), load %.2f'
+            with open(log, errors='replace') as f:
+                chose = [line.strip() for line in f
+                         if line.startswith('History-free destination:')]
+            print('%s run %d: %.0f records/s, %.1f MB/s (%.2f s), load %.2f%s'
                   % (name, i + 1, res['records_per_s'], res['mb_per_s'],
-                     res['seconds'], os.getloadavg()[0]), flush=True)
+                     res['seconds'], os.getloadavg()[0],
+                     ('\n    ' + chose[0]) if chose else ''), flush=True)
     for name in names:
         print('%s: median %.0f records/s over %d runs (%s)' % (
             name, statistics.median(rates[name]), len(rates[name]),

@@ -207,6 +207,14 @@ def _close(storage):
 # The conversion
 
 
+def _thresholds_text():
+    t = copy.FAST_PATH_THRESHOLDS
+    return ('from a FileStorage %g (%g into SQLite), from ZEO %g, from a '
+            'history-preserving RelStorage %g (%g into SQLite)' % (
+                t[('file', None)], t[('file', 'sqlite')], t[('zeo', None)],
+                t[('relstorage', None)], t[('relstorage', 'sqlite')]))
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog='zodbconvert',
@@ -226,6 +234,17 @@ def parse_args(argv):
     parser.add_argument('--verify', action='store_true',
                         help='afterwards, re-read both sides and compare every record '
                              'and blob')
+    parser.add_argument('--strategy', choices=('auto', copy.REPLAY, copy.CURRENT),
+                        default='auto',
+                        help='how to fill an empty history-free RelStorage destination: '
+                             '"replay" every transaction, or copy only the "current" '
+                             'record of each object (record_iternext). "auto" (the '
+                             'default) estimates the records per object in the source '
+                             '(FileStorage, ZEO: its size against a sample of current '
+                             'records; RelStorage: row counts) and copies the current '
+                             'records from this many on: %s; otherwise it replays. '
+                             'Resuming with --incremental always replays.'
+                             % _thresholds_text())
     group = parser.add_mutually_exclusive_group()
     group.add_argument('--progress', dest='progress', action='store_true', default=None,
                        help='show a progress line even when stderr is not a terminal')
@@ -299,8 +318,10 @@ class Converter:
             source = open_storage(source_factory, 'source', read_only=True)
             if args.dry_run:
                 dest = self._open_dest_read_only(dest_factory)
+                self._check_strategy(dest)
             else:
                 dest = open_storage(dest_factory, 'destination')
+                self._check_strategy(dest)
                 if args.clear:
                     dest = self._clear(dest_factory, dest)
             self.say('Source:      %s' % _name(source))
@@ -310,6 +331,15 @@ class Converter:
         finally:
             _close(dest)
             _close(source)
+
+    def _check_strategy(self, dest):
+        # Before --clear empties anything.
+        if self.args.strategy == copy.CURRENT and not (
+                dest is not None and copy.is_history_free(dest)):
+            raise UsageError('--strategy current needs a history-free RelStorage '
+                             'destination; %s is not one' % (
+                                 _name(dest) if dest is not None
+                                 else 'the destination (which does not exist yet)'))
 
     def _open_dest_read_only(self, factory):
         if not _make_read_only(factory):
@@ -353,8 +383,21 @@ class Converter:
         if dest_last:
             self._check_incremental(source, dest, source_last, dest_last)
         history_free = dest is not None and copy.is_history_free(dest)
-        bulk = (history_free and not dest_last
-                and hasattr(source, 'record_iternext'))
+        bulk = False
+        if args.strategy == copy.CURRENT and dest_last:
+            raise UsageError(
+                '--strategy current copies into an empty destination only; resuming '
+                "with --incremental replays the transactions after the destination's "
+                'last one (leave --strategy out)')
+        if history_free and not dest_last and source_last > dest_last:
+            try:
+                strategy, why, _ = copy.choose_strategy(source, dest, args.strategy)
+            except copy.CopyError as exc:
+                raise UsageError(str(exc)) from exc
+            bulk = strategy == copy.CURRENT
+            self.say('History-free destination: %s: %s.' % (
+                'copying only the current records' if bulk
+                else 'replaying the transactions', why))
         stats = copy.Stats()
         verb = 'Would copy' if args.dry_run else 'Copied'
         if source_last <= dest_last:

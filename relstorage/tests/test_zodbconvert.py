@@ -17,6 +17,7 @@ import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.blob import Blob
 from ZODB.FileStorage import FileStorage
+from ZODB.utils import p64
 from ZODB.utils import u64
 
 from relstorage import zodbconvert
@@ -140,6 +141,26 @@ def make_source(path, blob_dir=None, transactions=12, start=0):
         db.close()
 
 
+def make_flat_source(path, transactions=5, per_txn=20):
+    """A FileStorage with almost no history: every transaction creates
+    ``per_txn`` new objects (only the root is written more than once)."""
+    storage = FileStorage(path)
+    db = ZODB.DB(storage)
+    try:
+        conn = db.open()
+        root = conn.root()
+        for t in range(transactions):
+            container = PersistentMapping()
+            for i in range(per_txn - 1):
+                container[i] = PersistentMapping(v='value %d.%d' % (t, i))
+            root[t] = container
+            transaction.get().note('flat %d' % t)
+            transaction.commit()
+        conn.close()
+    finally:
+        db.close()
+
+
 def fs_section(role, path, blob_dir=None):
     text = '<filestorage %s>\n path %s\n' % (role, path)
     if blob_dir:
@@ -196,6 +217,21 @@ def current_objects(storage):
                 continue
             objects[oid] = (tid, data)
     return objects
+
+
+def assert_same_objects(test, one, other):
+    """Two storages hold the same objects, each with the same current tid and
+    state, and have the same last transaction."""
+    as_of = u64(one.lastTransaction())
+    test.assertEqual(other.lastTransaction(), one.lastTransaction())
+    oids, tids = copy.current_tids(one, as_of)
+    other_oids, other_tids = copy.current_tids(other, as_of)
+    test.assertEqual(list(other_oids), list(oids))
+    test.assertEqual(list(other_tids), list(tids))
+    test.assertTrue(len(oids))
+    for oid_int in oids:
+        oid = p64(oid_int)
+        test.assertEqual(other.load(oid), one.load(oid), oid_int)
 
 
 class ConvertTestCase(unittest.TestCase):
@@ -316,6 +352,226 @@ class TestRoundTrip(ConvertTestCase):
                                           '--verify'))
 
 
+class TestStrategy(ConvertTestCase):
+    """How a history-free destination is filled: replaying the transactions or
+    copying the current records, chosen from an estimate of the history."""
+
+    REPLAY = 'History-free destination: replaying the transactions'
+    CURRENT = 'History-free destination: copying only the current records'
+
+    def _check_source(self, src, db_class, expected, expected_why):
+        """Convert ``src`` automatically and with each forced strategy into
+        fresh history-free databases; all three hold the source's current
+        objects, identically."""
+        dests = {}
+        for strategy in ('auto', 'replay', 'current'):
+            db = self.database(db_class)
+            args = ['--verify'] + ([] if strategy == 'auto' else ['--strategy', strategy])
+            out, _ = self.assertConverted(self.convert(
+                fs_section('source', src), rs_section('destination', db, False), *args))
+            chosen = expected if strategy == 'auto' else strategy
+            self.assertIn(self.REPLAY if chosen == 'replay' else self.CURRENT, out)
+            self.assertIn(expected_why if strategy == 'auto'
+                          else 'requested with --strategy %s' % strategy, out)
+            self.assertIn('Verified:', out)
+            dests[strategy] = self.open_rs(db, keep_history=False)
+        source = FileStorage(src, read_only=True)
+        try:
+            expected_objects = current_objects(source)
+            for strategy, dest in dests.items():
+                with self.subTest(strategy=strategy):
+                    self.assertEqual(len(dest), len(expected_objects))
+                    for oid, (tid, data) in expected_objects.items():
+                        self.assertEqual(dest.load(oid), (data, tid))
+            assert_same_objects(self, dests['replay'], dests['current'])
+            assert_same_objects(self, dests['auto'], dests['replay'])
+        finally:
+            source.close()
+            for dest in dests.values():
+                dest.close()
+
+    def _little_history(self, db_class):
+        src = self.path('flat-%s.fs' % db_class.name)
+        make_flat_source(src)
+        self._check_source(src, db_class, 'replay', 'fewer than')
+
+    def _much_history(self, db_class):
+        src = self.path('hist-%s.fs' % db_class.name)
+        make_source(src)
+        self._check_source(src, db_class, 'current', 'at least')
+
+    def test_little_history_replays_sqlite(self):
+        self._little_history(SqliteDB)
+
+    def test_much_history_copies_current_sqlite(self):
+        self._much_history(SqliteDB)
+
+    def test_both_strategies_on_servers(self):
+        for db_class in configured():
+            if db_class is SqliteDB:
+                continue
+            with self.subTest(database=db_class.name):
+                self._little_history(db_class)
+                self._much_history(db_class)
+
+    def test_estimate_filestorage(self):
+        # 5 transactions of 20 new objects, then the first 3 transactions'
+        # objects rewritten twice: 101 objects, 1 + 5 * 21 + 6 * 21 records.
+        src = self.path('est.fs')
+        make_flat_source(src)
+        storage = FileStorage(src)
+        db = ZODB.DB(storage)
+        try:
+            conn = db.open()
+            root = conn.root()
+            for _ in range(2):
+                for t in range(3):
+                    for i in range(19):
+                        root[t][i]['v'] += '!'
+                    root[t]['n'] = root[t].get('n', 0) + 1
+                    transaction.commit()
+            conn.close()
+        finally:
+            db.close()
+        source = FileStorage(src, read_only=True)
+        try:
+            records = sum(len(list(txn)) for txn in source.iterator())
+            self.assertEqual(records, 1 + 5 * 21 + 6 * 20)
+            estimate = copy.estimate_history(source)
+            self.assertEqual(estimate.objects, len(source))
+            self.assertEqual(estimate.objects, 101)
+            self.assertFalse(estimate.exact)
+            # Transaction headers count as records' bytes: a little high.
+            self.assertGreater(estimate.records, records * 0.9)
+            self.assertLess(estimate.records, records * 1.4)
+            self.assertEqual(copy.choose_strategy(source, None)[0],
+                             copy.CURRENT if estimate.per_object >= 1.5 else copy.REPLAY)
+        finally:
+            source.close()
+
+    def test_relstorage_sources_are_counted(self):
+        src = self.path('counted.fs')
+        make_source(src)
+        hp = self.database()
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          rs_section('destination', hp)))
+        storage = self.open_rs(hp, read_only=True)
+        try:
+            fs = FileStorage(src, read_only=True)
+            try:
+                records = sum(len(list(txn)) for txn in fs.iterator())
+                objects = len(fs)
+            finally:
+                fs.close()
+            estimate = copy.estimate_history(storage)
+            self.assertTrue(estimate.exact)
+            self.assertEqual(estimate.records, records)
+            # The undone creation counts on both sides.
+            self.assertEqual(estimate.objects, objects)
+        finally:
+            storage.close()
+        # History-preserving RelStorage -> history-free: the counts decide;
+        # record_iternext costs a query per object there, so replaying wins
+        # unless objects have very many revisions.
+        hf = self.database()
+        out, _ = self.assertConverted(self.convert(
+            rs_section('source', hp), rs_section('destination', hf, False), '--verify'))
+        self.assertIn(self.REPLAY, out)
+        self.assertIn('the source holds 3.67 records per object', out)
+        self.assertIn('rows counted', out)
+        self.assertIn('fewer than 90, the threshold for a RelStorage source into SQLite',
+                      out)
+        # A history-free source has one record per object: replayed.
+        out, _ = self.assertConverted(self.convert(
+            rs_section('source', hf, False), rs_section('destination', self.database(),
+                                                         False), '--verify'))
+        self.assertIn(self.REPLAY, out)
+        self.assertIn('one record per object', out)
+
+    def test_relstorage_source_with_much_history(self):
+        # One object written 150 times: 150 records per object.
+        src = self.path('busy.fs')
+        db = ZODB.DB(FileStorage(src))
+        try:
+            conn = db.open()
+            for i in range(150):
+                conn.root()['n'] = i
+                transaction.commit()
+            conn.close()
+        finally:
+            db.close()
+        hp = self.database()
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          rs_section('destination', hp)))
+        hf = self.database()
+        out, _ = self.assertConverted(self.convert(
+            rs_section('source', hp), rs_section('destination', hf, False), '--verify'))
+        self.assertIn(self.CURRENT, out)
+        self.assertIn('the source holds 151.00 records per object', out)
+        self.assertIn('at least 90', out)
+
+    def test_source_without_record_iternext_replays(self):
+        src = self.path('zeo-like.fs')
+        make_source(src)
+        config = ('<demostorage source>\n <filestorage>\n  path %s\n  read-only true\n'
+                  ' </filestorage>\n</demostorage>\n' % src)
+        db = self.database()
+        # (No --verify: comparing current objects needs record_iternext too.)
+        out, _ = self.assertConverted(self.convert(
+            config, rs_section('destination', db, False)))
+        self.assertIn(self.REPLAY, out)
+        self.assertIn('cannot list its current records', out)
+        source, dest = FileStorage(src, read_only=True), self.open_rs(db, False)
+        try:
+            expected = current_objects(source)
+            self.assertEqual(len(dest), len(expected))
+            for oid, (tid, data) in expected.items():
+                self.assertEqual(dest.load(oid), (data, tid))
+        finally:
+            source.close()
+            dest.close()
+
+    def test_strategy_refusals(self):
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        # Into a history-preserving destination: a usage error, nothing written.
+        rc, _, err = self.convert(fs_section('source', src), rs_section('destination', db),
+                                  '--strategy', 'current')
+        self.assertEqual(rc, 2, err)
+        self.assertIn('history-free', err)
+        storage = self.open_rs(db)
+        try:
+            self.assertEqual(u64(storage.lastTransaction()), 0)
+        finally:
+            storage.close()
+        # --clear is not carried out either.
+        hf_db = self.database()
+        hf = rs_section('destination', hf_db, False)
+        self.assertConverted(self.convert(fs_section('source', src), hf))
+        rc, _, err = self.convert(fs_section('source', src),
+                                  fs_section('destination', self.path('d.fs')),
+                                  '--strategy', 'current', '--clear')
+        self.assertEqual(rc, 2, err)
+        # Resuming a non-empty destination always replays.
+        make_source(src, transactions=2, start=100)
+        rc, _, err = self.convert(fs_section('source', src), hf,
+                                  '--incremental', '--strategy', 'current')
+        self.assertEqual(rc, 2, err)
+        self.assertIn('--incremental', err)
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), hf,
+                                                   '--incremental', '--verify'))
+        self.assertIn('Copied 2 transactions', out)
+        self.assertNotIn('History-free destination:', out)
+
+    def test_help_documents_the_rule(self):
+        out = io.StringIO()
+        self.assertEqual(zodbconvert.main(['--help'], stdout=out, stderr=io.StringIO()), 0)
+        text = ' '.join(out.getvalue().split())
+        self.assertIn('--strategy {auto,replay,current}', text)
+        self.assertIn('from a FileStorage 1.5 (2.1 into SQLite)', text)
+
+
 class TestZEOSource(ConvertTestCase):
 
     def test_from_zeo_server(self):
@@ -329,6 +585,11 @@ class TestZEOSource(ConvertTestCase):
             out, _ = self.assertConverted(self.convert(zeo, rs_section('destination', db),
                                                        '--verify'))
             self.assertIn('Copied 16 transactions', out)
+            # Into a history-free destination, with ZEO's threshold.
+            out, _ = self.assertConverted(self.convert(
+                zeo, rs_section('destination', self.database(), False), '--verify'))
+            self.assertIn('copying only the current records: about 3.', out)
+            self.assertIn('the threshold for a ZEO source', out)
         finally:
             stop()
 
@@ -394,14 +655,22 @@ class TestInterrupted(ConvertTestCase):
             return original(writer)
         copy.RelStorageWriter.flush = flush
 
-    def _interrupted(self, keep_history):
+    def _interrupted(self, keep_history, flat=False, strategy=None, expect=None,
+                     db_class=SqliteDB):
         src = self.path('int.fs')
-        make_source(src, transactions=20)
-        db = self.database()
+        if flat:
+            make_flat_source(src, transactions=8, per_txn=3)
+        else:
+            make_source(src, transactions=20)
+        db = self.database(db_class)
         dest = rs_section('destination', db, keep_history)
         self._interrupt_after(1)
-        _, err = self.assertConverted(self.convert(fs_section('source', src), dest), rc=1)
+        args = ['--strategy', strategy] if strategy else []
+        out, err = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                     *args), rc=1)
         self.assertIn('--incremental', err)
+        if expect:
+            self.assertIn(expect, out)
         copy.RelStorageWriter.flush = self._saved[1]
         storage = self.open_rs(db, keep_history)
         try:
@@ -421,7 +690,62 @@ class TestInterrupted(ConvertTestCase):
         self._interrupted(True)
 
     def test_interrupted_history_free_bulk(self):
-        self._interrupted(False)
+        # Much history: the fast path is chosen.
+        self._interrupted(False, expect='copying only the current records')
+
+    def test_interrupted_history_free_replay_chosen(self):
+        # Little history: replaying is chosen.
+        self._interrupted(False, flat=True, expect='replaying the transactions')
+
+    def test_interrupted_history_free_forced_replay(self):
+        self._interrupted(False, strategy='replay', expect='replaying the transactions')
+
+    def test_interrupted_mysql_temp_table_recreated(self):
+        # MySQL drops and re-creates temp_store once enough rows were deleted
+        # from it (TEMP_GARBAGE_ROWS): here every few transactions, so it
+        # happens inside batches, one of which is rolled back half way.
+        if MySQLDB not in configured():
+            self.skipTest('MySQL is not among the configured databases')
+        from relstorage.adapters.mysql import adapter as mysql_adapter
+        saved = mysql_adapter.TEMP_GARBAGE_ROWS, mysql_adapter.MySQLAdapter.move_into_place
+        mysql_adapter.TEMP_GARBAGE_ROWS = 4
+        copy.BATCH_RECORDS = 12          # about 3 source transactions a batch
+        calls = []
+
+        def move_into_place(adapter, conn, tid, *args, **kw):
+            calls.append(tid)
+            if len(calls) == 5:          # the middle of the second batch
+                raise Interrupt()
+            return saved[1](adapter, conn, tid, *args, **kw)
+        try:
+            for keep_history in (False, True):
+                with self.subTest(keep_history=keep_history):
+                    del calls[:]
+                    mysql_adapter.MySQLAdapter.move_into_place = move_into_place
+                    src = self.path('tmp-%s.fs' % keep_history)
+                    make_flat_source(src, transactions=10, per_txn=3)
+                    db = self.database(MySQLDB)
+                    dest = rs_section('destination', db, keep_history)
+                    args = [] if keep_history else ['--strategy', 'replay']
+                    self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                      *args), rc=1)
+                    mysql_adapter.MySQLAdapter.move_into_place = saved[1]
+                    storage = self.open_rs(db, keep_history)
+                    try:
+                        # The first batch only; the second was rolled back.
+                        last = u64(storage.lastTransaction())
+                        self.assertIn(last, calls[:4])
+                        self.assertLess(last, calls[4])
+                    finally:
+                        storage.close()
+                    self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                      '--incremental', '--verify'))
+        finally:
+            mysql_adapter.TEMP_GARBAGE_ROWS, mysql_adapter.MySQLAdapter.move_into_place = saved
+
+    def test_interrupted_history_free_forced_current(self):
+        self._interrupted(False, flat=True, strategy='current',
+                          expect='copying only the current records')
 
 
 class TestRefusals(ConvertTestCase):
