@@ -196,6 +196,8 @@ def current_tids(source, as_of, keep=None, keep_bytes=0):
     With a dict ``keep``, up to ``keep_bytes`` of states are kept there
     (oid int -> state) so the caller need not load them again.
     """
+    if not hasattr(source, 'record_iternext'):
+        return _current_tids_by_iteration(source, as_of)
     oids, tids = array('Q'), array('Q')
     kept = 0
     nxt = None
@@ -228,6 +230,24 @@ def current_tids(source, as_of, keep=None, keep_bytes=0):
                 kept += len(_data)
         if nxt is None:
             break
+    return oids, tids
+
+
+def _current_tids_by_iteration(source, as_of):
+    """current_tids for a storage without record_iternext (DemoStorage,
+    for one): replay its transactions up to ``as_of``, keeping the newest
+    record of each object; a record without data means the object does
+    not exist there."""
+    latest = {}
+    for txn in source.iterator(None, p64(as_of)):
+        for record in txn:
+            latest[u64(record.oid)] = (u64(txn.tid), record.data is not None)
+    oids, tids = array('Q'), array('Q')
+    for oid_int in sorted(latest):
+        tid_int, exists = latest[oid_int]
+        if exists:
+            oids.append(oid_int)
+            tids.append(tid_int)
     return oids, tids
 
 

@@ -516,9 +516,10 @@ class TestStrategy(ConvertTestCase):
         config = ('<demostorage source>\n <filestorage>\n  path %s\n  read-only true\n'
                   ' </filestorage>\n</demostorage>\n' % src)
         db = self.database()
-        # (No --verify: comparing current objects needs record_iternext too.)
+        # Regression: --verify failed with an AttributeError here; it now
+        # lists the source's current objects by iterating its transactions.
         out, _ = self.assertConverted(self.convert(
-            config, rs_section('destination', db, False)))
+            config, rs_section('destination', db, False), '--verify'))
         self.assertIn(self.REPLAY, out)
         self.assertIn('cannot list its current records', out)
         source, dest = FileStorage(src, read_only=True), self.open_rs(db, False)
