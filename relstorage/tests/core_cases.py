@@ -258,6 +258,19 @@ class ConcurrencyTests(FactoryCase):
             db2.close()
 
 
+def count_single_loads(storage):
+    """The list to which every single-object query of ``storage`` (not
+    read-ahead's bulk ones) appends its OID from now on."""
+    single_loads = []
+    original = storage._adapter.load_current
+
+    def counting(conn_, oid):
+        single_loads.append(oid)
+        return original(conn_, oid)
+    storage._adapter.load_current = counting
+    return single_loads
+
+
 class ReadAheadTests(FactoryCase):
 
     def test_sequential_reads_use_few_queries_and_keep_the_snapshot(self):
@@ -275,13 +288,7 @@ class ReadAheadTests(FactoryCase):
             tm = transaction.TransactionManager()
             conn = rdb.open(tm)
             items = conn.root()['items']
-            single_loads = []
-            original = reader._adapter.load_current
-
-            def counting(conn_, oid):
-                single_loads.append(oid)
-                return original(conn_, oid)
-            reader._adapter.load_current = counting
+            single_loads = count_single_loads(reader)
             # Another client changes objects after the reader's snapshot began.
             with writer.transaction() as wconn:
                 for i in range(150, 300):
@@ -312,13 +319,7 @@ class ReadAheadTests(FactoryCase):
         rdb = ZODB.DB(reader)
         try:
             conn = rdb.open(transaction.TransactionManager())
-            single_loads = []
-            original = reader._adapter.load_current
-
-            def counting(conn_, oid):
-                single_loads.append(oid)
-                return original(conn_, oid)
-            reader._adapter.load_current = counting
+            single_loads = count_single_loads(reader)
             self.assertEqual([conn.get(oid)['v'] for oid in oids], list(range(200)))
             self.assertLess(len(single_loads), 10, len(single_loads))
             conn.close()

@@ -286,14 +286,21 @@ class MemcacheTests(unittest.TestCase):
         self.assertEqual((stats['db_loads'], stats['tids_from_hints']), (0, 0))
         self.assertEqual(stats['memcache']['hits'], 20)
 
-    def test_hint_of_an_object_changed_since_is_not_served(self):
+    def object_hinted_by_another_process(self):
+        """(storage without memcached, oid, tid): an object committed
+        without memcached, then read by another process, which left its
+        state and a hint in memcached."""
         plain = self.storage(cache_servers=None)       # writes leave no hints
         oid = plain.new_oid()
-        tid1 = self.commit(plain, {oid: 'old'})
+        tid = self.commit(plain, {oid: 'old'})
         first = self.storage()
-        self.assertEqual(self.read_all(first, [oid]), [('old', tid1)])
+        self.assertEqual(self.read_all(first, [oid]), [('old', tid)])
         first.close()
         self.wait_for_hint(self.storage(), oid)
+        return plain, oid, tid
+
+    def test_hint_of_an_object_changed_since_is_not_served(self):
+        plain, oid, tid1 = self.object_hinted_by_another_process()
         tid2 = self.commit(plain, {oid: 'new'}, {oid: tid1})
         fresh = self.storage()
         self.assertEqual(self.read_all(fresh, [oid]), [('new', tid2)])
@@ -303,14 +310,8 @@ class MemcacheTests(unittest.TestCase):
         # cache-delta-size-limit 10: a fresh process's log holds the 5
         # newest changes, so the change of ``oid`` after its hint was
         # written falls outside the log; the hint must then be ignored.
-        plain = self.storage(cache_servers=None)
-        oid = plain.new_oid()
+        plain, oid, tid1 = self.object_hinted_by_another_process()
         others = [plain.new_oid() for _ in range(8)]
-        tid1 = self.commit(plain, {oid: 'old'})
-        first = self.storage()
-        self.assertEqual(self.read_all(first, [oid]), [('old', tid1)])
-        first.close()
-        self.wait_for_hint(self.storage(), oid)
         tid2 = self.commit(plain, {oid: 'new'}, {oid: tid1})
         for other in others:
             self.commit(plain, {other: 'x'})
