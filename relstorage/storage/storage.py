@@ -124,6 +124,7 @@ class RelStorage(ConflictResolvingStorage):
         self._last_commit_tid = 0
         self._ra_next = self._ra_run = 0      # read-ahead state (see _read_ahead)
         self._ra_until = -1
+        self._last_load = None          # (oid, snapshot, (state, serial)), see load
         self._own_tids = set()          # committed here since the last poll
         # The storage object made from the configuration is used directly by
         # ZODB.DB (undoLog, pack, lastTransaction, ...) and by tools; until
@@ -212,6 +213,9 @@ class RelStorage(ConflictResolvingStorage):
 
     def _end_snapshot(self):
         self._ra_until = -1
+        # A later snapshot may carry the same tid yet differ (a pack does
+        # not change the last tid).
+        self._last_load = None
         if self._snapshot_open:
             self._snapshot_open = False
             conn = self._load_conn
@@ -276,16 +280,25 @@ class RelStorage(ConflictResolvingStorage):
             if result is None:
                 raise POSException.POSKeyError(oid)
             return result[:2]
-        oid_int = u64(oid)
         with self._lock:
             conn = self._ensure_snapshot()
+            snapshot = self._snapshot_tid
+            last = self._last_load
+            if last is not None and last[0] == oid and last[1] == snapshot:
+                # ZODB's Connection.get loads a state to make the ghost and
+                # again to activate it; in one snapshot the answer is the
+                # same, so the second load costs nothing.
+                return last[2]
+            oid_int = u64(oid)
             self._read_ahead(conn, oid_int)
             # The revision current in our snapshot: from the caches when
             # the shared index knows its tid, else from the database.
-            result = self._cache.load(self._adapter, conn, oid_int, self._snapshot_tid)
-        if result is None or result[0] is None:
-            raise POSException.POSKeyError(oid)
-        return result[0], p64(result[1])
+            result = self._cache.load(self._adapter, conn, oid_int, snapshot)
+            if result is None or result[0] is None:
+                raise POSException.POSKeyError(oid)
+            answer = result[0], p64(result[1])
+            self._last_load = (oid, snapshot, answer)
+        return answer
 
     def _read_ahead(self, conn, oid_int):
         """Sequential read-ahead by OID.

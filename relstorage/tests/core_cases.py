@@ -361,6 +361,34 @@ class PackVisibilityTests(FactoryCase):
             db1.close()
             db2.close()
 
+    def test_pack_without_new_tid_is_seen_by_a_reader_of_the_same_object(self):
+        # The pack removes an object that was already unreachable, so the
+        # database's last tid does not change: the reader's next snapshot
+        # has the same tid as the one in which it last loaded the object.
+        db1 = ZODB.DB(self.storage())
+        db2 = ZODB.DB(self.storage())
+        try:
+            with db1.transaction() as conn:
+                conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
+            oid = doomed._p_oid
+            with db1.transaction() as conn:
+                del conn.root()['doomed']
+            tm2 = transaction.TransactionManager()
+            conn2 = db2.open(tm2)
+            self.assertEqual(conn2.get(oid)['v'], 'doomed')   # unreachable, not gone
+            last = db2.storage.lastTransaction()
+            tm2.abort()
+            db1.pack(time.time() + 1)
+            tm2.begin()
+            self.assertEqual(db2.storage.lastTransaction(), last)
+            self.assertRaises(POSKeyError, lambda: conn2.get(oid)['v'])
+            tm2.abort()
+            conn2.close()
+        finally:
+            db1.close()
+            db2.close()
+
+
 
 class LifecycleTests(FactoryCase):
 
