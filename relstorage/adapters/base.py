@@ -329,6 +329,12 @@ class Adapter:
     def count_objects(self, conn):
         return conn.query_value(self.q(self.sql.COUNT_OBJECTS)) or 0
 
+    def count_history(self, conn):
+        """(revisions, objects), both exact, in the snapshot of ``conn``
+        (zodbconvert's estimate of how much history a source holds)."""
+        return (conn.query_value(self.q(self.sql.COUNT_REVISIONS)) or 0,
+                conn.query_value(self.q(self.sql.COUNT_OBJECTS)) or 0)
+
     def database_size(self, conn):
         return conn.query_value(self.q(self.sql.SIZE_OF_STATES)) or 0
 

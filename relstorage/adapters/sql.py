@@ -105,6 +105,7 @@ class Statements:
 
     COUNT_OBJECTS = "SELECT COUNT(*) FROM current_object"
     COUNT_OBJECTS_HF = "SELECT COUNT(*) FROM object_state"
+    COUNT_REVISIONS = "SELECT COUNT(*) FROM object_state"
 
     SIZE_OF_STATES = "SELECT COALESCE(SUM(state_size), 0) FROM object_state"
 

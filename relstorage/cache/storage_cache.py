@@ -72,8 +72,7 @@ class StorageCache:
         self.db_loads = 0
         self.hinted = 0             # tids learned from memcached hints
         self._mark_lock = threading.Lock()
-        self._pack_mark = 0
-        self._pack_mark_known = False
+        self._pack_mark = None      # None until the first snapshot
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
         self.warmed = 0             # states copied from memcached at start
         self._hot_published = time.monotonic()
@@ -138,11 +137,19 @@ class StorageCache:
     def _send_later(self, oid, tid, state, snapshot):
         with self._to_memcache_lock:
             self._to_memcache[(oid, tid)] = state
-            if snapshot >= self._hints_from:
-                self._hints_to_memcache[oid] = (tid, snapshot)
+            self._hints_to_memcache[oid] = (tid, snapshot)
             if len(self._to_memcache) < MEMCACHE_BATCH:
                 return
         self.flush()
+
+    def _send(self, states, hints, wait=False):
+        """States and hints to memcached.  Hints as of a snapshot from
+        before the last pack this process saw are dropped: an instance
+        still reading such a snapshot may describe a removed object."""
+        hints_from = self._hints_from
+        if hints_from:
+            hints = {oid: hint for oid, hint in hints.items() if hint[1] >= hints_from}
+        self.memcache.set_many(states, hints, wait=wait)
 
     def flush(self):
         """Send the states read from the database to memcached (one
@@ -153,7 +160,7 @@ class StorageCache:
             batch, self._to_memcache = self._to_memcache, {}
             hints, self._hints_to_memcache = self._hints_to_memcache, {}
         if batch or hints:
-            self.memcache.set_many(batch, hints)
+            self._send(batch, hints)
 
     def prefetch(self, adapter, conn, oids, snapshot):
         """Make the current states of ``oids`` in ``snapshot`` cached, with
@@ -191,10 +198,9 @@ class StorageCache:
             if state is not None:
                 self.local.put(oid, tid, state)
                 fresh[(oid, tid)] = state
-                if snapshot >= self._hints_from:
-                    hints[oid] = (tid, snapshot)
+                hints[oid] = (tid, snapshot)
         if fresh and self.memcache is not None:
-            self.memcache.set_many(fresh, hints)
+            self._send(fresh, hints)
         return len(rows)
 
     def poll(self, adapter, conn, prev, snapshot):
@@ -263,17 +269,25 @@ class StorageCache:
         theirs = self.memcache.get_hot()
         if theirs and len(pairs) < HOT_MAX:
             their_as_of, their_pairs = theirs
-            for oid, tid in their_pairs:
-                if oid in seen:
-                    continue
-                index.record(oid, tid, their_as_of)
-                current = index.peek(oid, as_of)
-                if current is not None:
-                    seen.add(oid)
-                    pairs.append((oid, current))
-                    if len(pairs) >= HOT_MAX:
-                        break
+            # Lazy, so that ``seen`` also skips repeats within their list.
+            fresh = ((oid, tid) for oid, tid in their_pairs if oid not in seen)
+            for oid, current in self._proved_current(fresh, their_as_of, as_of):
+                seen.add(oid)
+                pairs.append((oid, current))
+                if len(pairs) >= HOT_MAX:
+                    break
         return self.memcache.set_hot(as_of, pairs)
+
+    def _proved_current(self, pairs, as_of, snapshot):
+        """(oid, tid current in ``snapshot``) for the hints (oid, tid) current
+        as of ``as_of`` that the index can prove still hold; each hint is
+        recorded like an answer from the database."""
+        index = self.index
+        for oid, tid in pairs:
+            index.record(oid, tid, as_of)
+            current = index.peek(oid, snapshot)
+            if current is not None:
+                yield oid, current
 
     def _warm_from_memcache(self, snapshot):
         """Fill the local cache of a fresh process with the states another
@@ -288,14 +302,9 @@ class StorageCache:
         if not hot:
             return
         as_of, pairs = hot
-        index = self.index
-        wanted = []
         # No more hints than the index keeps (cache-delta-size-limit).
-        for oid, tid in pairs[:index.limit // 2]:
-            index.record(oid, tid, as_of)
-            current = index.peek(oid, snapshot)
-            if current is not None and (oid, current) not in local:
-                wanted.append((oid, current))
+        wanted = [pair for pair in self._proved_current(
+            pairs[:self.index.limit // 2], as_of, snapshot) if pair not in local]
         size = 0
         warmed = []
         for start in range(0, len(wanted), WARM_BATCH):
@@ -341,10 +350,9 @@ class StorageCache:
             local.put(oid, tid, state)
             if state is not None:
                 fresh[(oid, tid)] = state
-                if tid >= self._hints_from:
-                    hints[oid] = (tid, tid)
+                hints[oid] = (tid, tid)
         if fresh and self.memcache is not None:
-            self.memcache.set_many(fresh, hints, wait=True)
+            self._send(fresh, hints, wait=True)
 
     def clear(self):
         """After pack: revisions may be gone, forget what we knew."""
@@ -360,10 +368,9 @@ class StorageCache:
         grow; an older snapshot still showing the previous mark changes
         nothing."""
         with self._mark_lock:
-            if mark <= self._pack_mark and self._pack_mark_known:
+            first = self._pack_mark is None
+            if not first and mark <= self._pack_mark:
                 return
-            first = not self._pack_mark_known
-            self._pack_mark_known = True
             self._pack_mark = mark
             if self.memcache is not None:
                 self.memcache.prefix = self.prefix if not mark else '%s:p%x' % (self.prefix, mark)

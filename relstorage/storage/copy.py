@@ -664,10 +664,7 @@ def _relstorage_history(source):
     conn = adapter.open_load()
     try:
         adapter.begin_snapshot(conn)
-        # Both counts in one snapshot.  (The adapters have no verb for the
-        # number of revisions; these tables are the same in every adapter.)
-        records = conn.query_value('SELECT COUNT(*) FROM object_state') or 0
-        objects = conn.query_value('SELECT COUNT(*) FROM current_object') or 0
+        records, objects = adapter.count_history(conn)     # one snapshot
     finally:
         conn.rollback()
         conn.close()

@@ -205,7 +205,7 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
         # A pack happened since the cache last looked: it drops what
-        # may be gone (see StorageCache.packed).
+        # may be gone (see StorageCache.note_pack_mark).
         self._cache.note_pack_mark(pack_mark, tid)
         if self._poll_tid is None:
             self._poll_tid = tid
