@@ -5,8 +5,13 @@ has to tell apart: retry the transaction (ConflictError subclasses and
 DisconnectedError, all ``transaction.interfaces.TransientError``), fix the
 configuration (SchemaMismatchError, ConfigurationError) or report a bug
 (the rest of StorageError).
+
+``IRelStorageAdapter`` is the contract between the storage and its
+adapters: what storage/, cache/, blobs/ and the tools may ask of one.
 """
 import transaction.interfaces
+from zope.interface import Attribute
+from zope.interface import Interface
 from ZODB.POSException import ConflictError
 from ZODB.POSException import ReadConflictError  # noqa: F401 re-exported
 from ZODB.POSException import StorageError
@@ -44,6 +49,16 @@ class DisconnectedError(RelStorageError, transaction.interfaces.TransientError):
     """The database connection was lost; the next transaction reconnects."""
 
 
+class CommitUnknownError(RelStorageError):
+    """The connection was lost during the database COMMIT of ``tpc_finish``.
+
+    The server may or may not have committed the transaction: the one
+    failure two-phase commit leaves after a successful vote.  Reconnect and
+    look (the transaction's tid is in the message) before redoing it; not
+    a TransientError, since a blind retry could apply the change twice.
+    """
+
+
 class SchemaMismatchError(RelStorageError):
     """The database holds a schema other than the one configured."""
 
@@ -59,3 +74,198 @@ def describe_oids(oids, limit=10):
     if len(oids) > limit:
         shown += ' and %d more' % (len(oids) - limit)
     return shown
+
+
+# ----------------------------------------------------------------------
+# The adapter contract
+#
+# What the layers above (storage/, cache/, blobs/, the tools) may ask of an
+# adapter.  Every method takes the ``DBConnection`` it runs on (opened by
+# the adapter) as its first argument where it touches the database; OIDs
+# and tids are ints.  ``relstorage.adapters.base.Adapter`` implements all
+# of it on ANSI statements; a vendor package overrides what differs.
+
+
+class IRelStorageAdapter(Interface):
+    """One database, as the storage sees it."""
+
+    vendor = Attribute("Short name of the database kind: 'sqlite', 'postgresql', ...")
+    keep_history = Attribute("True for a history-preserving schema.")
+    options = Attribute("The relstorage.options.Options the adapter was made with.")
+    has_blob_chunk = Attribute("Whether the schema holds blob bytes (blob_chunk).")
+
+    def describe():
+        """Where the adapter connects, for messages; never a password."""
+
+    def prepare_schema(create=True, read_only=False):
+        """Create the schema when allowed, else verify it.
+
+        Raises SchemaMismatchError, before writing anything, when the
+        database holds the other history mode or no schema at all.
+        """
+
+    def open_load():
+        """A new connection for snapshots (``begin_snapshot``)."""
+
+    def open_store():
+        """A new connection for commits, with its temporary tables."""
+
+    def close():
+        """Release what the adapter itself holds (the OID connection)."""
+
+    def drop_all():
+        """Remove every table: tests and ``zodbconvert --clear``."""
+
+    # --- snapshots -------------------------------------------------------
+
+    def begin_snapshot(conn):
+        """Start one consistent read-only snapshot; it lasts until rollback."""
+
+    def snapshot_marks(conn):
+        """(last committed tid, pack mark) as seen by the snapshot."""
+
+    def get_last_tid(conn):
+        """The last committed tid the connection sees (0 when none)."""
+
+    def poll_changes(conn, after_tid, upto_tid):
+        """(oid, tid) of the objects changed in (after_tid, upto_tid]."""
+
+    def recent_changes(conn, upto_tid, limit):
+        """The ``limit`` newest (oid, tid) changes up to ``upto_tid``."""
+
+    def load_current(conn, oid):
+        """(state, tid) of the current revision, or None.
+
+        A None state means the object does not exist (creation undone,
+        or deleted by external GC).
+        """
+
+    def load_current_many(conn, oids):
+        """{oid: (state, tid)} for those of ``oids`` that exist."""
+
+    def load_revision(conn, oid, tid):
+        """(True, state) when revision (oid, tid) exists, else (False, None)."""
+
+    def load_before(conn, oid, tid):
+        """(state, start_tid, end_tid or None) current just before ``tid``,
+        or None."""
+
+    def current_tids(conn, oids):
+        """{oid: tid} of the current revisions of ``oids``."""
+
+    def count_objects(conn):
+        """How many objects exist (may be an estimate on big databases)."""
+
+    def database_size(conn):
+        """Bytes used by states and blobs (approximate)."""
+
+    # --- OIDs ----------------------------------------------------------
+
+    def new_oid():
+        """A new OID (int), never handed out before by any client."""
+
+    def note_oids_used(max_oid):
+        """No later ``new_oid`` may return ``max_oid`` or anything below."""
+
+    # --- commit (store connection; see storage/commit.py) ------------
+
+    def begin_store_checked(conn):
+        """Begin the write transaction; on single-writer databases this
+        waits for the database lock, raising UnableToAcquireCommitLockError
+        after commit-lock-timeout."""
+
+    def clear_temp(conn):
+        """Empty ``temp_store``."""
+
+    def clear_temp_blobs(conn):
+        """Empty ``temp_blob_chunk``."""
+
+    def upload(conn, rows):
+        """Put (oid, prev_tid, state) rows into ``temp_store`` in bulk."""
+
+    def lock_objects_checked(conn, oids, read_current_oids):
+        """Lock the current rows of ``oids`` exclusively and of
+        ``read_current_oids`` shared, in OID order, within
+        commit-lock-timeout; UnableToLockRowsError (a ConflictError) after
+        rolling back otherwise."""
+
+    def detect_conflicts(conn):
+        """(oid, committed_tid, prev_tid) for every uploaded object whose
+        current revision is not the one it was based on."""
+
+    def replace_temp(conn, oid, prev_tid, state):
+        """Replace an uploaded state (after conflict resolution)."""
+
+    def fix_prev_tids(conn):
+        """For restore: base every uploaded row on the current revision."""
+
+    def advance_tid(conn, now_tid, requested=None):
+        """Take the commit lock and publish a new last tid; return it.
+
+        ``requested`` (restore) when that is after the last tid, else the
+        later of ``now_tid`` and last + 1.  The lock is held until the
+        transaction ends; UnableToAcquireCommitLockError after
+        commit-lock-timeout.
+        """
+
+    def set_last_tid(conn, tid):
+        """Publish ``tid`` as the last committed one (commit lock held)."""
+
+    def move_into_place(conn, tid, has_data, user, description, extension, packed=False):
+        """Make the uploaded rows the revisions of ``tid`` and record the
+        transaction's metadata."""
+
+    def commit_outcome(tid, has_data):
+        """After a COMMIT that lost its connection: True when ``tid`` was
+        committed, False when it was not, None when that cannot be told."""
+
+    def upload_blob_chunk(conn, oid, chunk_num, data):
+        """Put one chunk of a blob into ``temp_blob_chunk``."""
+
+    def move_blobs_into_place(conn, tid, has_uploads):
+        """Make the uploaded chunks the blobs of revision ``tid``."""
+
+    def copy_blob(conn, oid, from_tid, to_tid):
+        """Reuse the blob of (oid, from_tid) for (oid, to_tid) (undo)."""
+
+    # --- blobs, history, iteration -------------------------------------
+
+    def blob_chunk_count(conn, oid, tid):
+        """How many chunks blob (oid, tid) has (0: none)."""
+
+    def load_blob_chunk(conn, oid, tid, chunk_num):
+        """The bytes of one chunk."""
+
+    def history(conn, oid, size):
+        """Up to ``size`` newest revisions of ``oid``, with their
+        transactions' metadata."""
+
+    def record_iternext(conn, start_oid):
+        """The first current record at or after ``start_oid``."""
+
+    def transactions_in_range(conn, start, stop):
+        """(tid, user, description, extension, packed) in [start, stop]."""
+
+    def records_in_transaction(conn, tid):
+        """(oid, state) of every record of transaction ``tid``."""
+
+    def undo_log(conn, upto_tid):
+        """Run the undo log query on ``conn``; its rows are then fetched."""
+
+    def transaction_packed(conn, tid):
+        """True/False for a transaction that exists, None when it does not."""
+
+    def undo_sources(conn, tid):
+        """(oid, prev_tid, current_tid) of every object ``tid`` changed."""
+
+    def count_history(conn):
+        """(revisions, objects), exact."""
+
+    # --- pack ------------------------------------------------------------
+
+    def lock_commit_checked(conn):
+        """Take the commit lock (as a commit does); return the last tid."""
+
+    def bump_pack_mark(conn):
+        """Increment the pack mark, in the transaction that deletes rows,
+        so that other processes drop what may be gone."""

@@ -4,13 +4,16 @@ The storage layer talks to an adapter through the verbs below; each verb
 runs statements from ``self.sql`` (see sql.py) on a ``DBConnection``.  A
 vendor package subclasses ``Adapter`` and supplies only what differs: how to
 connect, its DDL, statement overrides, how to lock rows, and feature flags
-such as ``single_writer``.  There is no ``if vendor ==`` anywhere.
+such as ``temp_rows_survive_commit``.  There is no ``if vendor ==`` anywhere.
 """
+import itertools
 import logging
 import threading
 
-from ZODB.POSException import ReadOnlyError
 
+import zope.interface
+
+from ..interfaces import IRelStorageAdapter
 from ..interfaces import SchemaMismatchError
 from ..interfaces import UnableToAcquireCommitLockError
 from ..interfaces import UnableToLockRowsError
@@ -23,19 +26,22 @@ log = logging.getLogger(__name__)
 
 
 def chunks(seq, size):
-    seq = list(seq)
-    for i in range(0, len(seq), size):
-        yield seq[i:i + size]
+    """Lists of up to ``size`` items of ``seq``, read lazily: a big
+    transaction's rows never sit in memory all at once."""
+    it = iter(seq)
+    while True:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        yield chunk
 
 
+@zope.interface.implementer(IRelStorageAdapter)
 class Adapter:
     """Base class of the database adapters."""
 
     #: Name used in messages and URIs.
     vendor = 'abstract'
-    #: The store transaction locks the whole database (SQLite): row locks
-    #: are unnecessary and a commit needs no separate commit lock.
-    single_writer = False
     #: Paramstyle marker the driver wants instead of ``%s``.
     placeholder = '%s'
     #: How many values one IN (...) list may hold.
@@ -415,6 +421,29 @@ class Adapter:
         """Publish ``tid`` as the last committed one (commit lock held)."""
         conn.execute(self.q(self.sql.SET_LAST_TID), (tid,))
 
+    def commit_outcome(self, tid, has_data):
+        """Whether transaction ``tid``, whose COMMIT lost its connection,
+        was committed: True, False, or None when that cannot be told.
+
+        History-preserving databases record every transaction.  A
+        history-free one has only its rows (which a later commit may
+        already have replaced) and the last tid: when that is below
+        ``tid``, nothing as late as ours was committed.
+        """
+        conn = self.open_load()
+        try:
+            self.begin_snapshot(conn)
+            if self.keep_history:
+                return self.transaction_packed(conn, tid) is not None
+            if has_data and conn.query_one(self.q(self.sql.TID_HAS_STATES), (tid,)):
+                return True
+            if self.get_last_tid(conn) < tid:
+                return False
+            return None
+        finally:
+            conn.rollback()
+            conn.close()
+
     def begin_store_checked(self, conn):
         """``begin_store``; on single-writer databases this waits for the lock."""
         try:
@@ -554,10 +583,6 @@ class Adapter:
                     conn.executemany(self.q(self.sql.DELETE_OLDER_BLOBS), chunk)
             conn.execute(self.q(self.sql.MARK_PACKED), (True, pack_tid))
             conn.execute(self.q(self.sql.DELETE_TRANSACTIONS_WITHOUT_STATES), (pack_tid, True))
-
-    def check_writable(self):
-        if self.options.read_only:
-            raise ReadOnlyError()
 
 
 def lock_runs(oids, read_current_oids):

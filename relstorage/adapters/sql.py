@@ -158,6 +158,9 @@ class Statements:
         ORDER BY tid DESC
     """
 
+    # After a COMMIT whose answer was lost (see Adapter.commit_outcome).
+    TID_HAS_STATES = "SELECT zoid FROM object_state WHERE tid = %s LIMIT 1"
+
     TRANSACTION_EXISTS = """
         SELECT packed FROM transaction_log WHERE tid = %s
     """

@@ -346,12 +346,17 @@ class StorageCache:
         fresh = {}
         hints = {}
         local = self.local
+        shared = self.memcache is not None
         for oid, state in rows:
             local.put(oid, tid, state)
-            if state is not None:
+            if state is not None and shared:
                 fresh[(oid, tid)] = state
                 hints[oid] = (tid, tid)
-        if fresh and self.memcache is not None:
+                if len(fresh) >= MEMCACHE_BATCH:
+                    # A huge transaction is sent in batches, not held whole.
+                    self._send(fresh, hints, wait=True)
+                    fresh, hints = {}, {}
+        if fresh:
             self._send(fresh, hints, wait=True)
 
     def clear(self):

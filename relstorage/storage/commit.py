@@ -1,6 +1,11 @@
-"""The two database-facing steps of two-phase commit.
+"""One two-phase commit: the state it carries and the steps it runs.
 
-vote (parallel with other committers)
+ZODB's contract (``IStorage.tpc_vote``): once vote has returned, finish must
+not fail for any reason vote could have detected.  Other resource managers
+of the same transaction (another database, a SQL session) may already have
+committed when our finish runs, so everything that can fail happens in vote:
+
+vote
   1. begin the store transaction (single-writer databases lock here);
   2. upload the buffered states into ``temp_store`` in bulk;
   3. lock the current rows of the objects we change (exclusive) and of the
@@ -8,16 +13,29 @@ vote (parallel with other committers)
      committers cannot deadlock;
   4. find the objects changed since their ``prev_tid`` and resolve those
      conflicts with ``_p_resolveConflict``, or raise ConflictError;
-  5. check that the ``readCurrent`` objects are still current.
+  5. upload blob bytes; check that the ``readCurrent`` objects are current;
+  6. take the commit lock and choose a tid strictly greater than the last
+     committed one (``Adapter.advance_tid``; one statement on PostgreSQL);
+  7. move the rows into place, record the transaction, place the blobs,
+     make sure no later allocation hands out the OIDs we stored.
 
-finish (serialized, short)
-  6. take the commit lock and publish a tid strictly greater than the last
-     committed one (``Adapter.advance_tid``: one statement on PostgreSQL);
-  7. move the rows into place and record the transaction;
-  8. commit (releasing every lock).
+finish
+  8. COMMIT (releasing every lock), then publish the tid to the caches.
 
-Anything that can fail for an application reason fails in vote; finish only
-waits for the commit lock, which is held for steps 6-8 alone.
+The commit lock is taken last in vote, after the row locks and conflict
+resolution that may wait, so it is held for steps 6-8 only: the moves, the
+other resource managers' votes, and the COMMIT.  A lost connection during
+the COMMIT is the one failure left; it is reported as such
+(``CommitUnknownError``), because the server may have committed.
+
+``Commit`` holds the state from ``tpc_begin`` to the end; the storage keeps
+one per transaction and lower layers get what they need as arguments.
+``RelStorageWriter`` (copy.py) runs the same steps for batches of copied
+transactions through ``Commit.add_copied``.
+
+Fault points (see faults.py) name the moments between the steps; the
+crash-point tests (tests/crash_cases.py) end a committing process at each:
+FAULT_POINTS lists them in the order a commit reaches them.
 """
 import logging
 
@@ -26,84 +44,286 @@ from ZODB.utils import newTid
 from ZODB.utils import p64
 from ZODB.utils import u64
 
+from ..interfaces import CommitUnknownError
+from ..interfaces import DisconnectedError
+from .faults import fault_point
+from .tempstore import TempStore
+
 log = logging.getLogger(__name__)
 
+FAULT_POINTS = (
+    'begin', 'vote.uploaded', 'vote.locked', 'vote.resolved', 'vote.commit_locked',
+    'vote.moved', 'finish.before_commit', 'finish.committed', 'finish.published',
+)
+#: From this point on the transaction is committed.
+FIRST_COMMITTED_POINT = 'finish.committed'
 
-def vote(storage, conn):
-    adapter = storage._adapter
-    tstore = storage._tstore
-    adapter.begin_store_checked(conn)
-    if conn.temp_dirty:
-        adapter.clear_temp(conn)
-        if storage._blobs is not None and storage._blobs.in_database:
-            adapter.clear_temp_blobs(conn)
-        conn.temp_dirty = False
-    if len(tstore):
-        conn.temp_dirty = True
-        adapter.upload(conn, tstore.rows())
-    read_current = {oid: tid for oid, tid in storage._read_current.items()
-                    if oid not in tstore}
-    if len(tstore) or read_current:
-        adapter.lock_objects_checked(conn, tstore.oids(), sorted(read_current))
-    if storage._restoring:
-        # restore() copies history verbatim: whatever is current now is
-        # simply the previous revision of what we write.
-        adapter.fix_prev_tids(conn)
-    elif len(tstore):
-        _resolve_conflicts(storage, adapter, conn, tstore)
-    if storage._btxn:
-        conn.temp_dirty = True
-        storage._blobs.vote(adapter, conn, storage._btxn, tstore)
-    if read_current:
-        current = adapter.current_tids(conn, list(read_current))
+
+class CopiedTransaction:
+    """A transaction copied verbatim (zodbconvert): its tid, metadata and
+    ``(oid_int, state)`` rows; state None records a deletion."""
+
+    __slots__ = ('tid', 'user', 'description', 'extension', 'packed', 'rows')
+
+    def __init__(self, tid, user, description, extension, packed, rows):
+        self.tid = tid
+        self.user = user
+        self.description = description
+        self.extension = extension
+        self.packed = packed
+        self.rows = rows
+
+
+class Commit:
+    """The two-phase commit of one transaction (or one batch of copied
+    transactions) on one storage instance."""
+
+    def __init__(self, adapter, cache, blobs, txn, meta=None, tid=None):
+        self.adapter = adapter
+        self.cache = cache
+        self.blobs = blobs
+        self.txn = txn
+        #: (user, description, extension, status) as bytes (status a str).
+        self.meta = meta
+        #: The tid asked for by tpc_begin (restore), as an int, or None.
+        self.requested_tid = tid
+        self.tstore = TempStore()
+        self.read_current = {}          # oid_int -> tid_int seen
+        self.resolved = set()           # oid_ints whose conflict was resolved
+        self.restoring = False          # restore(): copy history verbatim
+        self.btxn = blobs.begin() if blobs is not None else None
+        self.copied = []                # CopiedTransaction (copy.py's batches)
+        self.tid = None                 # chosen in vote
+        self.conn = None                # store connection, from vote on
+        self.voted = False
+        fault_point('begin')
+
+    # ------------------------------------------------------------------
+    # Buffering (no I/O)
+
+    def store(self, oid_int, prev_tid_int, state):
+        self.tstore.store(oid_int, prev_tid_int, state)
+
+    def restore(self, oid_int, tid_int, state):
+        self.restoring = True
+        self.tstore.store(oid_int, tid_int, state)
+
+    def check_current(self, oid_int, tid_int):
+        self.read_current[oid_int] = tid_int
+
+    def add_blob(self, oid_int, path):
+        self.btxn.add(oid_int, path)
+
+    def add_copied(self, copied):
+        """Queue a ``CopiedTransaction``; a batch of them commits as one
+        database transaction, each under its own tid."""
+        self.copied.append(copied)
+
+    # ------------------------------------------------------------------
+    # Vote
+
+    def vote(self, conn, resolve):
+        """Run steps 1-7 on the store connection ``conn``; return the OIDs
+        (ints) whose conflicts ``resolve`` (ZODB's tryToResolveConflict)
+        merged.  On any failure the database transaction is rolled back
+        and nothing stays locked."""
+        self.conn = conn
+        try:
+            if self.copied:
+                self._vote_copied(conn)
+            else:
+                self._vote(conn, resolve)
+        except BaseException:
+            self._rollback()
+            raise
+        self.voted = True
+        return sorted(self.resolved)
+
+    def _vote(self, conn, resolve):
+        adapter, tstore = self.adapter, self.tstore
+        adapter.begin_store_checked(conn)
+        self._clear_temp(conn)
+        if len(tstore):
+            conn.temp_dirty = True
+            adapter.upload(conn, tstore.rows())
+        fault_point('vote.uploaded')
+        read_current = {oid: tid for oid, tid in self.read_current.items()
+                        if oid not in tstore}
+        if len(tstore) or read_current:
+            adapter.lock_objects_checked(conn, tstore.oids(), sorted(read_current))
+        fault_point('vote.locked')
+        if self.restoring:
+            # restore() copies history verbatim: whatever is current now is
+            # simply the previous revision of what we write.
+            adapter.fix_prev_tids(conn)
+        elif len(tstore):
+            self._resolve_conflicts(conn, resolve)
+        fault_point('vote.resolved')
+        if self.btxn:
+            conn.temp_dirty = True
+            self.blobs.vote(adapter, conn, self.btxn, tstore)
+        if read_current:
+            self._check_read_current(conn, read_current)
+        self.tid = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
+        fault_point('vote.commit_locked')
+        user, description, extension, status = self.meta
+        adapter.move_into_place(conn, self.tid, len(tstore) > 0, user, description,
+                                extension, packed=(status == 'p'))
+        if self.btxn is not None:
+            self.blobs.finish(adapter, conn, self.btxn, self.tid)
+        if tstore.max_oid >= 0:
+            adapter.note_oids_used(tstore.max_oid)
+        fault_point('vote.moved')
+
+    def _clear_temp(self, conn):
+        if conn.temp_dirty:
+            self.adapter.clear_temp(conn)
+            if self.blobs is not None and self.blobs.in_database:
+                self.adapter.clear_temp_blobs(conn)
+            conn.temp_dirty = False
+
+    def _resolve_conflicts(self, conn, resolve):
+        adapter, tstore = self.adapter, self.tstore
+        for oid, committed_tid, prev_tid in adapter.detect_conflicts(conn):
+            new_state = tstore.read(oid)
+            if new_state is None or prev_tid == 0:
+                # Deleting a changed object, or creating one that exists:
+                # nothing to merge.
+                raise POSException.ConflictError(
+                    oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)),
+                    data=new_state)
+            row = adapter.load_current(conn, oid)
+            committed_state = bytes(row[0]) if row and row[0] is not None else None
+            if committed_state is None:
+                raise POSException.ConflictError(
+                    oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)))
+            resolved = resolve(p64(oid), p64(committed_tid), p64(prev_tid),
+                               new_state, committed_state)
+            tstore.store(oid, committed_tid, resolved)
+            adapter.replace_temp(conn, oid, committed_tid, resolved)
+            self.resolved.add(oid)
+
+    def _check_read_current(self, conn, read_current):
+        current = self.adapter.current_tids(conn, list(read_current))
         for oid, expected in sorted(read_current.items()):
             actual = current.get(oid, 0)
             if actual != expected:
                 raise POSException.ReadConflictError(
                     oid=p64(oid), serials=(p64(actual), p64(expected)))
 
+    def _vote_copied(self, conn):
+        """Vote for a batch of copied transactions: the same locks in the
+        same order as a commit, then each transaction moved into place
+        under its own tid through ``temp_store``."""
+        adapter = self.adapter
+        copied = self.copied
+        adapter.begin_store_checked(conn)
+        oids = sorted({oid for c in copied for oid, _ in c.rows})
+        if oids:
+            adapter.lock_objects_checked(conn, oids, [])
+        fault_point('vote.locked')
+        adapter.advance_tid(conn, None, copied[0].tid)
+        fault_point('vote.commit_locked')
+        keep_history = adapter.keep_history
+        for c in copied:
+            if keep_history:
+                rows = [(oid, 0, state) for oid, state in c.rows]
+                deleted = ()
+            else:
+                # A history-free database has no revision to say that an
+                # object stopped existing (an undone creation): the object
+                # goes, as it would from a copy of the current records, so
+                # both ways of filling it give the same database.
+                rows = [(oid, 0, state) for oid, state in c.rows if state is not None]
+                deleted = [oid for oid, state in c.rows if state is None]
+            conn.temp_dirty = True
+            adapter.clear_temp(conn)
+            if rows:
+                adapter.upload(conn, rows)
+                if keep_history:
+                    adapter.fix_prev_tids(conn)
+            adapter.move_into_place(conn, c.tid, bool(rows), c.user, c.description,
+                                    c.extension, packed=c.packed)
+            if deleted:
+                adapter.pack_delete(conn, deleted, [], c.tid)
+        self.tid = copied[-1].tid
+        if len(copied) > 1:
+            adapter.set_last_tid(conn, self.tid)
+        if oids:
+            adapter.note_oids_used(oids[-1])
+        fault_point('vote.moved')
 
-def _resolve_conflicts(storage, adapter, conn, tstore):
-    for oid, committed_tid, prev_tid in adapter.detect_conflicts(conn):
-        new_state = tstore.read(oid)
-        if new_state is None or prev_tid == 0:
-            # Deleting a changed object, or creating one that exists:
-            # nothing to merge.
-            raise POSException.ConflictError(
-                oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)),
-                data=new_state)
-        row = adapter.load_current(conn, oid)
-        committed_state = bytes(row[0]) if row and row[0] is not None else None
-        if committed_state is None:
-            raise POSException.ConflictError(
-                oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)))
-        resolved = storage.tryToResolveConflict(
-            p64(oid), p64(committed_tid), p64(prev_tid), new_state, committed_state)
-        tstore.store(oid, committed_tid, resolved)
-        adapter.replace_temp(conn, oid, committed_tid, resolved)
-        storage._resolved.add(oid)
+    # ------------------------------------------------------------------
+    # Finish and abort
 
+    def finish(self):
+        """COMMIT and publish; return the tid (an int).
 
-def finish(storage, conn):
-    """Publish the voted transaction; return its tid (an int)."""
-    adapter = storage._adapter
-    tstore = storage._tstore
-    user, description, extension, status = storage._meta
-    try:
-        tid = adapter.advance_tid(conn, u64(newTid(None)), storage._restore_tid)
-        adapter.move_into_place(conn, tid, len(tstore) > 0, user, description, extension,
-                                packed=(status == 'p'))
-        if storage._btxn is not None:
-            storage._blobs.finish(adapter, conn, storage._btxn, tid)
-        if tstore.max_oid >= 0:
-            adapter.note_oids_used(tstore.max_oid)
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        if storage._btxn is not None:
-            storage._btxn.unplace()
-        raise
-    if storage._btxn is not None:
-        storage._blobs.committed(storage._btxn, tid)
-    storage._cache.committed(tid, ((oid, state) for oid, _, state in tstore.rows()))
-    return tid
+        Only a lost connection can fail here: the error then says that
+        the transaction may have been committed."""
+        conn = self.conn
+        fault_point('finish.before_commit')
+        try:
+            conn.commit()
+        except DisconnectedError as exc:
+            conn.rollback()
+            self._lost_commit(exc)
+        except BaseException:
+            self._rollback()
+            raise
+        fault_point('finish.committed')
+        if self.btxn is not None:
+            self.blobs.committed(self.btxn, self.tid)
+        if not self.copied:
+            self.cache.committed(self.tid, ((oid, state)
+                                            for oid, _, state in self.tstore.rows()))
+        fault_point('finish.published')
+        return self.tid
+
+    def _lost_commit(self, exc):
+        """The link went during COMMIT: find out whether the server
+        committed.  Returns when it did; raises a retryable
+        DisconnectedError when it did not, CommitUnknownError when that
+        cannot be told."""
+        try:
+            outcome = self.adapter.commit_outcome(self.tid, len(self.tstore) > 0
+                                                  or bool(self.copied))
+        except Exception:  # pylint:disable=broad-except
+            log.warning("Could not find out whether transaction %016x was committed",
+                        self.tid, exc_info=True)
+            outcome = None
+        if outcome:
+            log.warning("Lost the connection to %s during the COMMIT of transaction "
+                        "%016x, which the server did commit.", self.adapter.describe(),
+                        self.tid)
+            return
+        if outcome is False:
+            if self.btxn is not None:
+                self.btxn.unplace()
+            raise DisconnectedError(
+                "Lost the connection to %s while committing transaction %016x, "
+                "which was not committed (%s)" % (self.adapter.describe(), self.tid, exc)
+            ) from exc
+        # The server may have committed before the link went: leave placed
+        # blob files alone (an orphan file is harmless; a committed row
+        # without its file is not).
+        raise CommitUnknownError(
+            "Lost the connection to %s while committing transaction %016x: it may or "
+            "may not have been committed (%s)" % (self.adapter.describe(), self.tid, exc)
+        ) from exc
+
+    def abort(self):
+        """Roll back whatever vote did; never raises for a dead link."""
+        if self.conn is not None:
+            self._rollback()
+
+    def _rollback(self):
+        self.conn.rollback()
+        if self.btxn is not None:
+            self.btxn.unplace()
+
+    def close(self):
+        """Release the buffers (temporary files) of this commit."""
+        self.tstore.close()
+        if self.btxn is not None:
+            self.btxn.discard()

@@ -53,12 +53,15 @@ from ZODB.blob import is_blob_record
 from ZODB.interfaces import IBlobStorage
 from ZODB.interfaces import IBlobStorageRestoreable
 from ZODB.Connection import TransactionMetaData
+from ZODB import POSException
 from ZODB.POSException import POSKeyError
 from ZODB.utils import oid_repr
 from ZODB.utils import p64
 from ZODB.utils import tid_repr
 from ZODB.utils import u64
 from ZODB.utils import z64
+
+from .commit import CopiedTransaction
 
 log = logging.getLogger(__name__)
 
@@ -437,12 +440,12 @@ class StorageWriter:
 class RelStorageWriter:
     """Writes into a RelStorage many transactions per database transaction.
 
-    Each batch runs the same adapter verbs as a normal commit (see commit.py),
-    once per source transaction, inside one database transaction: lock the
-    rows, take the commit lock, then for each transaction upload its states
-    in bulk into ``temp_store`` and move them into place under its own tid.
-    An interruption loses at most the uncommitted batch; the destination's
-    last tid still names the last transaction copied in full.
+    A batch goes through the destination's commit pipeline
+    (``RelStorage.copy_transactions_in``, commit.py): the same row locks and
+    commit lock in the same order as a commit, then each source transaction
+    moved into place under its own tid.  An interruption loses at most the
+    uncommitted batch; the destination's last tid still names the last
+    transaction copied in full.
     """
 
     def __init__(self, source, dest, stats, batch_bytes=None,
@@ -450,11 +453,9 @@ class RelStorageWriter:
         self.source = source
         self.dest = dest
         self.stats = stats
-        self.adapter = dest._adapter
         self.batch_bytes = batch_bytes or BATCH_BYTES
         self.batch_records = batch_records or BATCH_RECORDS
         self.batch_seconds = batch_seconds or BATCH_SECONDS
-        self._conn = None
         self._pending = []
         self._pending_bytes = 0
         self._pending_records = 0
@@ -481,63 +482,21 @@ class RelStorageWriter:
         pending = self._pending
         if not pending:
             return
-        adapter = self.adapter
-        if self._conn is None or self._conn.broken:
-            self._conn = adapter.open_store()
-        conn = self._conn
+        copied = [CopiedTransaction(u64(txn.tid), txn.user, txn.description, txn.extension,
+                                    txn.status == 'p',
+                                    [(u64(oid), data) for oid, data, _ in txn.records])
+                  for txn in pending]
         try:
-            adapter.begin_store_checked(conn)
-            oids = sorted({u64(oid) for txn in pending for oid, _, _ in txn.records})
-            if oids:
-                adapter.lock_objects_checked(conn, oids, [])
-            last_tid = adapter.lock_commit_checked(conn)
-            first_tid = u64(pending[0].tid)
-            if first_tid <= last_tid:
-                raise CopyError(
-                    "Cannot copy transaction %s: the destination already has a later "
-                    "transaction (%s); was it written to during the copy?"
-                    % (tid_repr(pending[0].tid), tid_repr(p64(last_tid))))
-            keep_history = adapter.keep_history
-            for txn in pending:
-                if keep_history:
-                    rows = [(u64(oid), 0, data) for oid, data, _ in txn.records]
-                    deleted = ()
-                else:
-                    # A history-free database has no revision to say that an
-                    # object stopped existing (an undone creation): the object
-                    # goes, as it would from a copy of the current records,
-                    # so both ways of filling it give the same database.
-                    rows = [(u64(oid), 0, data) for oid, data, _ in txn.records
-                            if data is not None]
-                    deleted = [u64(oid) for oid, data, _ in txn.records if data is None]
-                adapter.clear_temp(conn)
-                if rows:
-                    adapter.upload(conn, rows)
-                    if keep_history:
-                        adapter.fix_prev_tids(conn)
-                adapter.move_into_place(conn, u64(txn.tid), bool(rows), txn.user,
-                                        txn.description, txn.extension,
-                                        packed=(txn.status == 'p'))
-                if deleted:
-                    adapter.pack_delete(conn, deleted, [], u64(txn.tid))
-            adapter.set_last_tid(conn, u64(pending[-1].tid))
-            if oids:
-                adapter.note_oids_used(oids[-1])
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+            self.dest.copy_transactions_in(copied)
+        except POSException.StorageTransactionError as exc:
+            raise CopyError(
+                "Cannot copy transaction %s: the destination already has a later "
+                "transaction; was it written to during the copy? (%s)"
+                % (tid_repr(pending[0].tid), exc)) from exc
         for txn in pending:
             self.stats.add_txn(txn)
         self._pending = []
         self._pending_bytes = self._pending_records = 0
-        # The storage's own snapshot must see what we wrote behind its back.
-        self.dest.sync()
-
-    def close(self):
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 def make_writer(source, dest, stats, dry_run=False):

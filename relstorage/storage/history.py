@@ -88,16 +88,17 @@ def undo_log(storage, conn, first, last, filter):
     return result
 
 
-def undo(storage, conn, tid):
-    """Queue the records that undo transaction ``tid``; return their OIDs."""
-    adapter = storage._adapter
+def undo(adapter, conn, tid, pending, resolve):
+    """Queue in ``pending`` (a commit.Commit) the records that undo
+    transaction ``tid``; return their OIDs.  ``resolve`` is ZODB's
+    tryToResolveConflict."""
     packed = adapter.transaction_packed(conn, tid)
     if packed is None:
         raise POSException.UndoError("No transaction %016x to undo" % tid)
     if packed:
         raise POSException.UndoError("Transaction %016x was packed away" % tid)
     oids = []
-    tstore = storage._tstore
+    tstore = pending.tstore
     for oid, prev_tid, current_tid in adapter.undo_sources(conn, tid):
         if prev_tid:
             found, before_state = adapter.load_revision(conn, oid, prev_tid)
@@ -127,14 +128,14 @@ def undo(storage, conn, tid):
                     raise POSException.UndoError(
                         "Some data were modified by a later transaction", p64(oid))
                 try:
-                    before_state = storage.tryToResolveConflict(
+                    before_state = resolve(
                         p64(oid), p64(current_tid), p64(tid), before_state, current_state)
                 except POSException.ConflictError:
                     raise POSException.UndoError(
                         "Some data were modified by a later transaction", p64(oid))
-        tstore.store(oid, record_prev, before_state)
-        if storage._btxn is not None and prev_tid and is_blob_record(before_state):
-            storage._btxn.copy(oid, prev_tid)
+        pending.store(oid, record_prev, before_state)
+        if pending.btxn is not None and prev_tid and is_blob_record(before_state):
+            pending.btxn.copy(oid, prev_tid)
         oids.append(oid)
     return oids
 

@@ -14,9 +14,10 @@ this class implements the per-connection life cycle itself.
 
 Two-phase commit, in short (see commit.py for the steps):
 ``store`` only buffers; ``tpc_vote`` uploads, locks the changed rows,
-resolves conflicts and checks ``readCurrent``; ``tpc_finish`` takes the
-database-wide commit lock just long enough to choose the transaction id,
-move the rows into place and commit.
+resolves conflicts, checks ``readCurrent``, and last takes the database-wide
+commit lock, chooses the transaction id and moves the rows into place;
+``tpc_finish`` only commits (ZODB's contract: once vote has returned,
+finish must not fail for a reason vote could have detected).
 """
 import logging
 import threading
@@ -46,7 +47,6 @@ from ..interfaces import RelStorageError as StorageError
 from ..options import Options
 from . import commit
 from . import history
-from .tempstore import TempStore
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class RelStorage(ConflictResolvingStorage):
         self._autorefresh = _parent is None
         self._closed = False
         self._instances = weakref.WeakSet()
-        self._reset_tpc()
+        self._commit = None             # commit.Commit from tpc_begin to its end
 
     # ------------------------------------------------------------------
     # Instances (IMVCCStorage)
@@ -184,7 +184,7 @@ class RelStorage(ConflictResolvingStorage):
         return self._load_conn
 
     def _ensure_snapshot(self):
-        if self._snapshot_open and self._autorefresh and self._txn is None:
+        if self._snapshot_open and self._autorefresh and self._commit is None:
             self._end_snapshot()
         if self._snapshot_open:
             return self._load_conn
@@ -398,153 +398,152 @@ class RelStorage(ConflictResolvingStorage):
             self._store_conn = self._adapter.open_store()
         return self._store_conn
 
-    def _reset_tpc(self):
-        self._txn = None
-        self._tstore = None
-        self._read_current = {}
-        self._resolved = set()
-        self._restore_tid = None
-        self._restoring = False
-        self._voted = False
-        self._meta = None
-        self._btxn = None
-
     def _tpc_active(self):
-        return self._txn is not None
+        return self._commit is not None
 
     def _check_txn(self, txn):
-        if txn is not self._txn:
+        if self._commit is None or txn is not self._commit.txn:
             raise POSException.StorageTransactionError(self, txn)
+        return self._commit
 
     def tpc_transaction(self):
-        return self._txn
+        return self._commit.txn if self._commit is not None else None
 
     def tpc_begin(self, txn, tid=None, status=' '):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        with self._tpc_cond:
-            if self._txn is txn:
-                raise POSException.StorageTransactionError(
-                    "Duplicate tpc_begin calls for same transaction")
-            while self._txn is not None:
-                self._tpc_cond.wait()
-            self._txn = txn
-        self._tstore = TempStore()
-        if self._blobs is not None:
-            self._btxn = self._blobs.begin()
-        self._restore_tid = u64(tid) if tid is not None else None
         ext = getattr(txn, 'extension_bytes', None)
         if ext is None:
             ext = history.dump_extension(getattr(txn, 'extension', None) or {})
-        self._meta = (_as_bytes(txn.user), _as_bytes(txn.description), ext, status)
+        meta = (_as_bytes(txn.user), _as_bytes(txn.description), ext, status)
+        self._begin_commit(txn, meta, u64(tid) if tid is not None else None)
+
+    def _begin_commit(self, txn, meta=None, tid=None):
+        with self._tpc_cond:
+            if self._commit is not None and self._commit.txn is txn:
+                raise POSException.StorageTransactionError(
+                    "Duplicate tpc_begin calls for same transaction")
+            while self._commit is not None:
+                self._tpc_cond.wait()
+            self._commit = commit.Commit(self._adapter, self._cache, self._blobs,
+                                         txn, meta, tid)
+        return self._commit
 
     def store(self, oid, serial, data, version, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        self._check_txn(txn)
+        pending = self._check_txn(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
-        self._tstore.store(u64(oid), _tid_int(serial), data)
+        pending.store(u64(oid), _tid_int(serial), data)
         return None
 
     def restore(self, oid, serial, data, version, prev_txn, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        self._check_txn(txn)
+        pending = self._check_txn(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
         if data is None and prev_txn is not None:
             # A back pointer: the record repeats the state of prev_txn.
             data = self.loadSerial(oid, prev_txn)
-        self._restoring = True
-        self._tstore.store(u64(oid), u64(serial), data)
+        pending.restore(u64(oid), u64(serial), data)
 
     def deleteObject(self, oid, oldserial, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        self._check_txn(txn)
-        self._tstore.store(u64(oid), u64(oldserial) if oldserial else 0, None)
+        self._check_txn(txn).store(u64(oid), u64(oldserial) if oldserial else 0, None)
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):
-        self._check_txn(txn)
-        self._read_current[u64(oid)] = u64(serial)
+        self._check_txn(txn).check_current(u64(oid), u64(serial))
 
     def tpc_vote(self, txn):
-        self._check_txn(txn)
+        pending = self._check_txn(txn)
         with self._lock:
-            for attempt in (1, 2):
-                conn = self._get_store_conn()
-                try:
-                    commit.vote(self, conn)
-                    break
-                except DisconnectedError:
-                    # Lost the store connection (server restarted, session
-                    # killed): nothing of this transaction was committed and
-                    # everything to vote is still in the temp store, so vote
-                    # once more on a new connection.
-                    conn.rollback()
-                    if attempt == 2:
-                        raise
-                except BaseException:
-                    conn.rollback()
+            resolved = self._vote(pending)
+        return [p64(oid) for oid in resolved]
+
+    def _vote(self, pending):
+        for attempt in (1, 2):
+            conn = self._get_store_conn()
+            try:
+                return pending.vote(conn, self.tryToResolveConflict)
+            except DisconnectedError:
+                # Lost the store connection (server restarted, session
+                # killed) before anything was moved into place: nothing of
+                # this transaction was committed and everything to vote is
+                # still buffered, so vote once more on a new connection.
+                if attempt == 2 or pending.tid is not None:
                     raise
-            self._voted = True
-        return [p64(oid) for oid in self._resolved]
 
     def tpc_finish(self, txn, f=None):
-        self._check_txn(txn)
-        if not self._voted:
+        pending = self._check_txn(txn)
+        if not pending.voted:
             raise POSException.StorageTransactionError(
                 "tpc_finish called without tpc_vote")
         try:
             with self._lock:
-                conn = self._store_conn
-                if conn is None or conn.broken:
-                    # Reconnecting here would commit an empty temp_store.
-                    raise DisconnectedError(
-                        "Lost the store connection to %s between vote and finish"
-                        % self._adapter.describe())
-                tid_int = commit.finish(self, conn)
-                self._last_commit_tid = tid_int
-                self._own_tids.add(tid_int)
-                tid = p64(tid_int)
-                if f is not None:
-                    f(tid)
-                # Later loads through this instance must see what it wrote.
-                self._end_snapshot()
-            return tid
+                self._finish(pending, f)
+            return p64(pending.tid)
         finally:
             self._end_tpc()
 
+    def _finish(self, pending, f=None):
+        tid_int = pending.finish()
+        self._last_commit_tid = tid_int
+        self._own_tids.add(tid_int)
+        if f is not None:
+            f(p64(tid_int))
+        # Later loads through this instance must see what it wrote.
+        self._end_snapshot()
+
     def tpc_abort(self, txn):
-        if txn is not self._txn:
+        pending = self._commit
+        if pending is None or txn is not pending.txn:
             return
         try:
             with self._lock:
-                if self._store_conn is not None:
-                    self._store_conn.rollback()
+                pending.abort()
         finally:
             self._end_tpc()
 
     def _end_tpc(self):
-        if self._tstore is not None:
-            self._tstore.close()
-        if self._btxn is not None:
-            self._btxn.discard()
         with self._tpc_cond:
-            self._reset_tpc()
+            if self._commit is not None:
+                self._commit.close()
+            self._commit = None
             self._tpc_cond.notify_all()
+
+    def copy_transactions_in(self, copied):
+        """Commit ``copied`` (commit.CopiedTransaction, in tid order, each
+        after the last committed one) in one database transaction, through
+        the same steps as a commit.  zodbconvert's fast path."""
+        if self._is_read_only:
+            raise POSException.ReadOnlyError()
+        pending = self._begin_commit(object())
+        try:
+            for c in copied:
+                pending.add_copied(c)
+            with self._lock:
+                self._vote(pending)
+                self._finish(pending)
+        except BaseException:
+            with self._lock:
+                pending.abort()
+            raise
+        finally:
+            self._end_tpc()
 
     # ------------------------------------------------------------------
     # Blobs (IBlobStorage, IBlobStorageRestoreable; only with a blob-dir)
 
     def storeBlob(self, oid, oldserial, data, blobfilename, version, txn):
         self.store(oid, oldserial, data, version, txn)
-        self._btxn.add(u64(oid), blobfilename)
+        self._commit.add_blob(u64(oid), blobfilename)
 
     def restoreBlob(self, oid, serial, data, blobfilename, prev_txn, txn):
         self.restore(oid, serial, data, '', prev_txn, txn)
-        self._btxn.add(u64(oid), blobfilename)
+        self._commit.add_blob(u64(oid), blobfilename)
 
     def loadBlob(self, oid, serial):
         if self._blobs is None:
@@ -623,11 +622,12 @@ class RelStorage(ConflictResolvingStorage):
     def undo(self, transaction_id, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        self._check_txn(txn)
+        pending = self._check_txn(txn)
         if not self._adapter.keep_history:
             raise POSException.UndoError("Undo is not supported by history-free storages")
         with self._lock:
-            oids = history.undo(self, self._ensure_snapshot(), u64(transaction_id))
+            oids = history.undo(self._adapter, self._ensure_snapshot(), u64(transaction_id),
+                                pending, self.tryToResolveConflict)
         return None, [p64(oid) for oid in oids]
 
     def iterator(self, start=None, stop=None):

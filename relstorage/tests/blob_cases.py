@@ -2,7 +2,6 @@
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from ZODB.blob import Blob
 from relstorage.blobs.cached import prune
 from relstorage.interfaces import RelStorageError
 from relstorage.options import Options
+from relstorage.storage import faults
 from relstorage.storage import RelStorage
 
 from .core_cases import FactoryCase
@@ -131,20 +131,16 @@ class BlobCacheTests(BlobCase):
 
 
 KILLED_COMMIT = r'''
-import os, signal, sys, transaction, ZODB
+import os, sys, transaction, ZODB
 from ZODB.blob import Blob
 from relstorage.options import Options
 from relstorage.storage import RelStorage
-from relstorage.storage import commit
 sys.path.insert(0, sys.argv[1])
 import factory_for_subprocess as f
 options = Options(keep_history=f.KEEP_HISTORY, blob_dir=sys.argv[2])
 db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
-original = commit.finish
-def finish_then_die(storage, conn):
-    # Everything is uploaded and voted; die before the commit happens.
-    os.kill(os.getpid(), signal.SIGKILL)
-commit.finish = finish_then_die
+# RS_FAULT_POINT=finish.before_commit: everything is uploaded and voted;
+# the process dies before the database COMMIT.
 with db.transaction() as conn:
     conn.root()['big'] = Blob(b'y' * (5 << 20))
 '''
@@ -161,8 +157,9 @@ class BlobCrashTests(BlobCase):
         helper_dir = self.factory.write_subprocess_factory(self.tmp, self.keep_history)
         proc = subprocess.run([sys.executable, '-c', KILLED_COMMIT, helper_dir,
                                os.path.join(self.tmp, 'dying')],
-                              capture_output=True, timeout=120)
-        self.assertEqual(proc.returncode, -signal.SIGKILL, proc.stderr.decode())
+                              capture_output=True, timeout=120,
+                              env=dict(os.environ, RS_FAULT_POINT='finish.before_commit'))
+        self.assertEqual(proc.returncode, faults.EXIT_CODE, proc.stderr.decode())
         # Nothing of the killed transaction is visible, nothing is locked,
         # and no final-named blob file points at a missing commit.
         storage = self.blob_storage('after')

@@ -1,4 +1,5 @@
 """Our own storage tests, run by make_suite for every database factory."""
+import logging
 import threading
 import time
 import unittest
@@ -97,9 +98,9 @@ class TidAndOidTests(FactoryCase):
         txn = TransactionMetaData()
         storage.tpc_begin(txn, tid)
         storage.store(oid, tid, zodb_pickle(MinPO(2)), '', txn)
-        storage.tpc_vote(txn)
+        # Refused in vote: once vote has returned, finish must not fail.
         with self.assertRaises(Exception):
-            storage.tpc_finish(txn)
+            storage.tpc_vote(txn)
         storage.tpc_abort(txn)
         self.assertEqual(storage.lastTransaction(), tid)
 
@@ -390,7 +391,210 @@ class PackVisibilityTests(FactoryCase):
 
 
 
+class TwoPhaseCommitTests(FactoryCase):
+    """ZODB's contract: once tpc_vote has returned, tpc_finish must not
+    fail for a reason vote could have detected.  Sites join several
+    databases in one transaction; the others may have committed already
+    when our finish runs."""
+
+    def test_commit_lock_timeout_fails_in_vote_with_another_database(self):
+        from ZODB.MappingStorage import MappingStorage
+        holder = self.storage()
+        oid_h = holder.new_oid()
+        self.commit(holder, oid_h, z64, 'h0')
+        main_db = ZODB.DB(self.storage(commit_lock_timeout=1))
+        other_db = ZODB.DB(MappingStorage('other'))
+        try:
+            self._join_two_databases(holder, oid_h, main_db, other_db)
+        finally:
+            main_db.close()
+            other_db.close()
+
+    def _join_two_databases(self, holder, oid_h, main_db, other_db):
+        from relstorage.interfaces import UnableToAcquireLockError
+        tm = transaction.TransactionManager()
+        conn = main_db.open(tm)
+        conn.root()['x'] = PersistentMapping()
+        other_conn = other_db.open(tm)
+        other_conn.root()['y'] = 1
+        tm.commit()
+        # Another committer has voted and so holds the commit lock (and,
+        # on single-writer databases, the write lock) until it finishes.
+        txn = TransactionMetaData()
+        holder.tpc_begin(txn)
+        holder.store(oid_h, holder.load(oid_h)[1], zodb_pickle(MinPO('h1')), '', txn)
+        holder.tpc_vote(txn)
+        records = []
+        handler = _ListHandler(records)
+        txn_log = logging.getLogger('txn')
+        txn_log.addHandler(handler)
+        self.addCleanup(txn_log.removeHandler, handler)
+        try:
+            conn.root()['x']['changed'] = True
+            other_conn.root()['y'] = 2
+            # MappingStorage sorts first: it votes (and would finish)
+            # before us.  Our failure must come in vote, so that the
+            # transaction aborts both.
+            with self.assertRaises(UnableToAcquireLockError):
+                tm.commit()
+            tm.abort()
+        finally:
+            holder.tpc_abort(txn)
+        self.assertEqual([r.getMessage() for r in records
+                          if r.levelno >= logging.CRITICAL], [])
+        tm.begin()
+        self.assertNotIn('changed', conn.root()['x'])
+        self.assertEqual(other_conn.root()['y'], 1)
+        # With the lock free again, the same change commits on both.
+        conn.root()['x']['changed'] = True
+        other_conn.root()['y'] = 2
+        tm.commit()
+        check = ZODB.DB(self.storage())
+        try:
+            with check.transaction() as c:
+                self.assertTrue(c.root()['x']['changed'])
+        finally:
+            check.close()
+        self.assertEqual(other_conn.root()['y'], 2)
+        conn.close()
+        other_conn.close()
+
+    def test_finish_only_commits(self):
+        # Everything but the COMMIT happened in vote: the tid is chosen
+        # there, and a failed vote leaves nothing behind.
+        storage = self.storage()
+        oid = storage.new_oid()
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, z64, zodb_pickle(MinPO(1)), '', txn)
+        storage.tpc_vote(txn)
+        chosen = storage._commit.tid
+        self.assertIsNotNone(chosen)
+        self.assertEqual(storage.tpc_finish(txn), p64(chosen))
+        self.assertEqual(self.storage().lastTransaction(), p64(chosen))
+
+
+class AbortErrorTests(FactoryCase):
+    """The store connection drops, then the transaction aborts: the error
+    that made it abort is the one reported, and the storage goes on."""
+
+    def _drop_store_connection(self, storage):
+        # What a server restart or a killed session leaves: a dead link.
+        for instance in [storage] + list(storage._instances):
+            if instance._store_conn is not None:
+                instance._store_conn.raw.close()
+
+    def test_drop_after_vote_then_another_manager_fails(self):
+        storage = self.storage()
+        db = ZODB.DB(storage)
+        try:
+            tm = transaction.TransactionManager()
+            conn = db.open(tm)
+            conn.root()['m'] = PersistentMapping()
+            tm.commit()
+            conn.root()['m']['x'] = 1
+            failing = _FailingManager(lambda: self._drop_store_connection(storage))
+            tm.get().join(failing)
+            with self.assertRaises(_Boom):
+                tm.commit()
+            tm.abort()
+            self.assertNotIn('x', conn.root()['m'])
+            conn.root()['m']['x'] = 2         # usable again, nothing locked
+            tm.commit()
+            conn.close()
+            with db.transaction() as c:
+                self.assertEqual(c.root()['m']['x'], 2)
+        finally:
+            db.close()
+
+    def test_failed_vote_then_dropped_connection(self):
+        storage = self.storage()
+        oid = storage.new_oid()
+        tid = self.commit(storage, oid, z64, 1)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, z64, zodb_pickle(MinPO(2)), '', txn)   # stale serial
+        with self.assertRaises(ConflictError):
+            storage.tpc_vote(txn)
+        self._drop_store_connection(storage)
+        storage.tpc_abort(txn)
+        storage.afterCompletion()
+        self.assertGreater(self.commit(storage, oid, tid, 3), tid)
+
+
+class _Boom(Exception):
+    pass
+
+
+class _FailingManager:
+    """A resource manager that votes after us (its sort key says so) and
+    fails, after ``before_failing`` has broken something."""
+
+    def __init__(self, before_failing):
+        self.before_failing = before_failing
+
+    def sortKey(self):
+        return '~after everything'
+
+    def tpc_begin(self, txn):
+        pass
+
+    def commit(self, txn):
+        pass
+
+    def tpc_vote(self, txn):
+        self.before_failing()
+        raise _Boom('the other database refused')
+
+    def tpc_finish(self, txn):
+        raise AssertionError('not reached')
+
+    def tpc_abort(self, txn):
+        pass
+
+    abort = tpc_abort
+
+
+def vote_behind(test, s1, t1, s2, t2):
+    """s1 has voted; s2 votes in a thread, which must wait for s1's commit
+    lock and no longer; returns both tids."""
+    result = {}
+
+    def vote():
+        try:
+            s2.tpc_vote(t2)
+            result['voted'] = time.time()
+        except BaseException as exc:  # pylint:disable=broad-except
+            result['error'] = exc
+    thread = threading.Thread(target=vote)
+    thread.start()
+    thread.join(0.5)
+    test.assertTrue(thread.is_alive(), result)
+    finished = time.time()
+    tid1 = s1.tpc_finish(t1)
+    thread.join(10)
+    test.assertNotIn('error', result)
+    test.assertLess(result['voted'] - finished, 3)
+    return tid1, s2.tpc_finish(t2)
+
+
+class _ListHandler(logging.Handler):
+
+    def __init__(self, records):
+        logging.Handler.__init__(self, logging.DEBUG)
+        self.records = records
+
+    def emit(self, record):
+        self.records.append(record)
+
+
 class LifecycleTests(FactoryCase):
+
+    def test_adapter_provides_the_contract(self):
+        from zope.interface.verify import verifyObject
+        from relstorage.interfaces import IRelStorageAdapter
+        storage = self.storage()
+        self.assertTrue(verifyObject(IRelStorageAdapter, storage._adapter))
 
     def test_close_releases_instances_left_open(self):
         # An instance whose ZODB connection was never closed must not keep
@@ -408,7 +612,7 @@ class LifecycleTests(FactoryCase):
 
 
 ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests,
-       PackVisibilityTests, LifecycleTests)
+       PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests, LifecycleTests)
 
 
 def hf_variants():

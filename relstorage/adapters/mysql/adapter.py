@@ -12,8 +12,9 @@ Connections, by purpose:
            ``START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY``.
 ``store``  READ COMMITTED, autocommit off, with a ``temp_store`` TEMPORARY
            table.  Vote locks the current rows it changes (``FOR UPDATE``)
-           and the rows read with readCurrent (shared), in OID order;
-           finish locks the single ``commit_lock`` row.
+           and the rows read with readCurrent (shared), in OID order,
+           then, last, the single ``commit_lock`` row, held until the
+           COMMIT in finish.
 ``oid``    READ COMMITTED, autocommit on: OIDs come from an AUTO_INCREMENT
            table, whose values are never rolled back.
 

@@ -16,8 +16,9 @@ Connections, by purpose:
 Locks: committers lock the current rows of the objects they change
 ``FOR UPDATE`` (and of the objects read with ``readCurrent`` ``FOR SHARE``)
 during vote, in OID order, so commits touching disjoint objects vote in
-parallel.  The single row of ``commit_lock`` is locked ``FOR UPDATE`` only
-in finish, to choose the transaction id and publish it.  A lost client
+parallel.  The single row of ``commit_lock`` is updated last in vote, to
+choose the transaction id and publish it, and stays locked until the
+COMMIT in finish.  A lost client
 (killed process, dropped link) loses its server session, and PostgreSQL
 releases its locks and discards its uncommitted work with it.
 """
@@ -46,7 +47,6 @@ class PostgreSQLAdapter(Adapter):
     vendor = 'postgresql'
     # temp_store and temp_blob_chunk are ON COMMIT DELETE ROWS.
     temp_rows_survive_commit = False
-    single_writer = False
     placeholder = '%s'
     max_in_list = 1000
     upload_batch = 1000

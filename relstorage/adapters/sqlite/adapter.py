@@ -33,7 +33,6 @@ DEFAULT_PRAGMAS = (
 
 class Sqlite3Adapter(Adapter):
     vendor = 'sqlite'
-    single_writer = True
     placeholder = '?'
     max_in_list = 900
     upload_batch = 1000
