@@ -144,6 +144,10 @@ class OracleAdapter(Adapter):
             raise self._connect_error(exc) from None
 
     def begin_snapshot(self, conn):
+        # SET TRANSACTION must be the first statement of a transaction
+        # (ORA-01453): end one a failed earlier attempt may have left open.
+        if conn.in_transaction:
+            conn.rollback()
         conn.execute('SET TRANSACTION READ ONLY')
 
     def _lock_wait(self):
