@@ -133,8 +133,11 @@ class Recorder:
         self.tables = set()
         self.sequence = 0
         self.pack_mark = None
+        self.fail = None           # (substring, exception): raised when sent
 
     def answer(self, adapter, stmt, params):
+        if self.fail is not None and self.fail[0] in stmt:
+            raise self.fail[1]
         s = adapter.sql
         if stmt == adapter.q(s.LIST_TABLES):
             return [(name,) for name in sorted(self.tables)]
@@ -421,6 +424,36 @@ class StatementTests(unittest.TestCase):
         locks = [rows[0] for stmt, rows, _ in recorder.calls if 'FOR UPDATE' in stmt]
         # One OID order across the exclusive and readCurrent rows.
         self.assertEqual([oid for params in locks for oid in params], [1, 3, 5, 9])
+
+    def test_lock_waits_that_time_out_are_retryable_conflicts(self):
+        from ZODB.POSException import ConflictError
+        from relstorage.interfaces import UnableToAcquireCommitLockError
+        from relstorage.interfaces import UnableToLockRowsError
+        timeout = oracle_error('ORA-30006: resource busy; acquire with WAIT timeout expired',
+                               30006)
+        deadlock = oracle_error('ORA-00060: deadlock detected while waiting for resource', 60)
+        for exc in (timeout, deadlock):
+            adapter, recorder = recording_adapter(True)
+            conn = adapter.open_store()
+            recorder.fail = ('FOR UPDATE', exc)
+            with self.assertRaises(UnableToLockRowsError) as cm:
+                adapter.lock_objects_checked(conn, [0x10, 0x11], [])
+            self.assertIsInstance(cm.exception, ConflictError)
+            self.assertIn('0x10', str(cm.exception))
+            with self.assertRaises(UnableToAcquireCommitLockError):
+                adapter.advance_tid(conn, 100)
+            with self.assertRaises(UnableToAcquireCommitLockError):
+                adapter.lock_commit_checked(conn)
+
+    def test_a_lost_connection_during_a_statement(self):
+        adapter, recorder = recording_adapter(True)
+        conn = adapter.open_load()
+        recorder.fail = ('SELECT', oracle_error(
+            'ORA-03113: end-of-file on communication channel', 3113))
+        with self.assertRaises(DisconnectedError) as cm:
+            adapter.load_current(conn, 1)
+        self.assertIn("service 'ZODB' at db.example:1521", str(cm.exception))
+        self.assertTrue(conn.broken)
 
     def test_upload_binds_large_states_apart(self):
         adapter, recorder = recording_adapter(True)
