@@ -14,6 +14,7 @@ import importlib
 import re
 
 from ...interfaces import RelStorageError
+from .. import drivers
 
 #: Canonical driver name -> other accepted spellings (case is ignored).
 #: Keep in step with relstorage.config.DRIVER_NAMES['oracle'].
@@ -168,12 +169,7 @@ def bind_plan(rows):
 
 
 def canonical_name(name):
-    name = (name or 'auto').strip()
-    for canonical, aliases in DRIVER_NAMES.items():
-        if name.lower() in [n.lower() for n in (canonical,) + aliases]:
-            return canonical
-    raise RelStorageError(
-        "Unknown Oracle driver %r; choose one of: %s" % (name, ', '.join(DRIVER_NAMES)))
+    return drivers.canonical_name(DRIVER_NAMES, name, 'Oracle')
 
 
 class Driver:

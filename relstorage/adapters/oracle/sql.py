@@ -31,6 +31,14 @@ OID_BLOCK = 128
 MAX_DRAW = 10000
 
 
+def _fetch_first(stmt):
+    """``stmt`` with its final ``LIMIT n`` written as Oracle (12c) has it."""
+    head, sep, count = stmt.rpartition('LIMIT ')
+    if not sep:
+        raise ValueError('no LIMIT in %r' % stmt)
+    return head + 'FETCH FIRST ' + count.strip() + ' ROWS ONLY\n'
+
+
 class OracleStatements(Statements):
     """Statements for one history mode; ``lock_wait`` is the clause that
     bounds row-lock waits (``WAIT n`` or ``NOWAIT``)."""
@@ -40,54 +48,15 @@ class OracleStatements(Statements):
         for name in ('LOCK_COMMIT', 'LOCK_OBJECTS'):
             setattr(self, name, getattr(self, name).replace('{lock_wait}', lock_wait))
 
-    # --- snapshot reads -------------------------------------------------
+    # --- reads limited to the first rows ---------------------------------
 
-    LOAD_BEFORE = """
-        SELECT state, tid FROM object_state
-        WHERE zoid = %s AND tid < %s
-        ORDER BY tid DESC
-        FETCH FIRST 1 ROWS ONLY
-    """
-
-    RECENT_CHANGES = """
-        SELECT zoid, tid FROM current_object WHERE tid <= %s
-        ORDER BY tid DESC FETCH FIRST %s ROWS ONLY
-    """
-    RECENT_CHANGES_HF = """
-        SELECT zoid, tid FROM object_state WHERE tid <= %s
-        ORDER BY tid DESC FETCH FIRST %s ROWS ONLY
-    """
-
-    HISTORY = """
-        SELECT s.tid, s.state_size, t.username, t.description, t.extension
-        FROM object_state s
-        JOIN transaction_log t ON t.tid = s.tid
-        WHERE s.zoid = %s
-        ORDER BY s.tid DESC
-        FETCH FIRST %s ROWS ONLY
-    """
-    HISTORY_HF = """
-        SELECT tid, state_size, NULL, NULL, NULL
-        FROM object_state
-        WHERE zoid = %s
-        FETCH FIRST %s ROWS ONLY
-    """
-
-    RECORD_ITERNEXT = """
-        SELECT s.zoid, s.tid, s.state
-        FROM current_object c
-        JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
-        WHERE c.zoid >= %s AND s.state IS NOT NULL
-        ORDER BY c.zoid
-        FETCH FIRST 2 ROWS ONLY
-    """
-    RECORD_ITERNEXT_HF = """
-        SELECT zoid, tid, state
-        FROM object_state
-        WHERE zoid >= %s AND state IS NOT NULL
-        ORDER BY zoid
-        FETCH FIRST 2 ROWS ONLY
-    """
+    LOAD_BEFORE = _fetch_first(Statements.LOAD_BEFORE)
+    RECENT_CHANGES = _fetch_first(Statements.RECENT_CHANGES)
+    RECENT_CHANGES_HF = _fetch_first(Statements.RECENT_CHANGES_HF)
+    HISTORY = _fetch_first(Statements.HISTORY)
+    HISTORY_HF = _fetch_first(Statements.HISTORY_HF)
+    RECORD_ITERNEXT = _fetch_first(Statements.RECORD_ITERNEXT)
+    RECORD_ITERNEXT_HF = _fetch_first(Statements.RECORD_ITERNEXT_HF)
 
     # --- commit ---------------------------------------------------------
 
