@@ -37,6 +37,10 @@ from sqlglot.expressions import Command
 from sqlglot.expressions import Placeholder
 from sqlglot.tokens import TokenType
 import transaction.interfaces
+from ZODB.Connection import TransactionMetaData
+from ZODB.tests.MinPO import MinPO
+from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.utils import z64
 
 from relstorage import config
 from relstorage.adapters.oracle import drivers
@@ -49,6 +53,7 @@ from relstorage.interfaces import RelStorageError
 from relstorage.options import Options
 from relstorage.storage import RelStorage
 
+from . import core_cases as suite_cases
 from . import suite
 
 SERVER_VARIABLES = ('RS_ORACLE_DSN', 'RS_ORACLE_USER', 'RS_ORACLE_PASSWORD')
@@ -796,6 +801,47 @@ def make_adapter(options):
 """
 
 
+class LockTimeoutTests(suite_cases.FactoryCase):
+    """Server only: bounded lock waits become retryable conflicts."""
+
+    def begin_store(self, storage, oid, serial, value):
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
+        return txn
+
+    def test_row_lock_timeout(self):
+        from relstorage.interfaces import UnableToLockRowsError
+        a = self.storage()
+        b = self.storage(commit_lock_timeout=1)
+        oid = a.new_oid()
+        tid0 = self.commit(a, oid, z64, 'first')
+        ta = self.begin_store(a, oid, tid0, 'a')
+        a.tpc_vote(ta)
+        tb = self.begin_store(b, oid, tid0, 'b')
+        with self.assertRaises(UnableToLockRowsError):
+            b.tpc_vote(tb)
+        b.tpc_abort(tb)
+        a.tpc_finish(ta)
+
+    def test_commit_lock_timeout(self):
+        from relstorage.interfaces import UnableToAcquireCommitLockError
+        a = self.storage(commit_lock_timeout=1)
+        oid = a.new_oid()
+        tid0 = self.commit(a, oid, z64, 'first')
+        holder = self.factory.make_adapter(Options()).connect('store')
+        try:
+            holder.cursor().execute('SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE')
+            ta = self.begin_store(a, oid, tid0, 'a')
+            a.tpc_vote(ta)
+            with self.assertRaises(UnableToAcquireCommitLockError):
+                a.tpc_finish(ta)
+            a.tpc_abort(ta)
+        finally:
+            holder.rollback()
+            holder.close()
+
+
 class ServerSuiteNotRun(unittest.TestCase):
     reason = None
 
@@ -825,7 +871,7 @@ def server_suite():
         return loader.loadTestsFromTestCase(
             type('ServerSuiteUnavailable', (ServerSuiteUnavailable,), {'reason': reason}))
     factory = OracleFactory()
-    tests = suite.make_suite(factory)
+    tests = suite.make_suite(factory, extra_cases=(LockTimeoutTests,))
     _rehome(tests, factory)
     return tests
 

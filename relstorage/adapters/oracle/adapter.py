@@ -30,6 +30,7 @@ from ...interfaces import RelStorageError
 from ...options import redact_secrets
 from ..base import Adapter
 from ..base import _one_line
+from ..base import chunks
 from ..connections import DBConnection
 from . import drivers
 from . import sql
@@ -224,9 +225,7 @@ class OracleAdapter(Adapter):
     def lock_objects(self, conn, oids, read_current_oids):
         # No shared row locks in Oracle: readCurrent rows are locked
         # exclusively too, all in one OID order.
-        all_oids = sorted(set(oids) | set(read_current_oids))
-        for start in range(0, len(all_oids), self.max_in_list):
-            chunk = all_oids[start:start + self.max_in_list]
+        for chunk in chunks(sorted(set(oids) | set(read_current_oids)), self.max_in_list):
             conn.query_all(self.in_list(self.sql.LOCK_OBJECTS, len(chunk)), chunk)
 
     def lock_commit(self, conn):
