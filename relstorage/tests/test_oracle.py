@@ -494,6 +494,78 @@ class BindPlanTests(unittest.TestCase):
         self.assertEqual(drivers.bind_plan([(b'x' * drivers.LOB_BIND_LIMIT,)])[1], set())
 
 
+class _DBAPICursor:
+    """Stands in for the driver's cursor class under our subclass."""
+
+    def __init__(self, connection, *args):
+        self._connection = connection
+        self.sizes = None
+
+    @property
+    def connection(self):
+        return self._connection
+
+    def setinputsizes(self, *sizes):
+        self.sizes = sizes
+
+    def execute(self, statement, parameters=None, **kwargs):
+        self._connection.log.append(('execute', self, statement, parameters, self.sizes))
+
+    def executemany(self, statement, parameters, **kwargs):
+        self._connection.log.append(('executemany', self, statement, parameters, self.sizes))
+
+    def close(self):
+        self._connection.log.append(('close', self))
+
+
+class _DBAPIConnection:
+
+    def __init__(self):
+        self.log = []
+
+    def cursor(self, *args):
+        return _DBAPICursor(self, *args)
+
+
+class BindingCursorTests(unittest.TestCase):
+    """Our connection and cursor subclasses, over stand-in base classes
+    (their construction needs a server)."""
+
+    def setUp(self):
+        module = type('module', (), {'Cursor': _DBAPICursor, 'Connection': _DBAPIConnection})
+        self.conn = drivers._connection_class(module)()
+        self.conn.lob_type = 'BLOB'
+        self.cursor = self.conn.cursor()
+
+    def test_booleans_and_small_bytes_on_the_main_cursor(self):
+        self.cursor.execute('S', (True, b'x', 3))
+        self.cursor.executemany('M', [(False, b'y')])
+        self.assertEqual(self.conn.log, [
+            ('execute', self.cursor, 'S', (1, b'x', 3), None),
+            ('executemany', self.cursor, 'M', [(0, b'y')], None)])
+
+    def test_large_bytes_on_a_cursor_of_their_own(self):
+        self.cursor.execute('S', (1, BIG))
+        self.cursor.executemany('M', [(1, b'a', None), (2, BIG, b'b')])
+        self.cursor.execute('T', (2,))
+        (kind1, cur1, _, params1, sizes1), close1, (kind2, cur2, _, rows2, sizes2), \
+            close2, last = self.conn.log
+        self.assertEqual((kind1, params1, sizes1), ('execute', (1, BIG), (None, 'BLOB')))
+        self.assertEqual((kind2, rows2, sizes2),
+                         ('executemany', [(1, b'a', None), (2, BIG, b'b')],
+                          (None, 'BLOB', None)))
+        for cur, close in ((cur1, close1), (cur2, close2)):
+            self.assertIsNot(cur, self.cursor)
+            self.assertEqual(close, ('close', cur))
+        # The main cursor never had input sizes set.
+        self.assertEqual(last, ('execute', self.cursor, 'T', (2,), None))
+
+    def test_named_binds_pass_through(self):
+        self.cursor.execute('S', {'a': True})
+        self.cursor.execute('S')
+        self.assertEqual([entry[3] for entry in self.conn.log], [{'a': True}, None])
+
+
 # ----------------------------------------------------------------------
 # Drivers, DSNs, errors: python-oracledb's own classes, no server.
 
@@ -892,8 +964,8 @@ def _rehome(tests, factory):
 def test_suite():
     loader = unittest.defaultTestLoader
     tests = unittest.TestSuite()
-    for case in (StatementTests, BindPlanTests, DriverTests, DSNTests, ErrorTests,
-                 ConfigTests):
+    for case in (StatementTests, BindPlanTests, BindingCursorTests, DriverTests, DSNTests,
+                 ErrorTests, ConfigTests):
         tests.addTest(loader.loadTestsFromTestCase(case))
     tests.addTest(server_suite())
     return tests

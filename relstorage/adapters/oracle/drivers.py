@@ -278,8 +278,9 @@ def _connection_class(module):
 
     class Cursor(module.Cursor):
 
+        # Our statements bind by position; names (dicts, keywords) pass as is.
         def execute(self, statement, parameters=None, **kwargs):
-            if parameters:
+            if parameters and isinstance(parameters, (list, tuple)):
                 (parameters,), lobs = bind_plan([parameters])
                 if lobs:
                     return self.connection.run_with_lobs(
@@ -287,11 +288,14 @@ def _connection_class(module):
             return super().execute(statement, parameters, **kwargs)
 
         def executemany(self, statement, parameters, **kwargs):
-            rows, lobs = bind_plan(parameters)
-            if lobs:
-                return self.connection.run_with_lobs(
-                    'executemany', statement, rows, len(rows[0]), lobs)
-            return super().executemany(statement, rows, **kwargs)
+            if not isinstance(parameters, int):      # (an int: a row count)
+                parameters = list(parameters)
+                if all(isinstance(row, (list, tuple)) for row in parameters):
+                    parameters, lobs = bind_plan(parameters)
+                    if lobs:
+                        return self.connection.run_with_lobs(
+                            'executemany', statement, parameters, len(parameters[0]), lobs)
+            return super().executemany(statement, parameters, **kwargs)
 
     class Connection(module.Connection):
         lob_type = None
