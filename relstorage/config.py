@@ -6,6 +6,7 @@ adapter and driver modules are imported only by ``open()``/``create()``.
 """
 
 import logging
+import re
 
 import ZConfig
 import ZConfig.datatypes
@@ -232,9 +233,12 @@ class OracleAdapterFactory(AdapterFactory):
                              twophase=getattr(self.config, 'twophase', False))
 
     def __repr__(self):
+        dsn = self.config.dsn
+        if dsn:
+            # Oracle's own user/password@connect-string form.
+            dsn = re.sub(r'^([^/@(]*)/[^@]*@', r'\1/***@', dsn)
         return '<%s user=%r dsn=%r driver=%r>' % (
-            type(self).__name__, self.config.user,
-            redact_secrets(self.config.dsn), self.driver)
+            type(self).__name__, self.config.user, redact_secrets(dsn), self.driver)
 
 
 __all__ = ['RelStorageFactory', 'AdapterFactory', 'Sqlite3AdapterFactory',

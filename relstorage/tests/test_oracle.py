@@ -803,6 +803,11 @@ class ConfigTests(unittest.TestCase):
                          "Oracle database service 'XE' at db:1521 as user 'zope'")
         self.assertNotIn('s3cret', repr(section))
 
+    def test_password_in_the_dsn_is_not_in_the_repr(self):
+        factory = self.load('<oracle>\n dsn scott/t1ger-pw@db:1521/XE\n</oracle>')
+        self.assertNotIn('t1ger-pw', repr(factory.config.adapter))
+        self.assertIn('scott/***@db:1521/XE', repr(factory.config.adapter))
+
     def test_zodburi(self):
         from zodburi import resolve_uri
         factory, _ = resolve_uri('oracle://scott:t%40ger@dbhost:1522/ZODB?driver=cx_Oracle')
