@@ -517,6 +517,16 @@ class StatementTests(unittest.TestCase):
         self.assertGreater(adapter.new_oid(), 50 * sql.OID_BLOCK)
 
 
+    def test_commits_of_existing_objects_draw_no_oids(self):
+        adapter, recorder = recording_adapter(True)
+        recorder.sequence = 100 * sql.OID_BLOCK       # other processes allocated
+        adapter.note_oids_used(50 * sql.OID_BLOCK)
+        adapter.note_oids_used(60 * sql.OID_BLOCK)    # known safe now: no query
+        sent = [stmt for stmt, _, _ in recorder.calls]
+        self.assertEqual(sent, [adapter.q(adapter.sql.OID_SEQUENCE_STATE)])
+        self.assertEqual(recorder.sequence, 100 * sql.OID_BLOCK)
+
+
 class BindPlanTests(unittest.TestCase):
 
     def test_booleans_become_numbers(self):

@@ -200,7 +200,13 @@ class OracleAdapter(Adapter):
         # until one reaches max_oid.  Every later value, and so every later
         # block, then lies above it.  (Drawing rather than ALTER SEQUENCE:
         # no DDL, no implicit commit, no cursor invalidation.)
+        # No value below the NOCACHE sequence's recorded position will be
+        # drawn again, so the blocks still to come start above position - B.
         position = conn.query_value(self.q(self.sql.OID_SEQUENCE_STATE)) or 0
+        if position - sql.OID_BLOCK >= max_oid:
+            # (A process that commits only existing objects: no draw.)
+            self._oid_floor_seen = max(self._oid_floor_seen, position - sql.OID_BLOCK)
+            return
         drawn = self._oid_floor_seen
         while drawn < max_oid:
             wanted = max(1, -(-(max_oid - max(position, drawn)) // sql.OID_BLOCK) + 1)
