@@ -124,8 +124,9 @@ class OracleStatements(Statements):
 
     # --- schema -----------------------------------------------------------
 
+    # (Tables in the recycle bin are still listed, as dropped.)
     LIST_TABLES = """
-        SELECT LOWER(table_name) FROM user_tables
+        SELECT LOWER(table_name) FROM user_tables WHERE dropped = 'NO'
         UNION ALL
         SELECT LOWER(sequence_name) FROM user_sequences
     """
