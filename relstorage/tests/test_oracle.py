@@ -468,6 +468,21 @@ class StatementTests(unittest.TestCase):
         # One OID order across the exclusive and readCurrent rows.
         self.assertEqual([oid for params in locks for oid in params], [1, 3, 5, 9])
 
+    def test_in_lists_stay_within_oracles_limit(self):
+        # ORA-01795: at most 1000 expressions in a list.
+        adapter, recorder = recording_adapter(False)
+        conn = adapter.open_store()
+        oids = list(range(2500, 0, -1))
+        adapter.lock_objects(conn, oids, [])
+        adapter.current_tids(conn, oids)
+        sent = [(stmt, rows[0]) for stmt, rows, _ in recorder.calls]
+        self.assertEqual(len(sent), 6)
+        for stmt, params in sent:
+            self.assertLessEqual(len(params), 1000)
+            self.assertEqual(bind_numbers(stmt), list(range(1, len(params) + 1)))
+        locked = [oid for stmt, params in sent[:3] for oid in params]
+        self.assertEqual(locked, sorted(oids))
+
     def test_lock_waits_that_time_out_are_retryable_conflicts(self):
         from ZODB.POSException import ConflictError
         from relstorage.interfaces import UnableToAcquireCommitLockError
