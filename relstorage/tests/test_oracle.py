@@ -664,7 +664,7 @@ class DriverTests(unittest.TestCase):
         import oracledb
         driver = drivers.select_driver('oracledb')
         self.assertTrue(issubclass(driver.connection_class, oracledb.Connection))
-        self.assertIs(driver.DB_TYPE_BLOB, oracledb.DB_TYPE_BLOB)
+        self.assertIs(driver.connection_class.lob_type, oracledb.DB_TYPE_BLOB)
 
     def test_config_driver_names_match(self):
         self.assertEqual(set(config.DRIVER_NAMES['oracle']), set(drivers.DRIVER_NAMES))

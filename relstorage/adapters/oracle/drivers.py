@@ -191,7 +191,6 @@ class Driver:
 
     def connect(self, user, password, dsn, purpose, connect_timeout):
         conn = self._connect(user, password, dsn, connect_timeout)
-        conn.lob_type = self.DB_TYPE_BLOB
         conn.outputtypehandler = self.output_type_handler()
         # 'oid' connections only draw sequence values: nothing to roll back.
         conn.autocommit = (purpose == 'oid')
@@ -298,7 +297,7 @@ def _connection_class(module):
             return super().executemany(statement, parameters, **kwargs)
 
     class Connection(module.Connection):
-        lob_type = None
+        lob_type = getattr(module, 'DB_TYPE_BLOB', None)
 
         def cursor(self, *args, **kwargs):
             return Cursor(self, *args, **kwargs)
