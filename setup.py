@@ -16,6 +16,7 @@ exec(read('relstorage/__init__.py'), version)
 
 postgresql = ['psycopg[binary] >= 3.1', 'psycopg2-binary']
 mysql = ['mysqlclient', 'PyMySQL']
+oracle = ['oracledb']
 
 setup(
     name='relstorage',
@@ -40,9 +41,10 @@ setup(
     extras_require={
         'postgresql': postgresql,
         'mysql': mysql,
-        'oracle': ['oracledb'],
+        'oracle': oracle,
         'memcache': ['pymemcache'],
-        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache'],
+        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache']
+                + oracle + ['sqlglot'],
     },
     entry_points={
         'console_scripts': [

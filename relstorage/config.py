@@ -6,6 +6,7 @@ adapter and driver modules are imported only by ``open()``/``create()``.
 """
 
 import logging
+import re
 
 import ZConfig
 import ZConfig.datatypes
@@ -87,6 +88,8 @@ keys.sqlite3_data_dir = _named_datatype('data-dir', 'existing-dirpath')
 keys.mysql_port = _named_datatype('port', 'port-number')
 keys.mysql_connect_timeout = _named_datatype('connect_timeout', 'integer')
 keys.mysql_compress = _named_datatype('compress', 'boolean')
+keys.oracle_commit_lock_id = _named_datatype('commit-lock-id', 'integer')
+keys.oracle_twophase = _named_datatype('twophase', 'boolean')
 del _option, _database, _names
 
 
@@ -222,14 +225,20 @@ class OracleAdapterFactory(AdapterFactory):
 
     def create(self, options):
         from relstorage.adapters.oracle.adapter import OracleAdapter
+        # zodburi builds a section without the compatibility keys.
         return OracleAdapter(user=self.config.user,
                              password=self.config.password,
-                             dsn=self.config.dsn, options=options)
+                             dsn=self.config.dsn, options=options,
+                             commit_lock_id=getattr(self.config, 'commit_lock_id', None),
+                             twophase=getattr(self.config, 'twophase', False))
 
     def __repr__(self):
+        dsn = self.config.dsn
+        if dsn:
+            # Oracle's own user/password@connect-string form.
+            dsn = re.sub(r'^([^/@(]*)/[^@]*@', r'\1/***@', dsn)
         return '<%s user=%r dsn=%r driver=%r>' % (
-            type(self).__name__, self.config.user,
-            redact_secrets(self.config.dsn), self.driver)
+            type(self).__name__, self.config.user, redact_secrets(dsn), self.driver)
 
 
 __all__ = ['RelStorageFactory', 'AdapterFactory', 'Sqlite3AdapterFactory',

@@ -8,10 +8,12 @@ with a message saying which database and how it was tried.  A database the
 suite is configured for is never silently skipped.
 
 Environment:
-  RS_TEST_DATABASES   comma list among sqlite, postgresql, mysql
-                      (default: every adapter this checkout has)
+  RS_TEST_DATABASES   comma list among sqlite, postgresql, mysql, oracle
+                      (default: sqlite, postgresql and mysql; oracle only
+                      when named, as no Oracle server can run here)
   RS_PG_DSN           libpq DSN of a superuser (default host=127.0.0.1 user=postgres)
   RS_MYSQL_HOST/PORT/USER/PASSWD   (default 127.0.0.1 / 3306 / root / empty)
+  RS_ORACLE_DSN/USER/PASSWORD      a staging Oracle server (no default)
 """
 import os
 import shutil
@@ -93,6 +95,24 @@ def start_mysql():
     return None if result.returncode == 0 else (result.stderr.strip() or result.stdout.strip())
 
 
+ORACLE_VARIABLES = ('RS_ORACLE_DSN', 'RS_ORACLE_USER', 'RS_ORACLE_PASSWORD')
+
+
+def try_oracle():
+    missing = [name for name in ORACLE_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise RuntimeError('%s not set' % ', '.join(missing))
+    import oracledb
+    conn = oracledb.connect(user=os.environ['RS_ORACLE_USER'],
+                            password=os.environ['RS_ORACLE_PASSWORD'],
+                            dsn=os.environ['RS_ORACLE_DSN'], tcp_connect_timeout=5)
+    conn.close()
+
+
+def start_oracle():
+    return 'no local Oracle server can be started here; set RS_ORACLE_DSN to a staging one'
+
+
 CHECKS = {
     'postgresql': (try_postgresql, start_postgresql,
                    lambda: 'PostgreSQL via RS_PG_DSN=%r' % _redact(pg_dsn()),
@@ -100,6 +120,11 @@ CHECKS = {
     'mysql': (try_mysql, start_mysql,
               lambda: 'MySQL/MariaDB at %(host)s:%(port)s as %(user)s' % mysql_params(),
               lambda: mysql_params()['host']),
+    'oracle': (try_oracle, start_oracle,
+               lambda: 'Oracle via RS_ORACLE_DSN=%r as %r' % (
+                   os.environ.get('RS_ORACLE_DSN'), os.environ.get('RS_ORACLE_USER')),
+               # Never "local": nothing to start.
+               lambda: 'remote'),
 }
 
 

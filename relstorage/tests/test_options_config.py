@@ -537,6 +537,15 @@ class TestAdapterSections(_ParsingTests):
         self.assertEqual(factory.options.driver, 'cx_Oracle')
         self.assertNotIn('secret', repr(adapter))
 
+    def test_oracle_compatibility_keys(self):
+        adapter = self.load(adapter=(
+            '<oracle>\n user zope\n dsn db:1521/XE\n commit-lock-id 3\n'
+            ' twophase on\n</oracle>')).config.adapter
+        self.assertEqual((adapter.config.commit_lock_id, adapter.config.twophase),
+                         (3, True))
+        self.assertConfigError(['twophase'], adapter=(
+            '<oracle>\n dsn db:1521/XE\n twophase maybe\n</oracle>'))
+
     def test_driver_names(self):
         for database, names in config.DRIVER_NAMES.items():
             for canonical, aliases in names.items():
@@ -594,13 +603,15 @@ class TestCreateAndOpen(_ParsingTests):
                                        'options': factory.options})])
 
     def test_oracle_create(self):
-        factory = self.load(adapter='<oracle>\n user u\n dsn d\n</oracle>')
-        _, calls = self._fake_module('relstorage.adapters.oracle.adapter',
-                                     'OracleAdapter')
-        factory.config.adapter.create(factory.options)
-        self.assertEqual(calls, [((), {'user': 'u', 'password': None,
-                                       'dsn': 'd',
-                                       'options': factory.options})])
+        # The real adapter: building it opens no connection.
+        from relstorage.adapters.oracle.adapter import OracleAdapter
+        factory = self.load(adapter='<oracle>\n user u\n password pw\n'
+                                    ' dsn db:1521/XE\n</oracle>')
+        adapter = factory.config.adapter.create(factory.options)
+        self.assertIsInstance(adapter, OracleAdapter)
+        self.assertIs(adapter.options, factory.options)
+        self.assertEqual((adapter.user, adapter.dsn), ('u', 'db:1521/XE'))
+        self.assertNotIn('pw', adapter.describe())
 
     def test_open(self):
         factory = self.load('name main\nrevert-when-stale true')

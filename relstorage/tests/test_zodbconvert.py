@@ -93,7 +93,27 @@ class MySQLDB:
         self._admin('DROP DATABASE IF EXISTS %s' % self.dbname)
 
 
-DATABASES = {'sqlite': SqliteDB, 'postgresql': PostgreSQLDB, 'mysql': MySQLDB}
+class OracleDB:
+    """A schema of its own on the staging server (see test_oracle)."""
+    name = 'oracle'
+
+    def __init__(self, tmp):
+        from .test_oracle import ADMIN
+        from .test_oracle import _PASSWORD
+        self.user = 'ZODBCONVERT_%s' % uuid.uuid4().hex[:10].upper()
+        self.password = _PASSWORD
+        ADMIN.ensure_user(self.user, self.password)
+
+    def section(self):
+        return '<oracle>\n user %s\n password %s\n dsn %s\n</oracle>' % (
+            self.user, self.password, os.environ['RS_ORACLE_DSN'])
+
+    def cleanup(self):
+        pass        # dropped with the other test users when the process exits
+
+
+DATABASES = {'sqlite': SqliteDB, 'postgresql': PostgreSQLDB, 'mysql': MySQLDB,
+             'oracle': OracleDB}
 
 
 def configured():

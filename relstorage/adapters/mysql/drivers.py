@@ -7,6 +7,7 @@ exception carries which server error number.  ``classify_error`` maps error
 numbers once, for both drivers.
 """
 from ...interfaces import RelStorageError
+from .. import drivers
 
 #: Canonical driver name -> other accepted spellings (case is ignored).
 #: Keep in step with relstorage.config.DRIVER_NAMES['mysql'].
@@ -49,13 +50,7 @@ PACKET_TOO_LARGE = 1153
 
 
 def canonical_name(name):
-    name = (name or 'auto').strip()
-    for canonical, aliases in DRIVER_NAMES.items():
-        if name.lower() in [n.lower() for n in (canonical,) + aliases]:
-            return canonical
-    raise RelStorageError(
-        "Unknown MySQL driver %r; choose one of: %s"
-        % (name, ', '.join(DRIVER_NAMES)))
+    return drivers.canonical_name(DRIVER_NAMES, name, 'MySQL')
 
 
 class Driver:

@@ -1,0 +1,244 @@
+"""Oracle adapter (Oracle Database 19c and later, 23ai included).
+
+Connections, by purpose:
+
+- ``load``: every transaction is one ``SET TRANSACTION READ ONLY``
+  snapshot: Oracle gives a read-only transaction transaction-level read
+  consistency, so every query sees the database as of its first statement;
+- ``store``: Oracle's default READ COMMITTED, autocommit off.  Vote locks
+  the current rows it changes, and those read with readCurrent, with
+  ``SELECT ... FOR UPDATE WAIT n`` in OID order; finish locks the single
+  ``commit_lock`` row the same way (a lock row rather than DBMS_LOCK: it
+  needs no grant, is released by commit or rollback like every other
+  lock, and lives in the storage's own schema, so storages in different
+  schemas never share it, which is what commit-lock-id was for);
+- ``oid``: autocommit; OIDs come from the NOCACHE sequence ``zoid_seq``,
+  whose values are never rolled back.
+
+``temp_store`` and ``temp_blob_chunk`` are global temporary tables created
+with the schema (``ON COMMIT DELETE ROWS``).  Statements are written with
+``%s`` placeholders like every adapter's and rendered here as numbered
+binds (``:1``, ``:2``, ...).  Values are bound through the driver layer
+(drivers.py), which binds booleans as 0/1 and byte strings over 32 KB as
+BLOBs, and fetches BLOBs as bytes.
+"""
+import logging
+import math
+
+from ...interfaces import DisconnectedError
+from ...interfaces import RelStorageError
+from ...options import redact_secrets
+from ..base import Adapter
+from ..base import _one_line
+from ..base import chunks
+from ..connections import DBConnection
+from . import drivers
+from . import sql
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONNECT_TIMEOUT = 10
+
+
+class OracleConnectError(DisconnectedError):
+    """The database could not be reached (listener or service down, network).
+
+    A DisconnectedError, hence a TransientError: retrying later may work.
+    """
+
+
+class OracleLoginError(RelStorageError):
+    """The database refused the user name, password or account."""
+
+
+def render_binds(stmt):
+    """``stmt`` with each ``%s`` replaced by the next numbered bind."""
+    parts = stmt.split('%s')
+    out = [parts[0]]
+    for number, part in enumerate(parts[1:], 1):
+        out.append(':%d' % number)
+        out.append(part)
+    return ''.join(out)
+
+
+class OracleAdapter(Adapter):
+    vendor = 'oracle'
+    single_writer = False
+    # ORA-01795: at most 1000 expressions in a list.
+    max_in_list = 1000
+    upload_batch = 1000
+    statements_class = sql.OracleStatements
+    temp_rows_survive_commit = False
+
+    def __init__(self, user=None, password=None, dsn=None, options=None, driver=None,
+                 commit_lock_id=None, twophase=False):
+        super().__init__(options)
+        self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
+        dsn = (dsn or '').strip()
+        if not dsn:
+            raise RelStorageError("The oracle adapter needs a dsn (an Easy Connect "
+                                  "string such as host:1521/service, or a TNS alias).")
+        dsn_user, dsn_password, dsn = self.driver.split_credentials(dsn)
+        self.user = user or dsn_user
+        self._password = password if password is not None else dsn_password
+        self.dsn = dsn
+        self._where = self.driver.parse_dsn(dsn)
+        self.sql = self.statements_class(self.keep_history, lock_wait=self._lock_wait())
+        self._oid_floor_seen = 0
+        lock_id = commit_lock_id if commit_lock_id is not None else \
+            getattr(self.options, 'commit_lock_id', 0)
+        if lock_id:
+            log.info("commit-lock-id %s has no effect on Oracle: the commit lock is "
+                     "the row of this schema's commit_lock table.", lock_id)
+        if twophase:
+            log.info("twophase is accepted for compatibility and has no effect: "
+                     "RelStorage commits the Oracle transaction itself.")
+
+    # --- description and errors ------------------------------------------
+
+    def describe(self):
+        if self._where is not None:
+            host, port, service = self._where
+            where = 'service %r at %s:%s' % (service, host, port)
+        else:
+            where = 'TNS alias %r' % self._redact(self.dsn)
+        return "Oracle database %s as user %r" % (where, self.user)
+
+    def _redact(self, text):
+        if self._password:
+            text = text.replace(self._password, '***')
+        return redact_secrets(text)
+
+    def classify_error(self, exc):
+        return drivers.classify_error(self.driver, exc)
+
+    def _connect_error(self, exc):
+        kind = drivers.classify_connect_error(self.driver, exc)
+        detail = self._redact(_one_line(exc))
+        if kind == 'login':
+            return OracleLoginError(
+                "Cannot log in to %s: the user name or password was refused, or the "
+                "account cannot log in (%s)" % (self.describe(), detail))
+        message = "Cannot connect to %s (driver %s): %s" % (
+            self.describe(), self.driver.name, detail)
+        if kind == 'unreachable':
+            return OracleConnectError(message)
+        return RelStorageError(message)
+
+    # --- placeholders -------------------------------------------------------
+
+    def q(self, stmt):
+        try:
+            return self._q_cache[stmt]
+        except KeyError:
+            rendered = self._q_cache[stmt] = render_binds(stmt)
+            return rendered
+
+    # --- connections ------------------------------------------------------
+
+    def connect(self, purpose):
+        try:
+            return self.driver.connect(self.user, self._password, self.dsn, purpose,
+                                       DEFAULT_CONNECT_TIMEOUT)
+        except self.driver.Error as exc:
+            # Not chained: the driver's text is summarised (redacted) in ours.
+            raise self._connect_error(exc) from None
+
+    def begin_snapshot(self, conn):
+        # SET TRANSACTION must be the first statement of a transaction
+        # (ORA-01453): end one a failed earlier attempt may have left open.
+        if conn.in_transaction:
+            conn.rollback()
+        conn.execute('SET TRANSACTION READ ONLY')
+
+    def _lock_wait(self):
+        # WAIT takes whole seconds; 0 means do not wait at all.
+        seconds = int(math.ceil(float(self.options.commit_lock_timeout)))
+        return 'WAIT %d' % seconds if seconds > 0 else 'NOWAIT'
+
+    # --- schema -------------------------------------------------------------
+
+    def schema_statements(self):
+        return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
+
+    def list_tables(self, conn):
+        return {row[0] for row in conn.query_all(self.sql.LIST_TABLES)}
+
+    def required_tables(self):
+        return super().required_tables() | {'zoid_seq', 'temp_store', 'temp_blob_chunk'}
+
+    def ensure_temp_table(self, conn):
+        # Global temporary tables are part of the schema.
+        pass
+
+    def drop_all(self):
+        self.close()
+        self._oid_floor_seen = 0
+        with self._oid_lock:
+            self._oid_block = []
+        conn = DBConnection(self, self.connect('store'), 'store')
+        try:
+            for stmt in sql.drop_statements(self.list_tables(conn)):
+                conn.execute(stmt)
+            conn.commit()
+        finally:
+            conn.close()
+
+    # --- OIDs -------------------------------------------------------------
+
+    def allocate_oid_block(self, conn):
+        (last,) = conn.query_one(self.q(self.sql.NEXT_OID_BLOCKS), (1,))
+        self._oid_floor_seen = max(self._oid_floor_seen, last)
+        return list(range(last - sql.OID_BLOCK + 1, last + 1))
+
+    def raise_oid_floor(self, conn, max_oid):
+        # Every OID we handed out is <= a sequence value we drew: the usual
+        # commit needs no query at all.
+        if max_oid <= self._oid_floor_seen:
+            return
+        # Restore and copy store OIDs nobody allocated: draw sequence values
+        # until one reaches max_oid.  Every later value, and so every later
+        # block, then lies above it.  (Drawing rather than ALTER SEQUENCE:
+        # no DDL, no implicit commit, no cursor invalidation.)
+        # No value below the NOCACHE sequence's recorded position will be
+        # drawn again, so the blocks still to come start above position - B.
+        position = conn.query_value(self.q(self.sql.OID_SEQUENCE_STATE)) or 0
+        if position - sql.OID_BLOCK >= max_oid:
+            # (A process that commits only existing objects: no draw.)
+            self._oid_floor_seen = max(self._oid_floor_seen, position - sql.OID_BLOCK)
+            return
+        drawn = self._oid_floor_seen
+        while drawn < max_oid:
+            wanted = max(1, -(-(max_oid - max(position, drawn)) // sql.OID_BLOCK) + 1)
+            values = [row[0] for row in conn.query_all(
+                self.q(self.sql.NEXT_OID_BLOCKS), (min(wanted, sql.MAX_DRAW),))]
+            drawn = max([drawn] + values)
+        self._oid_floor_seen = drawn
+
+    # --- commit -----------------------------------------------------------
+
+    def upload(self, conn, rows):
+        # Small states bind as RAW in one array DML; the few above the RAW
+        # limit go in batches of their own, bound as BLOB (drivers.py).
+        small, large = [], []
+        for row in rows:
+            state = row[2]
+            (large if state is not None and len(state) > drivers.LOB_BIND_LIMIT
+             else small).append(row)
+        super().upload(conn, small)
+        super().upload(conn, large)
+
+    def lock_objects(self, conn, oids, read_current_oids):
+        # No shared row locks in Oracle: readCurrent rows are locked
+        # exclusively too, all in one OID order.
+        for chunk in chunks(sorted(set(oids) | set(read_current_oids)), self.max_in_list):
+            conn.query_all(self.in_list(self.sql.LOCK_OBJECTS, len(chunk)), chunk)
+
+    def lock_commit(self, conn):
+        return conn.query_value(self.q(self.sql.LOCK_COMMIT)) or 0
+
+    # --- blobs --------------------------------------------------------------
+
+    def load_blob_chunk(self, conn, oid, tid, chunk_num):
+        # An empty chunk was stored as NULL (see sql.py).
+        return super().load_blob_chunk(conn, oid, tid, chunk_num) or b''

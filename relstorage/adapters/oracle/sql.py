@@ -1,0 +1,222 @@
+"""Oracle statements and schema (Oracle Database 19c and later).
+
+Differences from the ANSI statements in ``..sql``:
+
+- placeholders are numbered bind variables (``:1``, ``:2``, ...), rendered
+  by ``OracleAdapter.q`` from the shared ``%s`` spelling;
+- ``LIMIT n`` is ``FETCH FIRST n ROWS ONLY`` (12c row limiting);
+- upserts are ``MERGE``;
+- pickles, blob chunks and transaction metadata are ``BLOB``; their size is
+  ``DBMS_LOB.GETLENGTH`` (``LENGTH`` does not accept a BLOB);
+- Oracle stores a zero-length BLOB or RAW as NULL, so the byte columns that
+  may legitimately be empty (metadata, an empty blob's single chunk) are
+  nullable, and the adapter reads NULL back as ``b''`` there;
+- there is no BOOLEAN column type before 23ai: flags are ``NUMBER(1)``, and
+  the driver layer binds Python booleans as 0/1;
+- row locks are ``SELECT ... FOR UPDATE WAIT n`` (or ``NOWAIT``), the wait
+  taken from commit-lock-timeout when the adapter is built.  Oracle has no
+  shared row lock, so rows read with readCurrent are locked ``FOR UPDATE``
+  as well: stricter than needed, never wrong;
+- ``temp_store`` and ``temp_blob_chunk`` are global temporary tables
+  (``ON COMMIT DELETE ROWS``): created once with the schema, each session
+  sees only its own rows, and a commit or rollback empties them.
+"""
+from ..sql import Statements
+
+#: OIDs handed out per sequence value: ``zoid_seq`` counts in steps of
+#: OID_BLOCK and a value ``v`` reserves the OIDs ``v - OID_BLOCK + 1 .. v``.
+OID_BLOCK = 128
+
+#: Sequence values drawn at most per round trip when the OID floor is raised.
+MAX_DRAW = 10000
+
+
+def _fetch_first(stmt):
+    """``stmt`` with its final ``LIMIT n`` written as Oracle (12c) has it."""
+    head, sep, count = stmt.rpartition('LIMIT ')
+    if not sep:
+        raise ValueError('no LIMIT in %r' % stmt)
+    return head + 'FETCH FIRST ' + count.strip() + ' ROWS ONLY\n'
+
+
+class OracleStatements(Statements):
+    """Statements for one history mode; ``lock_wait`` is the clause that
+    bounds row-lock waits (``WAIT n`` or ``NOWAIT``)."""
+
+    def __init__(self, keep_history, lock_wait='WAIT 30'):
+        super().__init__(keep_history)
+        for name in ('LOCK_COMMIT', 'LOCK_OBJECTS'):
+            setattr(self, name, getattr(self, name).replace('{lock_wait}', lock_wait))
+
+    # --- reads limited to the first rows ---------------------------------
+
+    LOAD_BEFORE = _fetch_first(Statements.LOAD_BEFORE)
+    RECENT_CHANGES = _fetch_first(Statements.RECENT_CHANGES)
+    RECENT_CHANGES_HF = _fetch_first(Statements.RECENT_CHANGES_HF)
+    HISTORY = _fetch_first(Statements.HISTORY)
+    HISTORY_HF = _fetch_first(Statements.HISTORY_HF)
+    RECORD_ITERNEXT = _fetch_first(Statements.RECORD_ITERNEXT)
+    RECORD_ITERNEXT_HF = _fetch_first(Statements.RECORD_ITERNEXT_HF)
+    TID_HAS_STATES = _fetch_first(Statements.TID_HAS_STATES)
+
+    # --- commit ---------------------------------------------------------
+
+    # The commit lock: the row of commit_lock, held until commit/rollback.
+    LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE {lock_wait}"
+
+    # Row locks taken during vote, in OID order (the sort runs below the
+    # locking row source, so rows are locked in the order they come out).
+    # Objects that do not exist yet have no row to lock; their OIDs are
+    # new and unique to this transaction anyway.
+    LOCK_OBJECTS = """
+        SELECT zoid FROM current_object WHERE zoid IN ({in_list})
+        ORDER BY zoid FOR UPDATE {lock_wait}
+    """
+    LOCK_OBJECTS_HF = """
+        SELECT zoid FROM object_state WHERE zoid IN ({in_list})
+        ORDER BY zoid FOR UPDATE {lock_wait}
+    """
+
+    MOVE_FROM_TEMP = """
+        INSERT INTO object_state (zoid, tid, prev_tid, state_size, state)
+        SELECT zoid, %s, prev_tid, COALESCE(DBMS_LOB.GETLENGTH(state), 0), state
+        FROM temp_store
+    """
+
+    UPDATE_CURRENT = """
+        MERGE INTO current_object c
+        USING (SELECT zoid, %s AS tid FROM temp_store) t
+        ON (c.zoid = t.zoid)
+        WHEN MATCHED THEN UPDATE SET c.tid = t.tid
+        WHEN NOT MATCHED THEN INSERT (zoid, tid) VALUES (t.zoid, t.tid)
+    """
+
+    MOVE_FROM_TEMP_HF = """
+        MERGE INTO object_state s
+        USING (
+            SELECT zoid, %s AS tid, COALESCE(DBMS_LOB.GETLENGTH(state), 0) AS state_size,
+                   state
+            FROM temp_store
+        ) t
+        ON (s.zoid = t.zoid)
+        WHEN MATCHED THEN UPDATE SET
+            s.tid = t.tid, s.state_size = t.state_size, s.state = t.state
+        WHEN NOT MATCHED THEN INSERT (zoid, tid, state_size, state)
+            VALUES (t.zoid, t.tid, t.state_size, t.state)
+    """
+
+    # --- pack -------------------------------------------------------------
+
+    DELETE_TRANSACTIONS_WITHOUT_STATES = """
+        DELETE FROM transaction_log
+        WHERE tid > 0 AND tid <= %s AND packed = %s
+          AND NOT EXISTS (SELECT 1 FROM object_state s WHERE s.tid = transaction_log.tid)
+    """
+
+    # --- OIDs -------------------------------------------------------------
+
+    # Draws %s values of the sequence in one round trip.
+    NEXT_OID_BLOCKS = "SELECT zoid_seq.NEXTVAL FROM dual CONNECT BY LEVEL <= %s"
+    # The sequence is NOCACHE, so this is where it stands: no value below
+    # it can be handed out any more.
+    OID_SEQUENCE_STATE = """
+        SELECT last_number FROM user_sequences WHERE sequence_name = 'ZOID_SEQ'
+    """
+
+    # --- schema -----------------------------------------------------------
+
+    # (Tables in the recycle bin are still listed, as dropped.)
+    LIST_TABLES = """
+        SELECT LOWER(table_name) FROM user_tables WHERE dropped = 'NO'
+        UNION ALL
+        SELECT LOWER(sequence_name) FROM user_sequences
+    """
+
+
+# NUMBER(20) holds every 64-bit OID and TID.  The sequence is NOCACHE:
+# a cached sequence hands out values below its recorded position (per
+# instance, on RAC), which would make raising the OID floor after a
+# restore unreliable; one sequence value reserves OID_BLOCK OIDs, so the
+# dictionary update per value costs little.
+_COMMON_HEAD = (
+    "CREATE SEQUENCE zoid_seq START WITH %d INCREMENT BY %d MINVALUE 0 NOCACHE"
+    % (OID_BLOCK, OID_BLOCK),
+    """CREATE TABLE commit_lock (
+        id NUMBER(1) NOT NULL PRIMARY KEY,
+        tid NUMBER(20) NOT NULL
+    )""",
+    "INSERT INTO commit_lock (id, tid) VALUES (0, 0)",
+)
+
+_TEMP_TABLES = (
+    """CREATE GLOBAL TEMPORARY TABLE temp_store (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY,
+        prev_tid NUMBER(20) NOT NULL,
+        state BLOB
+    ) ON COMMIT DELETE ROWS""",
+    """CREATE GLOBAL TEMPORARY TABLE temp_blob_chunk (
+        zoid NUMBER(20) NOT NULL,
+        chunk_num NUMBER(20) NOT NULL,
+        chunk BLOB,
+        PRIMARY KEY (zoid, chunk_num)
+    ) ON COMMIT DELETE ROWS""",
+)
+
+# chunk is nullable: an empty blob is one zero-length chunk, which Oracle
+# stores as NULL.
+_BLOB_CHUNK_TABLE = (
+    """CREATE TABLE blob_chunk (
+        zoid NUMBER(20) NOT NULL,
+        tid NUMBER(20) NOT NULL,
+        chunk_num NUMBER(20) NOT NULL,
+        chunk BLOB,
+        PRIMARY KEY (zoid, tid, chunk_num)
+    )""",
+)
+
+HISTORY_PRESERVING_SCHEMA = _COMMON_HEAD + (
+    """CREATE TABLE transaction_log (
+        tid NUMBER(20) NOT NULL PRIMARY KEY,
+        packed NUMBER(1) DEFAULT 0 NOT NULL,
+        is_empty NUMBER(1) DEFAULT 0 NOT NULL,
+        username BLOB,
+        description BLOB,
+        extension BLOB
+    )""",
+    """CREATE TABLE object_state (
+        zoid NUMBER(20) NOT NULL,
+        tid NUMBER(20) NOT NULL,
+        prev_tid NUMBER(20) NOT NULL,
+        state_size NUMBER(20) NOT NULL,
+        state BLOB,
+        PRIMARY KEY (zoid, tid)
+    )""",
+    "CREATE INDEX object_state_tid ON object_state (tid)",
+    """CREATE TABLE current_object (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY,
+        tid NUMBER(20) NOT NULL
+    )""",
+    "CREATE INDEX current_object_tid ON current_object (tid)",
+) + _BLOB_CHUNK_TABLE + _TEMP_TABLES
+
+HISTORY_FREE_SCHEMA = _COMMON_HEAD + (
+    """CREATE TABLE object_state (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY,
+        tid NUMBER(20) NOT NULL,
+        state_size NUMBER(20) NOT NULL,
+        state BLOB
+    )""",
+    "CREATE INDEX object_state_tid ON object_state (tid)",
+) + _BLOB_CHUNK_TABLE + _TEMP_TABLES
+
+#: Every table RelStorage owns, in an order that can be dropped.
+ALL_TABLES = ('blob_chunk', 'current_object', 'transaction_log', 'object_state',
+              'commit_lock', 'temp_store', 'temp_blob_chunk')
+SEQUENCES = ('zoid_seq',)
+
+
+def drop_statements(existing):
+    """DDL dropping what of ours exists (19c has no DROP ... IF EXISTS)."""
+    stmts = ['DROP TABLE %s PURGE' % name for name in ALL_TABLES if name in existing]
+    stmts += ['DROP SEQUENCE %s' % name for name in SEQUENCES if name in existing]
+    return stmts
