@@ -82,21 +82,24 @@ class CachedBlobs(BlobMode):
 
     # --- reading --------------------------------------------------------------
 
-    def load(self, storage, oid_int, tid_int):
+    def load(self, read_chunks, oid_int, tid_int):
+        """The path of blob (oid, tid) in the cache, downloaded first with
+        ``read_chunks(oid, tid, write)`` (which returns the size, or None
+        when the blob does not exist) when it is not there."""
         path = self.filename(oid_int, tid_int)
         if os.path.exists(path):
             _touch(path)
             return path
-        return self.download(storage, oid_int, tid_int)
+        return self.download(read_chunks, oid_int, tid_int)
 
-    def download(self, storage, oid_int, tid_int):
+    def download(self, read_chunks, oid_int, tid_int):
         path = self.filename(oid_int, tid_int)
         self.fshelper.createPathForOID(oid_int)
         fd, temp = tempfile.mkstemp(prefix='download-', suffix='.tmp',
                                     dir=self.fshelper.temp_dir)
         try:
             with os.fdopen(fd, 'wb') as f:
-                size = storage._read_blob_chunks(oid_int, tid_int, f.write)
+                size = read_chunks(oid_int, tid_int, f.write)
                 if size is None:
                     raise self.missing(oid_int, tid_int)
                 f.flush()

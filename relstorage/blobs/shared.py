@@ -38,7 +38,7 @@ class SharedBlobs(BlobMode):
     def committed(self, btxn, tid_int):
         btxn.placed = []
 
-    def load(self, storage, oid_int, tid_int):
+    def load(self, read_chunks, oid_int, tid_int):
         path = self.filename(oid_int, tid_int)
         if not os.path.exists(path):
             raise self.missing(oid_int, tid_int)

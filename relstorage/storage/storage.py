@@ -548,7 +548,7 @@ class RelStorage(ConflictResolvingStorage):
     def loadBlob(self, oid, serial):
         if self._blobs is None:
             raise POSException.Unsupported("No blob-dir is configured")
-        return self._blobs.load(self, u64(oid), u64(serial))
+        return self._blobs.load(self._read_blob_chunks, u64(oid), u64(serial))
 
     def openCommittedBlobFile(self, oid, serial, blob=None):
         attempts = 5 if self._blobs is not None and self._blobs.in_database else 1
