@@ -193,8 +193,8 @@ class IRelStorageAdapter(Interface):
         """(oid, committed_tid, prev_tid) for every uploaded object whose
         current revision is not the one it was based on."""
 
-    def replace_temp(conn, oid, prev_tid, state):
-        """Replace an uploaded state (after conflict resolution)."""
+    def replace_temp_many(conn, rows):
+        """Replace uploaded states by (oid, prev_tid, state) rows."""
 
     def fix_prev_tids(conn):
         """For restore: base every uploaded row on the current revision."""

@@ -356,8 +356,14 @@ class Adapter:
     def detect_conflicts(self, conn):
         return conn.query_all(self.q(self.sql.DETECT_CONFLICTS))
 
-    def replace_temp(self, conn, oid, prev_tid, state):
-        conn.execute(self.q(self.sql.REPLACE_TEMP), (prev_tid, state, oid))
+    def replace_temp_many(self, conn, rows):
+        """Replace uploaded states by ``(oid, prev_tid, state)`` rows
+        (resolved conflicts): one delete and one bulk upload, instead of an
+        UPDATE round trip per object."""
+        rows = list(rows)
+        for chunk in chunks([oid for oid, _, _ in rows], self.max_in_list):
+            conn.execute(self.in_list(self.sql.DELETE_TEMP_MANY, len(chunk)), chunk)
+        self.upload(conn, rows)
 
     def lock_objects_checked(self, conn, oids, read_current_oids):
         """``lock_objects`` with its lock failures reported by OID."""

@@ -191,9 +191,7 @@ class Statements:
         INSERT INTO temp_store (zoid, prev_tid, state) VALUES (%s, %s, %s)
     """
 
-    REPLACE_TEMP = """
-        UPDATE temp_store SET prev_tid = %s, state = %s WHERE zoid = %s
-    """
+    DELETE_TEMP_MANY = "DELETE FROM temp_store WHERE zoid IN ({in_list})"
 
     DETECT_CONFLICTS = """
         SELECT t.zoid, c.tid, t.prev_tid

@@ -184,24 +184,31 @@ class Commit:
 
     def _resolve_conflicts(self, conn, resolve):
         adapter, tstore = self.adapter, self.tstore
-        for oid, committed_tid, prev_tid in adapter.detect_conflicts(conn):
-            new_state = tstore.read(oid)
-            if new_state is None or prev_tid == 0:
+        conflicts = adapter.detect_conflicts(conn)
+        if not conflicts:
+            return
+        for oid, committed_tid, prev_tid in conflicts:
+            if prev_tid == 0 or tstore.is_deletion(oid):
                 # Deleting a changed object, or creating one that exists:
                 # nothing to merge.
                 raise POSException.ConflictError(
                     oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)),
-                    data=new_state)
-            row = adapter.load_current(conn, oid)
-            committed_state = bytes(row[0]) if row and row[0] is not None else None
+                    data=tstore.read(oid))
+        # The rows are locked: what is current now stays current.  One
+        # query for every committed state, one replace for every result.
+        committed = adapter.load_current_many(conn, [oid for oid, _, _ in conflicts])
+        resolved_rows = []
+        for oid, committed_tid, prev_tid in conflicts:
+            committed_state = committed.get(oid, (None, None))[0]
             if committed_state is None:
                 raise POSException.ConflictError(
                     oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)))
             resolved = resolve(p64(oid), p64(committed_tid), p64(prev_tid),
-                               new_state, committed_state)
+                               tstore.read(oid), committed_state)
             tstore.store(oid, committed_tid, resolved)
-            adapter.replace_temp(conn, oid, committed_tid, resolved)
+            resolved_rows.append((oid, committed_tid, resolved))
             self.resolved.add(oid)
+        adapter.replace_temp_many(conn, resolved_rows)
 
     def _check_read_current(self, conn, read_current):
         current = self.adapter.current_tids(conn, list(read_current))

@@ -45,6 +45,9 @@ class TempStore:
         self._file.seek(offset)
         return self._file.read(length)
 
+    def is_deletion(self, oid_int):
+        return self._index[oid_int][1] < 0
+
     def prev_tid(self, oid_int):
         return self._index[oid_int][2]
 

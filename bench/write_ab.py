@@ -1,0 +1,168 @@
+"""The write phases, for comparing two trees of our own side by side.
+
+    cd /tmp && python /path/to/bench/write_ab.py --db postgresql \\
+        --trees /work/old,/work/new --rounds 5
+
+For each round and each tree (alternating A B A B, each run a fresh
+process on a fresh database), times zodbshootout's write phases with 1000
+objects of 128 bytes through ZODB.DB:
+
+- ``add``: one transaction adding 1000 objects;
+- ``update``: one transaction changing them all;
+- ``conflicting``: one transaction changing all 1000 while another
+  connection has changed them since (each resolved by _p_resolveConflict).
+
+Prints the median of the rounds per tree and phase, and the ratio
+(first tree / second tree; above 1 means the second is faster).  Each run
+prints which relstorage it imported, so the report shows what ran.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+RUN = r'''
+import json, os, sys, time, shutil, tempfile, transaction, ZODB
+import relstorage
+from persistent import Persistent
+sys.path.insert(0, sys.argv[2])
+from write_ab import open_storage, fresh, drop
+spec = json.loads(sys.argv[1])
+N = 1000
+
+
+class Counter(Persistent):
+    def __init__(self):
+        self.value = 0
+        self.pad = b'x' * 100
+
+    def _p_resolveConflict(self, old, committed, new):
+        result = dict(new)
+        result['value'] = committed['value'] + new['value'] - old['value']
+        return result
+
+
+sys.modules['__main__'].Counter = Counter
+fresh(spec)
+db = ZODB.DB(open_storage(spec))
+out = {'relstorage': os.path.dirname(relstorage.__file__)}
+tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
+c1, c2 = db.open(tm1), db.open(tm2)
+objs = [Counter() for _ in range(N)]
+t = time.perf_counter()
+c1.root()['objs'] = objs_list = __import__('persistent.list').list.PersistentList(objs)
+tm1.commit()
+out['add'] = time.perf_counter() - t
+for o in objs:
+    o.value += 1
+t = time.perf_counter()
+tm1.commit()
+out['update'] = time.perf_counter() - t
+tm2.begin()
+others = c2.root()['objs']
+for o in others:
+    o.value += 1
+tm2.commit()
+for o in objs:
+    o.value += 1
+t = time.perf_counter()
+tm1.commit()
+out['conflicting'] = time.perf_counter() - t
+tm2.begin()
+assert sum(o.value for o in c2.root()['objs']) == 3 * N
+c1.close(); c2.close(); db.close()
+drop(spec)
+print(json.dumps(out))
+'''
+
+
+def open_storage(spec):
+    from relstorage.options import Options
+    from relstorage.storage import RelStorage
+    options = Options(keep_history=spec['keep_history'])
+    db = spec['db']
+    if db == 'sqlite':
+        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+        adapter = Sqlite3Adapter(data_dir=spec['where'], options=options)
+    elif db == 'postgresql':
+        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
+        adapter = PostgreSQLAdapter(
+            dsn='host=127.0.0.1 user=postgres dbname=%s' % spec['where'], options=options)
+    else:
+        from relstorage.adapters.mysql.adapter import MySQLAdapter
+        adapter = MySQLAdapter(options=options, host='127.0.0.1', user='root', passwd='',
+                               db=spec['where'])
+    return RelStorage(adapter, options=options)
+
+
+def _server_sql(db, statement):
+    if db == 'postgresql':
+        import psycopg
+        with psycopg.connect('host=127.0.0.1 user=postgres dbname=postgres',
+                             autocommit=True) as conn:
+            conn.execute(statement)
+    else:
+        import MySQLdb
+        conn = MySQLdb.connect(host='127.0.0.1', user='root', passwd='')
+        try:
+            conn.cursor().execute(statement)
+        finally:
+            conn.close()
+
+
+def fresh(spec):
+    import shutil
+    if spec['db'] == 'sqlite':
+        shutil.rmtree(spec['where'], ignore_errors=True)
+        os.makedirs(spec['where'])
+        return
+    _server_sql(spec['db'], 'DROP DATABASE IF EXISTS %s' % spec['where'])
+    _server_sql(spec['db'], 'CREATE DATABASE %s' % spec['where'])
+
+
+def drop(spec):
+    import shutil
+    if spec['db'] == 'sqlite':
+        shutil.rmtree(spec['where'], ignore_errors=True)
+    else:
+        _server_sql(spec['db'], 'DROP DATABASE IF EXISTS %s' % spec['where'])
+
+
+PHASES = ('add', 'update', 'conflicting')
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--db', default='sqlite', choices=('sqlite', 'postgresql', 'mysql'))
+    parser.add_argument('--trees', required=True, help='two checkouts, comma-separated')
+    parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--history-preserving', action='store_true')
+    args = parser.parse_args(argv)
+    trees = args.trees.split(',')
+    here = os.path.dirname(os.path.abspath(__file__))
+    where = ('/tmp/relstoragebench_ab_%d' % os.getpid() if args.db == 'sqlite'
+             else 'relstoragebench_ab_%d' % os.getpid())
+    spec = json.dumps({'db': args.db, 'where': where, 'keep_history': args.history_preserving})
+    times = {tree: {p: [] for p in PHASES} for tree in trees}
+    for _ in range(args.rounds):
+        for tree in trees:
+            env = dict(os.environ, PYTHONPATH=tree)
+            out = subprocess.run([sys.executable, '-c', RUN, spec, here], env=env,
+                                 capture_output=True, check=True, cwd='/tmp').stdout
+            result = json.loads(out)
+            if not result['relstorage'].startswith(tree):
+                raise SystemExit('%s ran %s' % (tree, result['relstorage']))
+            for p in PHASES:
+                times[tree][p].append(result[p] * 1000)
+    a, b = trees
+    print('%s %s, %d rounds, median ms (ran: %s | %s)'
+          % (args.db, 'HP' if args.history_preserving else 'HF', args.rounds, a, b))
+    for p in PHASES:
+        ma, mb = statistics.median(times[a][p]), statistics.median(times[b][p])
+        print('  %-12s %8.1f %8.1f   ratio %.2f' % (p, ma, mb, ma / mb))
+
+
+if __name__ == '__main__':
+    main()
