@@ -158,16 +158,22 @@ class PostgreSQLResolver(Resolver):
         return PostgreSQLAdapterFactory
 
 
+def _legacy_adapter_keys(database):
+    from relstorage.config import LEGACY_ADAPTER_KEYS
+    return LEGACY_ADAPTER_KEYS[database][0]
+
+
 class MySQLResolver(Resolver):
     scheme = 'mysql'
     database = 'mysql'
     adapter_keys = ('unix_socket', 'connect_timeout', 'compress', 'read_default_file',
-                    'read_default_group')
+                    'read_default_group') + _legacy_adapter_keys('mysql')
 
     def section(self, parts, adapter_values):
         from relstorage import config
         driver = self._driver(adapter_values)
-        values = dict.fromkeys(config.MySQLAdapterFactory.CONNECT_KEYS)
+        values = dict.fromkeys(config.MySQLAdapterFactory.CONNECT_KEYS
+                               + _legacy_adapter_keys('mysql'))
         values['host'] = unquote(parts.hostname) if parts.hostname else None
         values['port'] = _port(parts, self.scheme)
         values['user'] = unquote(parts.username) if parts.username else None
@@ -191,7 +197,7 @@ class MySQLResolver(Resolver):
 class SqliteResolver(Resolver):
     scheme = 'sqlite'
     database = 'sqlite3'
-    adapter_keys = ('data_dir',)
+    adapter_keys = ('data_dir',) + _legacy_adapter_keys('sqlite3')
 
     def _is_adapter_key(self, name):
         return name.startswith('pragma_')
@@ -211,9 +217,16 @@ class SqliteResolver(Resolver):
             raise ValueError('%s URI: the data directory is missing; write '
                              'sqlite:///path/to/dir or sqlite://?data_dir=/path/to/dir'
                              % self.scheme)
-        pragmas = {key[len('pragma_'):]: value for key, value in adapter_values.items()
-                   if key.startswith('pragma_')}
-        return _Section(data_dir=data_dir, pragmas=pragmas, driver=driver)
+        from relstorage.adapters.sqlite.pragmas import check_pragmas
+        try:
+            pragmas = check_pragmas({key[len('pragma_'):]: value
+                                     for key, value in adapter_values.items()
+                                     if key.startswith('pragma_')})
+        except ValueError as exc:
+            raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+        return _Section(data_dir=data_dir, pragmas=pragmas, driver=driver,
+                        **{key: adapter_values.get(key)
+                           for key in _legacy_adapter_keys('sqlite3')})
 
     def factory_class(self):
         from relstorage.config import Sqlite3AdapterFactory
