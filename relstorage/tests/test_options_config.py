@@ -26,22 +26,11 @@ from relstorage.options import Options
 from relstorage.options import redact_secrets
 from relstorage.options import rst_table
 
+from .test_config_corpus import load_zope_like
+
 HERE = os.path.dirname(os.path.abspath(relstorage.__file__))
 COMPONENT = os.path.join(HERE, 'component.xml')
 DOCS = os.path.join(os.path.dirname(HERE), 'docs', 'configuration.rst')
-
-# Zope's zope.conf names its database section zodb_db (an extension of
-# ZODB's zodb section with mount points). This stand-in lets the Plone
-# example below parse exactly as users write it.
-ZOPE_LIKE_SCHEMA = """
-<schema prefix="ZODB.config">
-  <import package="ZODB"/>
-  <sectiontype name="zodb_db" extends="zodb" implements="ZODB.database">
-    <multikey name="mount-point" attribute="mount_points" datatype="string"/>
-  </sectiontype>
-  <multisection type="ZODB.database" name="*" attribute="databases"/>
-</schema>
-"""
 
 PLONE_EXAMPLE = """\
 %import relstorage
@@ -60,22 +49,6 @@ PLONE_EXAMPLE = """\
 """
 
 DSN = "dbname='plone' user='plone' host='localhost' password='secret'"
-
-_zope_like_schema = None
-
-
-def zope_like_schema():
-    global _zope_like_schema
-    if _zope_like_schema is None:
-        _zope_like_schema = ZConfig.loadSchemaFile(
-            io.StringIO(ZOPE_LIKE_SCHEMA))
-    return _zope_like_schema
-
-
-def load_zope_like(text):
-    conf, _ = ZConfig.loadConfigFile(zope_like_schema(), io.StringIO(text))
-    return conf
-
 
 def load_db(text):
     """Parse *text* (zodb sections) with ZODB's own schema; return the
