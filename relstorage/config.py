@@ -103,8 +103,8 @@ keys.mysql_compress = _named_datatype('compress', 'boolean')
 del _option, _database, _names
 
 #: Keys of the adapter sections that earlier releases documented and that no
-#: longer apply: database -> ({key: ...}, what to say). They are accepted and
-#: ignored, with one warning when the section is read.
+#: longer apply: database -> (keys, why). component.xml declares them; they
+#: are accepted and ignored, with one warning when the section is read.
 LEGACY_ADAPTER_KEYS = {
     'mysql': (('conv', 'named_pipe', 'init_command', 'cursorclass',
                'use_unicode', 'charset', 'sql_mode', 'client_flag', 'ssl',
