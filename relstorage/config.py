@@ -60,6 +60,9 @@ def _driver_datatype(database, names):
     for canonical, aliases in names.items():
         for alias in (canonical,) + aliases:
             lookup[alias.lower()] = canonical
+    # Kept as written; AdapterFactory replaces them, with a warning.
+    for legacy in LEGACY_DRIVER_NAMES.get(database, ()):
+        lookup[legacy.lower()] = legacy
 
     def conversion(value):
         try:
@@ -71,6 +74,16 @@ def _driver_datatype(database, names):
     conversion.names = dict(names)
     return conversion
 
+
+#: Driver names of earlier releases: database -> {name: the driver used
+#: instead}. Accepted with a warning.
+LEGACY_DRIVER_NAMES = {
+    'sqlite3': {'gevent sqlite3': 'sqlite3'},
+    'postgresql': {'gevent psycopg2': 'psycopg2', 'psycopg2cffi': 'auto',
+                   'pg8000': 'auto'},
+    'mysql': {'gevent MySQLdb': 'MySQLdb', 'C MySQL Connector': 'auto',
+              'Py MySQL Connector': 'auto'},
+}
 
 #: Driver names accepted by each adapter section: canonical name (the
 #: importable module) -> other accepted spellings. Matching ignores case.
@@ -168,9 +181,15 @@ class AdapterFactory:
         self.config = config
         self.name = config.getSectionName()
         self.driver = config.driver
-        self._warn_legacy_keys()
+        self._replace_legacy()
 
-    def _warn_legacy_keys(self):
+    def _replace_legacy(self):
+        replacement = LEGACY_DRIVER_NAMES.get(self.database, {}).get(self.driver)
+        if replacement is not None:
+            logger.warning('%s driver %r is from an earlier release and not '
+                           'supported; using driver %s', self.database,
+                           self.driver, replacement)
+            self.driver = replacement
         names, why = LEGACY_ADAPTER_KEYS.get(self.database, ((), None))
         for key in names:
             if getattr(self.config, key, None) is not None:

@@ -58,9 +58,8 @@ class Resolver:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
         option_values, adapter_values, dbkw = self._split_query(query)
         section = self.section(parts, adapter_values)
-        options = self._options(option_values, section)
-        factory_class = self.factory_class()
-        adapter_factory = factory_class(section)
+        adapter_factory = self.factory_class()(section)
+        options = self._options(option_values, adapter_factory.driver)
 
         def factory():
             from relstorage.storage import RelStorage
@@ -109,9 +108,9 @@ class Resolver:
         except ValueError as exc:
             raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
 
-    def _options(self, values, section):
+    def _options(self, values, driver):
         values = dict(values)
-        values['driver'] = section.driver
+        values['driver'] = driver
         try:
             return Options(**values)
         except (TypeError, ValueError) as exc:

@@ -651,6 +651,20 @@ class TestAdapterSections(_ParsingTests):
         self.assertEqual(factory.options.driver, 'cx_Oracle')
         self.assertNotIn('secret', repr(adapter))
 
+    def test_legacy_driver_names(self):
+        for database, names in config.LEGACY_DRIVER_NAMES.items():
+            section = '<%s>\n driver %%s\n%s</%s>' % (
+                database, ' data-dir @TMP@/db\n' if database == 'sqlite3' else '',
+                database)
+            for legacy, used in names.items():
+                with self.subTest(database=database, driver=legacy):
+                    with self.assertLogs('relstorage.config', logging.WARNING) as logs:
+                        factory = self.load(adapter=section % legacy.upper())
+                    self.assertEqual(factory.config.adapter.driver, used)
+                    self.assertEqual(factory.options.driver, used)
+                    self.assertEqual(len(logs.output), 1)
+                    self.assertIn(legacy, logs.output[0])
+
     def test_driver_names(self):
         for database, names in config.DRIVER_NAMES.items():
             for canonical, aliases in names.items():

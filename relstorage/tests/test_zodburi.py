@@ -116,6 +116,9 @@ class TestResolvers(unittest.TestCase):
         self.assertEqual(options.cache_local_dir_count, 20)
         self.assertTrue(options.pack_prepack_only)
         self.assertEqual(options.cache_module_name, 'pymemcache')
+        factory, _ = resolve_uri('postgresql://u@h/db?driver=pg8000')
+        self.assertEqual(factory.options.driver, 'auto')
+        self.assertEqual(factory.adapter_factory.driver, 'auto')
         factory, _ = resolve_uri('mysql://u@h/db?charset=utf8&init-command=SET+x%3D1')
         self.assertEqual(factory.adapter_factory.connect_kwargs,
                          {'host': 'h', 'user': 'u', 'db': 'db'})
