@@ -27,7 +27,7 @@ setup(
     license='ZPL-2.1',
     python_requires='>=3.10',
     packages=find_packages(include=['relstorage', 'relstorage.*']),
-    package_data={'relstorage': ['component.xml']},
+    package_data={'relstorage': ['component.xml'], 'relstorage.tests': ['configs/*.conf']},
     include_package_data=True,
     zip_safe=False,
     install_requires=[

@@ -20,9 +20,11 @@ logger = logging.getLogger(__name__)
 _registry = ZConfig.datatypes.Registry()
 
 
-def _named_datatype(key, datatype, choices=None):
+def _named_datatype(key, datatype, option=None):
     """Return a ZConfig conversion for *datatype* whose errors start with
-    the key's name (ZConfig's own messages give only the value and line)."""
+    the key's name (ZConfig's own messages give only the value and line).
+    With an *option*, the converted value goes through its ``convert``
+    (aliases, choices)."""
     convert = _registry.get(datatype)
 
     def conversion(value):
@@ -30,15 +32,26 @@ def _named_datatype(key, datatype, choices=None):
             result = convert(value)
         except ValueError as e:
             raise ValueError('%s: %s' % (key, e)) from None
-        if choices is not None and result not in choices:
-            raise ValueError('%s: %r is not one of %s' % (
-                key, value, ', '.join(map(repr, choices))))
+        if option is not None:
+            result = option.convert(result)
         return result
     conversion.key = key
     conversion.datatype = datatype
-    conversion.choices = choices
+    conversion.choices = option.choices if option is not None else None
     conversion.__name__ = key.replace('-', '_')
     return conversion
+
+
+def dashed_key(name):
+    """Key type of sections whose keys are spelled with dashes
+    (``keep-history``): the underscore spelling names the same key."""
+    return _registry.get('basic-key')(name).replace('_', '-')
+
+
+def underscored_key(name):
+    """Key type of sections whose keys are spelled with underscores
+    (``unix_socket``): the dash spelling names the same key."""
+    return _registry.get('basic-key')(name).replace('-', '_')
 
 
 def _driver_datatype(database, names):
@@ -48,6 +61,9 @@ def _driver_datatype(database, names):
     for canonical, aliases in names.items():
         for alias in (canonical,) + aliases:
             lookup[alias.lower()] = canonical
+    # Kept as written; AdapterFactory replaces them, with a warning.
+    for legacy in LEGACY_DRIVER_NAMES.get(database, ()):
+        lookup[legacy.lower()] = legacy
 
     def conversion(value):
         try:
@@ -59,6 +75,16 @@ def _driver_datatype(database, names):
     conversion.names = dict(names)
     return conversion
 
+
+#: Driver names of earlier releases: database -> {name: the driver used
+#: instead}. Accepted with a warning.
+LEGACY_DRIVER_NAMES = {
+    'sqlite3': {'gevent sqlite3': 'sqlite3'},
+    'postgresql': {'gevent psycopg2': 'psycopg2', 'psycopg2cffi': 'auto',
+                   'pg8000': 'auto'},
+    'mysql': {'gevent MySQLdb': 'MySQLdb', 'C MySQL Connector': 'auto',
+              'Py MySQL Connector': 'auto'},
+}
 
 #: Driver names accepted by each adapter section: canonical name (the
 #: importable module) -> other accepted spellings. Matching ignores case.
@@ -81,7 +107,7 @@ class keys:
 
 for _option in Options.OPTIONS:
     setattr(keys, _option.attribute,
-            _named_datatype(_option.name, _option.datatype, _option.choices))
+            _named_datatype(_option.name, _option.datatype, _option))
 for _database, _names in DRIVER_NAMES.items():
     setattr(keys, _database + '_driver', _driver_datatype(_database, _names))
 keys.sqlite3_data_dir = _named_datatype('data-dir', 'existing-dirpath')
@@ -92,10 +118,26 @@ keys.oracle_commit_lock_id = _named_datatype('commit-lock-id', 'integer')
 keys.oracle_twophase = _named_datatype('twophase', 'boolean')
 del _option, _database, _names
 
+#: Keys of the adapter sections that earlier releases documented and that no
+#: longer apply: database -> (keys, why). component.xml declares them; they
+#: are accepted and ignored, with one warning when the section is read.
+LEGACY_ADAPTER_KEYS = {
+    'mysql': (('conv', 'named_pipe', 'init_command', 'cursorclass',
+               'use_unicode', 'charset', 'sql_mode', 'client_flag', 'ssl',
+               'load_infile'),
+              'RelStorage sets up its MySQL sessions itself: utf8mb4, '
+              'binary data, its own SQL mode'),
+    'sqlite3': (('gevent_yield_interval',),
+                'there is no gevent driver; use driver sqlite3'),
+}
+
 
 def pragmas(section):
-    """Datatype of ``<pragmas>``: a plain dict, pragma name -> string."""
-    return dict(section.pragmas)
+    """Datatype of ``<pragmas>``: pragma name -> value, checked against the
+    pragmas SQLite documents so a misspelt name or a bad value fails while
+    the file is parsed."""
+    from relstorage.adapters.sqlite.pragmas import check_pragmas
+    return check_pragmas(section.pragmas)
 
 
 class RelStorageFactory(BaseConfig):
@@ -117,10 +159,6 @@ class RelStorageFactory(BaseConfig):
             if option.attribute == 'driver':
                 continue
             values[option.attribute] = getattr(section, option.attribute)
-        # The underscore spelling of revert-when-stale wins when given.
-        alias = getattr(section, 'revert_when_stale_alias', None)
-        if alias is not None:
-            values['revert_when_stale'] = alias
         # Without a name key, a named section (<relstorage foo>) names it.
         if values['name'] is None and self.name:
             values['name'] = self.name
@@ -133,7 +171,6 @@ class RelStorageFactory(BaseConfig):
     def open(self, database_name='unnamed', databases=None):
         from relstorage.storage import RelStorage
         options = self.options
-        options.log_inactive(logger)
         adapter = self.config.adapter.create(options)
         return RelStorage(adapter, name=options.name, options=options)
 
@@ -147,6 +184,20 @@ class AdapterFactory:
         self.config = config
         self.name = config.getSectionName()
         self.driver = config.driver
+        self._replace_legacy()
+
+    def _replace_legacy(self):
+        replacement = LEGACY_DRIVER_NAMES.get(self.database, {}).get(self.driver)
+        if replacement is not None:
+            logger.warning('%s driver %r is from an earlier release and not '
+                           'supported; using driver %s', self.database,
+                           self.driver, replacement)
+            self.driver = replacement
+        names, why = LEGACY_ADAPTER_KEYS.get(self.database, ((), None))
+        for key in names:
+            if getattr(self.config, key, None) is not None:
+                logger.warning('%s key %s is from an earlier release and no '
+                               'longer used (%s)', self.database, key, why)
 
     def create(self, options):
         """Return the adapter for *options* (imports the driver lazily)."""

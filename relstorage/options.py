@@ -8,9 +8,17 @@ options as ZConfig keys (a test keeps the two in step), and
 
 An option whose ``active`` flag is false is accepted (so existing
 configuration files keep parsing) but the feature behind it is not built
-yet; :meth:`Options.log_inactive` says so in the log.
+yet. An option with ``replaced_by`` is a key of an earlier RelStorage
+release that no longer applies: it is accepted, ignored, and
+``replaced_by`` says what took its place. :meth:`Options.log_notices`, called
+once for each storage opened, logs both kinds, whichever way the options
+were given (ZConfig, zodburi or Python).
+
+Keys are spelled with dashes or underscores alike everywhere
+(``keep-history``, ``keep_history``).
 """
 
+import logging
 import re
 import sys
 
@@ -27,10 +35,10 @@ class Option:
     """
 
     __slots__ = ('name', 'attribute', 'default', 'datatype', 'doc', 'active',
-                 'choices')
+                 'choices', 'aliases', 'replaced_by')
 
     def __init__(self, name, default, datatype, doc, active=False,
-                 choices=None):
+                 choices=None, aliases=None, replaced_by=None):
         self.name = name
         self.attribute = name.replace('-', '_')
         self.default = default
@@ -38,13 +46,27 @@ class Option:
         self.doc = doc
         self.active = active
         self.choices = tuple(choices) if choices else None
+        # Values earlier releases accepted -> the choice that means the same.
+        self.aliases = dict(aliases) if aliases else {}
+        self.replaced_by = replaced_by
 
-    def check(self, value):
-        """Raise ValueError, naming the option, if *value* is not allowed."""
+    @property
+    def legacy(self):
+        """True for a key of an earlier release that no longer applies."""
+        return self.replaced_by is not None
+
+    def convert(self, value):
+        """Return *value* with an alias replaced by what it stands for;
+        raise ValueError, naming the option, if it is not allowed."""
+        if value is None and self.default is None:
+            return None
+        value = self.aliases.get(value, value)
         if self.choices and value not in self.choices:
             raise ValueError(
                 '%s: %r is not one of %s' % (
-                    self.name, value, ', '.join(map(repr, self.choices))))
+                    self.name, value,
+                    ', '.join(map(repr, self.choices + tuple(self.aliases)))))
+        return value
 
     @property
     def config_default(self):
@@ -103,9 +125,6 @@ OPTIONS = (
     Option('revert-when-stale', False, 'boolean',
            'On a stale replica, revert to its older state instead of '
            'raising ReadConflictError.'),
-    # Polling.
-    Option('poll-interval', 0, 'integer',
-           'Deprecated; accepted and ignored.'),
     # Packing.
     Option('pack-gc', True, 'boolean',
            'Remove unreachable objects when packing.', active=True),
@@ -122,7 +141,12 @@ OPTIONS = (
            'Space-separated host:port list of memcache servers.', active=True),
     Option('cache-module-name', None, 'string',
            'Module providing the memcache client: pymemcache (when unset) or '
-           'pylibmc.', active=True),
+           'pylibmc. The names earlier releases documented (memcache, '
+           'relstorage.pymemcache_wrapper, relstorage.pylibmc_wrapper) select '
+           'pymemcache.', active=True, choices=('pymemcache', 'pylibmc'),
+           aliases={'memcache': 'pymemcache',
+                    'relstorage.pymemcache_wrapper': 'pymemcache',
+                    'relstorage.pylibmc_wrapper': 'pymemcache'}),
     Option('cache-prefix', None, 'string',
            'Prefix for shared cache keys and the cache file name; defaults to '
            'a safe name derived from the database.', active=True),
@@ -147,6 +171,26 @@ OPTIONS = (
     Option('commit-lock-id', 0, 'integer',
            'Identifier of the commit lock, for databases with named locks.',
            active=True),
+    # Keys of earlier releases that no longer apply: accepted and ignored,
+    # with a warning saying what replaced them.
+    Option('poll-interval', None, 'integer',
+           'Seconds between polls for changes.',
+           replaced_by='changes are polled at the start of every transaction'),
+    Option('pack-dry-run', None, 'boolean',
+           'Analyse a pack without deleting anything.',
+           replaced_by='pack-prepack-only, which a true value here sets'),
+    Option('cache-local-dir-count', None, 'integer',
+           'Number of cache files kept in cache-local-dir.',
+           replaced_by='cache-local-dir, which keeps one file per storage'),
+    Option('cache-local-dir-read-count', None, 'integer',
+           'Number of cache files read at startup.',
+           replaced_by='cache-local-dir, which keeps one file per storage'),
+    Option('cache-local-dir-write-max-size', None, 'byte-size',
+           'Largest cache file written.',
+           replaced_by='cache-local-mb, which bounds the saved cache too'),
+    Option('cache-local-dir-compress', None, 'boolean',
+           'Compress the cache files.',
+           replaced_by='cache-local-compression, which the saved cache keeps'),
     # Set from the adapter section, not a <relstorage> key.
     Option('driver', 'auto', 'string',
            'DB-API driver to use; set in the adapter section.', active=True),
@@ -154,6 +198,8 @@ OPTIONS = (
 
 #: Options not written as keys of the <relstorage> section.
 NOT_RELSTORAGE_KEYS = ('driver',)
+
+log = logging.getLogger(__name__)
 
 # Key names that suggest a secret; their values never appear in a repr.
 _SECRET_NAME = re.compile(r'pass(?:word|wd)?|secret|token', re.I)
@@ -185,6 +231,7 @@ class Options:
 
     Unknown names raise :exc:`TypeError`; a value outside an option's
     allowed choices raises :exc:`ValueError`. Both messages name the option.
+    Names may be spelled with dashes too (``Options(**{'keep-history': 0})``).
     """
 
     OPTIONS = OPTIONS
@@ -194,11 +241,13 @@ class Options:
         for option in self.OPTIONS:
             setattr(self, option.attribute, option.default)
         for key, value in kwargs.items():
-            option = self._by_attribute.get(key)
+            option = self._by_attribute.get(key.replace('-', '_'))
             if option is None:
                 raise TypeError('Unknown RelStorage option: %r' % (key,))
-            option.check(value)
-            setattr(self, key, value)
+            setattr(self, option.attribute, option.convert(value))
+        if self.pack_dry_run:
+            # What pack-dry-run meant: delete nothing.
+            self.pack_prepack_only = True
 
     @classmethod
     def from_config_names(cls, values):
@@ -206,13 +255,7 @@ class Options:
 
         Attribute spellings (``keep_history``) are accepted too.
         """
-        kwargs = {}
-        for key, value in values.items():
-            attribute = key.replace('-', '_')
-            if attribute not in cls._by_attribute:
-                raise TypeError('Unknown RelStorage option: %r' % (key,))
-            kwargs[attribute] = value
-        return cls(**kwargs)
+        return cls(**values)
 
     @classmethod
     def option(cls, name):
@@ -233,18 +276,29 @@ class Options:
         new = type(self)()
         new.__dict__.update(values)
         for key, value in changes.items():
-            if key not in self._by_attribute:
+            option = self._by_attribute.get(key.replace('-', '_'))
+            if option is None:
                 raise TypeError('Unknown RelStorage option: %r' % (key,))
-            self._by_attribute[key].check(value)
-            setattr(new, key, value)
+            setattr(new, option.attribute, option.convert(value))
         return new
 
-    def log_inactive(self, logger):
-        """Log (INFO) each option set to a non-default value whose feature
-        is not built yet."""
+    def log_notices(self, logger=log):
+        """Log what the options ask for that this release does not do.
+
+        A WARNING for each key of an earlier release that was given (it is
+        ignored; the message says what replaced it), an INFO for each option
+        set to a non-default value whose feature is not built yet. The
+        storage calls this once when it is opened, so every way of giving
+        options (ZConfig, zodburi, Python) gets the same notices.
+        """
         for option in self.OPTIONS:
-            if not option.active and \
-                    getattr(self, option.attribute) != option.default:
+            value = getattr(self, option.attribute)
+            if option.legacy:
+                if value is not None:
+                    logger.warning(
+                        'option %s is from an earlier release and no '
+                        'longer used; replaced by: %s', option.name, option.replaced_by)
+            elif not option.active and value != option.default:
                 logger.info('option %s is accepted but not yet active',
                             option.name)
 
@@ -270,7 +324,8 @@ class Options:
 
 
 def rst_table(options=OPTIONS):
-    """Return the reStructuredText table documenting *options*."""
+    """Return the reStructuredText tables documenting *options*: the
+    current ones, then the keys of earlier releases and what replaced them."""
     lines = [
         '.. list-table::',
         '   :header-rows: 1',
@@ -282,6 +337,8 @@ def rst_table(options=OPTIONS):
         '     - Description',
     ]
     for option in options:
+        if option.legacy:
+            continue
         default = option.config_default
         doc = option.doc
         if not option.active:
@@ -293,6 +350,25 @@ def rst_table(options=OPTIONS):
             '     - %s' % option.datatype,
             '     - %s' % doc,
         ]
+    lines += [
+        '',
+        'Keys of earlier releases, accepted and ignored with a warning:',
+        '',
+        '.. list-table::',
+        '   :header-rows: 1',
+        '   :widths: 30 35 35',
+        '',
+        '   * - Key',
+        '     - What it did',
+        '     - Replaced by',
+    ]
+    for option in options:
+        if option.legacy:
+            lines += [
+                '   * - ``%s``' % option.name,
+                '     - %s' % option.doc,
+                '     - %s' % option.replaced_by,
+            ]
     return '\n'.join(lines) + '\n'
 
 
@@ -305,8 +381,10 @@ def main(argv=None):
         sys.stderr.write('usage: python -m relstorage.options [--rst]\n')
         return 2
     for option in OPTIONS:
-        print('%-32s %-10s %s' % (
-            option.name, option.config_default, option.doc))
+        doc = option.doc
+        if option.legacy:
+            doc = 'IGNORED (replaced by: %s)' % option.replaced_by
+        print('%-32s %-10s %s' % (option.name, option.config_default, doc))
     return 0
 
 

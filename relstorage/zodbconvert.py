@@ -162,20 +162,24 @@ def _StringIO(text):
 
 
 def _make_read_only(factory):
-    """Ask the section factory for a read-only storage, where it can."""
+    """Ask the section factory for a read-only storage, where it can.
+
+    Returns a function that undoes the change, or None when the storage type
+    has no read-only setting."""
     options = getattr(factory, 'options', None)
     if options is not None and hasattr(options, 'read_only') and hasattr(options, 'copy'):
         factory.options = options.copy(read_only=True)     # <relstorage>
-        return True
+        return lambda: setattr(factory, 'options', options)
     section = getattr(factory, 'config', None)
     if section is not None and hasattr(section, 'read_only'):
+        before = section.read_only
         section.read_only = True                          # filestorage, zeoclient, ...
-        return True
-    return False
+        return lambda: setattr(section, 'read_only', before)
+    return None
 
 
 def open_storage(factory, role, read_only=False):
-    if read_only and not _make_read_only(factory):
+    if read_only and _make_read_only(factory) is None:
         log.warning('The %s storage type cannot be opened read-only.', role)
     try:
         return factory.open()
@@ -233,7 +237,8 @@ def parse_args(argv):
                              "last one (also resumes an interrupted copy)")
     parser.add_argument('--verify', action='store_true',
                         help='afterwards, re-read both sides and compare every record '
-                             'and blob')
+                             'and blob. Alone, on a destination that is not empty: '
+                             'only compare the two sides, writing nothing')
     parser.add_argument('--strategy', choices=('auto', copy.REPLAY, copy.CURRENT),
                         default='auto',
                         help='how to fill an empty history-free RelStorage destination: '
@@ -319,7 +324,10 @@ class Converter:
             if args.dry_run:
                 dest = self._open_dest_read_only(dest_factory)
                 self._check_strategy(dest)
-            else:
+            elif args.verify and not (args.clear or args.incremental):
+                # --verify alone: a filled destination is only compared.
+                dest = self._open_filled_read_only(dest_factory)
+            if dest is None and not args.dry_run:
                 dest = open_storage(dest_factory, 'destination')
                 self._check_strategy(dest)
                 if args.clear:
@@ -341,8 +349,27 @@ class Converter:
                                  _name(dest) if dest is not None
                                  else 'the destination (which does not exist yet)'))
 
+    def _open_filled_read_only(self, factory):
+        """The destination opened read-only if it holds something, else None
+        (and the factory as it was, to open it for copying)."""
+        undo = _make_read_only(factory)
+        if undo is None:
+            return None
+        try:
+            dest = factory.open()
+        except Exception:  # pylint:disable=broad-except
+            # Typically it does not exist yet (no file, no schema).
+            log.debug('cannot open the destination read-only', exc_info=True)
+            return None
+        finally:
+            undo()
+        if _holds_data(dest):
+            return dest
+        _close(dest)
+        return None
+
     def _open_dest_read_only(self, factory):
-        if not _make_read_only(factory):
+        if _make_read_only(factory) is None:
             raise UsageError('--dry-run: the destination storage type cannot be opened '
                              'read-only, so a dry run could write to it')
         try:
@@ -374,7 +401,10 @@ class Converter:
         args = self.args
         source_last = u64(source.lastTransaction())
         dest_last = u64(dest.lastTransaction()) if dest is not None else 0
-        if dest is not None and (dest_last or _has_objects(dest)) and not args.incremental:
+        if dest is not None and _holds_data(dest) and not args.incremental:
+            if args.verify and not args.clear:
+                self.verify_only(source, dest, source_last, dest_last)
+                return
             raise Failure(
                 'the destination is not empty (last transaction %s). Nothing was '
                 'written. Use --incremental to copy only the newer transactions '
@@ -469,6 +499,17 @@ class Converter:
                 "--incremental cannot tell what is missing (a different source, or one "
                 "packed since). Use --clear to copy everything again." % _tid(dest_last))
 
+    def verify_only(self, source, dest, source_last, dest_last):
+        """--verify on a destination that is not empty: compare, write nothing."""
+        self.say('The destination is not empty (last transaction %s): comparing it '
+                 'with the source; nothing is written.' % _tid(dest_last))
+        self.verify(source, dest)
+        if source_last > dest_last:
+            raise Failure(
+                "the source has transactions after the destination's last one (%s): "
+                "the destination is behind. Run with --incremental to copy them."
+                % _tid(dest_last))
+
     def verify(self, source, dest):
         as_of = u64(dest.lastTransaction())
         progress = Progress(self.stderr, 'verifying', enabled=self.show_progress)
@@ -489,6 +530,10 @@ class Converter:
         if stats.blobs:
             text += ', %d blobs' % stats.blobs
         self.say(text + ' (%s).' % _duration(stats.elapsed))
+
+
+def _holds_data(storage):
+    return bool(u64(storage.lastTransaction())) or _has_objects(storage)
 
 
 def _has_objects(storage):

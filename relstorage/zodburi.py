@@ -58,9 +58,8 @@ class Resolver:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
         option_values, adapter_values, dbkw = self._split_query(query)
         section = self.section(parts, adapter_values)
-        options = self._options(option_values, section)
-        factory_class = self.factory_class()
-        adapter_factory = factory_class(section)
+        adapter_factory = self.factory_class()(section)
+        options = self._options(option_values, adapter_factory.driver)
 
         def factory():
             from relstorage.storage import RelStorage
@@ -109,9 +108,9 @@ class Resolver:
         except ValueError as exc:
             raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
 
-    def _options(self, values, section):
+    def _options(self, values, driver):
         values = dict(values)
-        values['driver'] = section.driver
+        values['driver'] = driver
         try:
             return Options(**values)
         except (TypeError, ValueError) as exc:
@@ -158,16 +157,22 @@ class PostgreSQLResolver(Resolver):
         return PostgreSQLAdapterFactory
 
 
+def _legacy_adapter_keys(database):
+    from relstorage.config import LEGACY_ADAPTER_KEYS
+    return LEGACY_ADAPTER_KEYS[database][0]
+
+
 class MySQLResolver(Resolver):
     scheme = 'mysql'
     database = 'mysql'
     adapter_keys = ('unix_socket', 'connect_timeout', 'compress', 'read_default_file',
-                    'read_default_group')
+                    'read_default_group') + _legacy_adapter_keys('mysql')
 
     def section(self, parts, adapter_values):
         from relstorage import config
         driver = self._driver(adapter_values)
-        values = dict.fromkeys(config.MySQLAdapterFactory.CONNECT_KEYS)
+        values = dict.fromkeys(config.MySQLAdapterFactory.CONNECT_KEYS
+                               + _legacy_adapter_keys('mysql'))
         values['host'] = unquote(parts.hostname) if parts.hostname else None
         values['port'] = _port(parts, self.scheme)
         values['user'] = unquote(parts.username) if parts.username else None
@@ -191,7 +196,7 @@ class MySQLResolver(Resolver):
 class SqliteResolver(Resolver):
     scheme = 'sqlite'
     database = 'sqlite3'
-    adapter_keys = ('data_dir',)
+    adapter_keys = ('data_dir',) + _legacy_adapter_keys('sqlite3')
 
     def _is_adapter_key(self, name):
         return name.startswith('pragma_')
@@ -211,9 +216,16 @@ class SqliteResolver(Resolver):
             raise ValueError('%s URI: the data directory is missing; write '
                              'sqlite:///path/to/dir or sqlite://?data_dir=/path/to/dir'
                              % self.scheme)
-        pragmas = {key[len('pragma_'):]: value for key, value in adapter_values.items()
-                   if key.startswith('pragma_')}
-        return _Section(data_dir=data_dir, pragmas=pragmas, driver=driver)
+        from relstorage.adapters.sqlite.pragmas import check_pragmas
+        try:
+            pragmas = check_pragmas({key[len('pragma_'):]: value
+                                     for key, value in adapter_values.items()
+                                     if key.startswith('pragma_')})
+        except ValueError as exc:
+            raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+        return _Section(data_dir=data_dir, pragmas=pragmas, driver=driver,
+                        **{key: adapter_values.get(key)
+                           for key in _legacy_adapter_keys('sqlite3')})
 
     def factory_class(self):
         from relstorage.config import Sqlite3AdapterFactory

@@ -39,7 +39,7 @@ picks one from a cheap estimate of the source's records per object
 destination (``FAST_PATH_THRESHOLDS``).
 
 ``verify_history`` and ``verify_current`` re-read both sides and raise
-``VerifyError`` naming the first difference.
+``VerifyError`` naming the first differences (up to ``MAX_DIFFERENCES``).
 """
 import hashlib
 import logging
@@ -786,6 +786,33 @@ def copy_current(source, dest, as_of, progress=None, dry_run=False, stats=None,
 # Verification
 
 
+#: How many differences a verification lists before it stops looking.
+MAX_DIFFERENCES = 10
+
+
+class _Differences:
+    """Collects what differs; raises VerifyError naming them all once
+    ``MAX_DIFFERENCES`` are found, or at the end (``check``)."""
+
+    def __init__(self, limit=None):
+        self.limit = limit or MAX_DIFFERENCES
+        self.found = []
+
+    def add(self, text):
+        self.found.append(text)
+        if len(self.found) >= self.limit:
+            self.check(more=True)
+
+    def check(self, more=False):
+        if not self.found:
+            return
+        if len(self.found) == 1 and not more:
+            raise VerifyError(self.found[0])
+        raise VerifyError('%s%d differences; the first ones:\n  - %s' % (
+            'At least ' if more else '', len(self.found),
+            '\n  - '.join(self.found)))
+
+
 def _blob_digest(storage, oid, tid, side):
     try:
         return _file_digest(storage.loadBlob(oid, tid))
@@ -796,15 +823,20 @@ def _blob_digest(storage, oid, tid, side):
 
 
 def _compare_state(oid, tid, sdata, ddata, source, dest, stats, where):
+    """Return what differs between the two records, or None."""
     if sdata != ddata:
-        raise VerifyError("Object %s%s differs: source %s, destination %s"
-                          % (oid_repr(oid), where, _describe_state(sdata),
-                             _describe_state(ddata)))
+        return ("Object %s%s differs: source %s, destination %s"
+                % (oid_repr(oid), where, _describe_state(sdata),
+                   _describe_state(ddata)))
     if _is_blob(sdata):
-        if _blob_digest(source, oid, tid, 'source') != _blob_digest(dest, oid, tid,
-                                                                     'destination'):
-            raise VerifyError("The blob of object %s%s differs" % (oid_repr(oid), where))
+        try:
+            if _blob_digest(source, oid, tid, 'source') != _blob_digest(
+                    dest, oid, tid, 'destination'):
+                return "The blob of object %s%s differs" % (oid_repr(oid), where)
+        except VerifyError as exc:
+            return str(exc)
         stats.blobs += 1
+    return None
 
 
 def _describe_state(data):
@@ -813,50 +845,67 @@ def _describe_state(data):
     return '%d bytes (sha1 %s)' % (len(data), hashlib.sha1(data).hexdigest()[:12])
 
 
+def _compare_txn(stxn, dtxn, source, dest, stats, differences):
+    where = ' in transaction %s' % tid_repr(stxn.tid)
+    for field in ('user', 'description'):
+        if getattr(stxn, field) != getattr(dtxn, field):
+            differences.add("The %s of transaction %s differs: %r != %r" % (
+                field, tid_repr(stxn.tid), getattr(stxn, field), getattr(dtxn, field)))
+    if stxn.metadata().extension != dtxn.metadata().extension:
+        differences.add("The extension of transaction %s differs: %r != %r" % (
+            tid_repr(stxn.tid), stxn.metadata().extension, dtxn.metadata().extension))
+    srecs = {oid: data for oid, data, _ in stxn.records}
+    drecs = {oid: data for oid, data, _ in dtxn.records}
+    for oid in sorted(set(srecs) | set(drecs)):
+        if oid not in drecs:
+            differences.add("Object %s%s is missing from the destination"
+                            % (oid_repr(oid), where))
+        elif oid not in srecs:
+            differences.add("Object %s%s is in the destination only"
+                            % (oid_repr(oid), where))
+        else:
+            diff = _compare_state(oid, stxn.tid, srecs[oid], drecs[oid], source, dest,
+                                  stats, where)
+            if diff:
+                differences.add(diff)
+
+
 def verify_history(source, dest, progress=None, stop=None):
-    """Compare transaction by transaction: ids, metadata, every record."""
+    """Compare transaction by transaction: ids, metadata, every record.
+
+    Raises VerifyError listing the first differences (up to
+    ``MAX_DIFFERENCES``)."""
     stats = Stats()
+    differences = _Differences()
+    source_txns = history_txns(source, None, stop)
     dest_txns = history_txns(dest, None, stop)
-    for stxn in history_txns(source, None, stop):
-        dtxn = next(dest_txns, None)
-        if dtxn is None:
-            raise VerifyError("Transaction %s is missing from the destination"
-                              % tid_repr(stxn.tid))
-        if dtxn.tid != stxn.tid:
-            first = min(dtxn.tid, stxn.tid)
-            side = 'destination' if first == stxn.tid else 'source'
-            raise VerifyError("Transaction %s is missing from the %s"
-                              % (tid_repr(first), side))
-        where = ' in transaction %s' % tid_repr(stxn.tid)
-        for field in ('user', 'description'):
-            if getattr(stxn, field) != getattr(dtxn, field):
-                raise VerifyError("The %s of transaction %s differs: %r != %r" % (
-                    field, tid_repr(stxn.tid), getattr(stxn, field), getattr(dtxn, field)))
-        if stxn.metadata().extension != dtxn.metadata().extension:
-            raise VerifyError("The extension of transaction %s differs: %r != %r" % (
-                tid_repr(stxn.tid), stxn.metadata().extension, dtxn.metadata().extension))
-        srecs = {oid: data for oid, data, _ in stxn.records}
-        drecs = {oid: data for oid, data, _ in dtxn.records}
-        for oid in sorted(set(srecs) | set(drecs)):
-            if oid not in drecs:
-                raise VerifyError("Object %s%s is missing from the destination"
-                                  % (oid_repr(oid), where))
-            if oid not in srecs:
-                raise VerifyError("Object %s%s is in the destination only"
-                                  % (oid_repr(oid), where))
-            _compare_state(oid, stxn.tid, srecs[oid], drecs[oid], source, dest, stats, where)
-        stats.add_txn(stxn)
-        if progress is not None:
-            progress(stats)
-    extra = next(dest_txns, None)
-    if extra is not None:
-        raise VerifyError("Transaction %s is in the destination only" % tid_repr(extra.tid))
+    stxn, dtxn = next(source_txns, None), next(dest_txns, None)
+    while stxn is not None or dtxn is not None:
+        if dtxn is None or (stxn is not None and stxn.tid < dtxn.tid):
+            differences.add("Transaction %s is missing from the destination"
+                            % tid_repr(stxn.tid))
+            stxn = next(source_txns, None)
+        elif stxn is None or dtxn.tid < stxn.tid:
+            differences.add("Transaction %s is in the destination only"
+                            % tid_repr(dtxn.tid))
+            dtxn = next(dest_txns, None)
+        else:
+            _compare_txn(stxn, dtxn, source, dest, stats, differences)
+            stats.add_txn(stxn)
+            if progress is not None:
+                progress(stats)
+            stxn, dtxn = next(source_txns, None), next(dest_txns, None)
+    differences.check()
     return stats
 
 
 def verify_current(source, dest, as_of, progress=None):
-    """Compare object by object the current states as of tid ``as_of``."""
+    """Compare object by object the current states as of tid ``as_of``.
+
+    Raises VerifyError listing the first differences (up to
+    ``MAX_DIFFERENCES``)."""
     stats = Stats()
+    differences = _Differences()
     soids, stids = current_tids(source, as_of)
     doids, dtids = current_tids(dest, as_of)
     source_map = dict(zip(soids, stids))
@@ -864,21 +913,27 @@ def verify_current(source, dest, as_of, progress=None):
     for oid_int in sorted(set(source_map) | set(dest_map)):
         oid = p64(oid_int)
         if oid_int not in dest_map:
-            raise VerifyError("Object %s is missing from the destination" % oid_repr(oid))
+            differences.add("Object %s is missing from the destination" % oid_repr(oid))
+            continue
         if oid_int not in source_map:
-            raise VerifyError("Object %s is in the destination only" % oid_repr(oid))
+            differences.add("Object %s is in the destination only" % oid_repr(oid))
+            continue
         stid, dtid = source_map[oid_int], dest_map[oid_int]
         if stid != dtid:
-            raise VerifyError("Object %s has revision %s in the source but %s in the "
-                              "destination" % (oid_repr(oid), tid_repr(p64(stid)),
-                                               tid_repr(p64(dtid))))
+            differences.add("Object %s has revision %s in the source but %s in the "
+                            "destination" % (oid_repr(oid), tid_repr(p64(stid)),
+                                             tid_repr(p64(dtid))))
+            continue
         sdata = source.loadSerial(oid, p64(stid))
         ddata = dest.loadSerial(oid, p64(dtid))
-        _compare_state(oid, p64(stid), sdata, ddata, source, dest, stats, '')
+        diff = _compare_state(oid, p64(stid), sdata, ddata, source, dest, stats, '')
+        if diff:
+            differences.add(diff)
         stats.records += 1
         stats.bytes += len(sdata)
         if progress is not None and stats.records % 1000 == 0:
             progress(stats)
+    differences.check()
     stats.last_tid = p64(as_of)
     return stats
 

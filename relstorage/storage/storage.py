@@ -84,6 +84,8 @@ class RelStorage(ConflictResolvingStorage):
         self._before = None                 # historical instances: load before this tid
 
         if _parent is None:
+            # The one place every way of opening a storage goes through.
+            options.log_notices()
             if create is None:
                 create = options.create_schema
             adapter.prepare_schema(create=create, read_only=self._is_read_only)

@@ -26,22 +26,11 @@ from relstorage.options import Options
 from relstorage.options import redact_secrets
 from relstorage.options import rst_table
 
+from .test_config_corpus import load_zope_like
+
 HERE = os.path.dirname(os.path.abspath(relstorage.__file__))
 COMPONENT = os.path.join(HERE, 'component.xml')
 DOCS = os.path.join(os.path.dirname(HERE), 'docs', 'configuration.rst')
-
-# Zope's zope.conf names its database section zodb_db (an extension of
-# ZODB's zodb section with mount points). This stand-in lets the Plone
-# example below parse exactly as users write it.
-ZOPE_LIKE_SCHEMA = """
-<schema prefix="ZODB.config">
-  <import package="ZODB"/>
-  <sectiontype name="zodb_db" extends="zodb" implements="ZODB.database">
-    <multikey name="mount-point" attribute="mount_points" datatype="string"/>
-  </sectiontype>
-  <multisection type="ZODB.database" name="*" attribute="databases"/>
-</schema>
-"""
 
 PLONE_EXAMPLE = """\
 %import relstorage
@@ -60,22 +49,6 @@ PLONE_EXAMPLE = """\
 """
 
 DSN = "dbname='plone' user='plone' host='localhost' password='secret'"
-
-_zope_like_schema = None
-
-
-def zope_like_schema():
-    global _zope_like_schema
-    if _zope_like_schema is None:
-        _zope_like_schema = ZConfig.loadSchemaFile(
-            io.StringIO(ZOPE_LIKE_SCHEMA))
-    return _zope_like_schema
-
-
-def load_zope_like(text):
-    conf, _ = ZConfig.loadConfigFile(zope_like_schema(), io.StringIO(text))
-    return conf
-
 
 def load_db(text):
     """Parse *text* (zodb sections) with ZODB's own schema; return the
@@ -133,11 +106,6 @@ class TestComponentMatchesOptions(unittest.TestCase):
     def test_every_key_is_an_option(self):
         names = {o.name for o in OPTIONS}
         for name, key in self._keys().items():
-            if name == 'revert_when_stale':
-                self.assertEqual(key.get('attribute'),
-                                 'revert_when_stale_alias')
-                self.assertIsNone(key.get('default'))
-                continue
             with self.subTest(key=name):
                 self.assertIn(name, names)
 
@@ -187,7 +155,7 @@ class TestOptions(unittest.TestCase):
             'blob_cache_size_check_external': False,
             'blob_chunk_size': 1048576, 'replica_conf': None,
             'ro_replica_conf': None, 'replica_timeout': 600.0,
-            'revert_when_stale': False, 'poll_interval': 0, 'pack_gc': True,
+            'revert_when_stale': False, 'poll_interval': None, 'pack_gc': True,
             'pack_prepack_only': False, 'pack_skip_prepack': False,
             'pack_batch_timeout': 1.0, 'pack_commit_busy_delay': 5.0,
             'cache_servers': None, 'cache_module_name': None,
@@ -195,7 +163,10 @@ class TestOptions(unittest.TestCase):
             'cache_local_dir': None, 'cache_local_object_max': 16384,
             'cache_local_compression': 'none',
             'cache_delta_size_limit': 100000, 'commit_lock_timeout': 30,
-            'commit_lock_id': 0, 'driver': 'auto',
+            'commit_lock_id': 0, 'driver': 'auto', 'pack_dry_run': None,
+            'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
+            'cache_local_dir_write_max_size': None,
+            'cache_local_dir_compress': None,
         }
         self.assertEqual(options.as_dict(), expected)
         for attribute, value in expected.items():
@@ -272,19 +243,63 @@ class TestOptions(unittest.TestCase):
                 self.assertNotIn('abc', redact_secrets(text))
         self.assertEqual(redact_secrets('dbname=x host=y'), 'dbname=x host=y')
 
-    def test_log_inactive(self):
+    def test_log_notices(self):
         logger = logging.getLogger('relstorage.tests.inactive')
         options = Options(blob_dir='/tmp', keep_history=False,
-                          pack_gc=True, replica_timeout=1.0)
+                          pack_gc=True, replica_timeout=1.0,
+                          cache_local_dir_count=20)
         with self.assertLogs(logger, logging.INFO) as logs:
-            options.log_inactive(logger)
+            options.log_notices(logger)
         self.assertEqual(logs.output, [
             'INFO:relstorage.tests.inactive:option replica-timeout is '
             'accepted but not yet active',
+            'WARNING:relstorage.tests.inactive:option cache-local-dir-count '
+            'is from an earlier release and no longer used; replaced by: '
+            'cache-local-dir, which keeps one file per storage',
         ])
-        with mock.patch.object(logger, 'info') as info:
-            Options(keep_history=False).log_inactive(logger)
+        with mock.patch.object(logger, 'info') as info, \
+                mock.patch.object(logger, 'warning') as warning:
+            Options(keep_history=False).log_notices(logger)
         info.assert_not_called()
+        warning.assert_not_called()
+
+    def test_legacy_options(self):
+        legacy = {o.attribute for o in OPTIONS if o.legacy}
+        self.assertEqual(legacy, {
+            'poll_interval', 'pack_dry_run', 'cache_local_dir_count',
+            'cache_local_dir_read_count', 'cache_local_dir_write_max_size',
+            'cache_local_dir_compress'})
+        for option in OPTIONS:
+            if option.legacy:
+                self.assertIsNone(option.default)
+                self.assertFalse(option.active)
+                self.assertTrue(option.replaced_by)
+
+    def test_pack_dry_run_means_prepack_only(self):
+        self.assertTrue(Options(pack_dry_run=True).pack_prepack_only)
+        self.assertFalse(Options(pack_dry_run=False).pack_prepack_only)
+
+    def test_dash_spelling_in_python(self):
+        options = Options(**{'keep-history': False, 'cache_local_mb': 3})
+        self.assertFalse(options.keep_history)
+        self.assertEqual(options.copy(**{'cache-local-mb': 4}).cache_local_mb,
+                         4)
+
+    def test_cache_module_names(self):
+        for value, meant in (('pymemcache', 'pymemcache'),
+                             ('pylibmc', 'pylibmc'),
+                             ('memcache', 'pymemcache'),
+                             ('relstorage.pymemcache_wrapper', 'pymemcache'),
+                             ('relstorage.pylibmc_wrapper', 'pymemcache'),
+                             (None, None)):
+            with self.subTest(value=value):
+                self.assertEqual(
+                    Options(cache_module_name=value).cache_module_name, meant)
+        with self.assertRaises(ValueError) as cm:
+            Options(cache_module_name='my.memcache')
+        for name in ('cache-module-name', 'my.memcache', 'pymemcache',
+                     'pylibmc', 'relstorage.pylibmc_wrapper'):
+            self.assertIn(name, str(cm.exception))
 
 
 class _ParsingTests(unittest.TestCase):
@@ -356,7 +371,37 @@ class TestBadValues(_ParsingTests):
 
     def test_unknown_adapter_key(self):
         self.assertConfigError(
-            ['data_dir'], adapter='<sqlite3>\n data_dir /x\n</sqlite3>')
+            ['data_dri'], adapter='<sqlite3>\n data_dri /x\n</sqlite3>')
+
+    def test_both_spellings_of_a_key(self):
+        self.assertConfigError(['keep_history', 'multiple'],
+                               'keep-history true\nkeep_history false')
+
+    def test_bad_cache_module_name(self):
+        self.assertConfigError(['cache-module-name', 'memcached', 'pymemcache'],
+                               'cache-module-name memcached')
+
+    def test_bad_legacy_value(self):
+        self.assertConfigError(['cache-local-dir-count'],
+                               'cache-local-dir-count many')
+
+    def test_misspelt_pragma(self):
+        self.assertConfigError(
+            ['synchronus', 'synchronous'],
+            adapter='<sqlite3>\n data-dir @TMP@/db\n <pragmas>\n'
+                    '  synchronus normal\n </pragmas>\n</sqlite3>')
+
+    def test_bad_pragma_values(self):
+        for line, names in (('synchronous maybe', ['synchronous', 'maybe']),
+                            ('journal_mode wall', ['journal_mode', 'wall']),
+                            ('cache_size big', ['cache_size', 'integer']),
+                            ('foreign_keys perhaps', ['foreign_keys']),
+                            ('integrity_check 1', ['integrity_check'])):
+            with self.subTest(line=line):
+                self.assertConfigError(
+                    names,
+                    adapter='<sqlite3>\n data-dir @TMP@/db\n <pragmas>\n'
+                            '  %s\n </pragmas>\n</sqlite3>' % line)
 
     def test_bad_boolean(self):
         self.assertConfigError(['keep-history', 'maybe'], 'keep-history maybe')
@@ -425,7 +470,7 @@ class TestValues(_ParsingTests):
             'blob-cache-size-check 20', 'blob-cache-size-check-external true',
             'blob-chunk-size 4MB', 'replica-conf @TMP@/replicas.conf',
             'ro-replica-conf @TMP@/ro.conf', 'replica-timeout 30',
-            'revert-when-stale true', 'poll-interval 5', 'pack-gc false',
+            'revert-when-stale true', 'pack-gc false',
             'pack-prepack-only true', 'pack-skip-prepack true',
             'pack-batch-timeout 2.5', 'pack-commit-busy-delay 0.5',
             'cache-servers 127.0.0.1:11211 127.0.0.1:11212',
@@ -445,7 +490,7 @@ class TestValues(_ParsingTests):
             'replica_conf': self.tmp + '/replicas.conf',
             'ro_replica_conf': self.tmp + '/ro.conf',
             'replica_timeout': 30.0, 'revert_when_stale': True,
-            'poll_interval': 5, 'pack_gc': False, 'pack_prepack_only': True,
+            'poll_interval': None, 'pack_gc': False, 'pack_prepack_only': True,
             'pack_skip_prepack': True, 'pack_batch_timeout': 2.5,
             'pack_commit_busy_delay': 0.5,
             'cache_servers': '127.0.0.1:11211 127.0.0.1:11212',
@@ -454,14 +499,56 @@ class TestValues(_ParsingTests):
             'cache_local_object_max': 65536,
             'cache_local_compression': 'zlib',
             'cache_delta_size_limit': 5000, 'commit_lock_timeout': 9,
-            'commit_lock_id': 7, 'driver': 'auto'})
+            'commit_lock_id': 7, 'driver': 'auto', 'pack_dry_run': None,
+            'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
+            'cache_local_dir_write_max_size': None,
+            'cache_local_dir_compress': None})
 
-    def test_revert_when_stale_alias(self):
+    def test_every_key_with_underscores(self):
+        body = '\n'.join([
+            'read_only true', 'keep_history false', 'create_schema false',
+            'blob_dir @TMP@/blobs', 'shared_blob_dir true',
+            'blob_cache_size 2GB', 'blob_cache_size_check 20',
+            'blob_cache_size_check_external true', 'blob_chunk_size 4MB',
+            'replica_conf @TMP@/replicas.conf',
+            'ro_replica_conf @TMP@/ro.conf', 'replica_timeout 30',
+            'revert_when_stale true', 'pack_gc false',
+            'pack_prepack_only true', 'pack_skip_prepack true',
+            'pack_batch_timeout 2.5', 'pack_commit_busy_delay 0.5',
+            'cache_servers 127.0.0.1:11211', 'cache_module_name pymemcache',
+            'cache_prefix zodb', 'cache_local_mb 100',
+            'cache_local_dir @TMP@/cache', 'cache_local_object_max 64KB',
+            'cache_local_compression zlib', 'cache_delta_size_limit 5000',
+            'commit_lock_timeout 9', 'commit_lock_id 7'])
+        underscored = self.load(body).options
+        dashed = self.load(body.replace('_', '-')).options
+        self.assertEqual(underscored, dashed)
+        self.assertFalse(underscored.keep_history)
+        self.assertEqual(underscored.cache_local_object_max, 65536)
+
+    def test_legacy_keys(self):
+        body = '\n'.join([
+            'poll-interval 5', 'pack-dry-run true', 'cache_local_dir_count 20',
+            'cache-local-dir-read-count 3',
+            'cache-local-dir-write-max-size 10MB',
+            'cache_local_dir_compress true'])
+        options = self.load(body).options
+        self.assertEqual(options.poll_interval, 5)
+        self.assertTrue(options.pack_prepack_only)
+        self.assertEqual(options.cache_local_dir_write_max_size,
+                         10 * 1024 ** 2)
+
+    def test_legacy_cache_module_names(self):
+        for value in ('memcache', 'relstorage.pylibmc_wrapper',
+                      'relstorage.pymemcache_wrapper', 'pymemcache'):
+            with self.subTest(value=value):
+                self.assertEqual(
+                    self.load('cache-module-name %s' % value)
+                    .options.cache_module_name, 'pymemcache')
+
+    def test_revert_when_stale_underscore(self):
         self.assertTrue(self.load('revert_when_stale true')
                         .options.revert_when_stale)
-        self.assertFalse(self.load('revert-when-stale true\n'
-                                   'revert_when_stale false')
-                         .options.revert_when_stale)
 
     def test_section_name_is_default_name(self):
         text = ('%import relstorage\n<zodb>\n <relstorage mine>\n'
@@ -487,6 +574,33 @@ class TestAdapterSections(_ParsingTests):
                          {'synchronous': 'off', 'cache_size': '-10000'})
         self.assertEqual(adapter.driver, 'auto')
         self.assertEqual(factory.options.driver, 'auto')
+
+    def test_sqlite3_underscores_and_legacy_key(self):
+        with self.assertLogs('relstorage.config', logging.WARNING) as logs:
+            adapter = self.load(adapter=(
+                '<sqlite3>\n data_dir @TMP@/db\n gevent_yield_interval 100\n'
+                ' <pragmas>\n  journal-mode WAL\n  temp_store memory\n'
+                '  cache_spill 1000\n  secure_delete fast\n'
+                ' </pragmas>\n</sqlite3>')).config.adapter
+        self.assertEqual(adapter.data_dir, self.tmp + '/db')
+        self.assertEqual(adapter.pragmas, {
+            'journal_mode': 'WAL', 'temp_store': 'memory',
+            'cache_spill': '1000', 'secure_delete': 'fast'})
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn('gevent_yield_interval', logs.output[0])
+
+    def test_mysql_dashes_and_legacy_keys(self):
+        with self.assertLogs('relstorage.config', logging.WARNING) as logs:
+            adapter = self.load(adapter=(
+                '<mysql>\n db zodb\n unix-socket /run/mysqld.sock\n'
+                ' connect-timeout 5\n charset utf8\n init_command SET x=1\n'
+                '</mysql>')).config.adapter
+        self.assertEqual(adapter.connect_kwargs, {
+            'db': 'zodb', 'unix_socket': '/run/mysqld.sock',
+            'connect_timeout': 5})
+        self.assertEqual(len(logs.output), 2)
+        self.assertIn('init_command', logs.output[0])
+        self.assertIn('charset', logs.output[1])
 
     def test_sqlite3_without_pragmas(self):
         adapter = self.load().config.adapter
@@ -545,6 +659,20 @@ class TestAdapterSections(_ParsingTests):
                          (3, True))
         self.assertConfigError(['twophase'], adapter=(
             '<oracle>\n dsn db:1521/XE\n twophase maybe\n</oracle>'))
+
+    def test_legacy_driver_names(self):
+        for database, names in config.LEGACY_DRIVER_NAMES.items():
+            section = '<%s>\n driver %%s\n%s</%s>' % (
+                database, ' data-dir @TMP@/db\n' if database == 'sqlite3' else '',
+                database)
+            for legacy, used in names.items():
+                with self.subTest(database=database, driver=legacy):
+                    with self.assertLogs('relstorage.config', logging.WARNING) as logs:
+                        factory = self.load(adapter=section % legacy.upper())
+                    self.assertEqual(factory.config.adapter.driver, used)
+                    self.assertEqual(factory.options.driver, used)
+                    self.assertEqual(len(logs.output), 1)
+                    self.assertIn(legacy, logs.output[0])
 
     def test_driver_names(self):
         for database, names in config.DRIVER_NAMES.items():
@@ -619,8 +747,7 @@ class TestCreateAndOpen(_ParsingTests):
             'relstorage.adapters.sqlite.adapter', 'Sqlite3Adapter')
         storage_class, storage_calls = self._fake_module(
             'relstorage.storage', 'RelStorage')
-        with self.assertLogs('relstorage.config', logging.INFO) as logs:
-            storage = factory.open()
+        storage = factory.open()
         self.assertIsInstance(storage, storage_class)
         self.assertEqual(len(adapter_calls), 1)
         (args, kwargs), = storage_calls
@@ -628,9 +755,6 @@ class TestCreateAndOpen(_ParsingTests):
         self.assertIsInstance(args[0], adapter_class)
         self.assertEqual(kwargs, {'name': 'main',
                                   'options': factory.options})
-        self.assertEqual(logs.output, [
-            'INFO:relstorage.config:option revert-when-stale is accepted but '
-            'not yet active'])
 
 
 class TestDocs(unittest.TestCase):

@@ -15,6 +15,7 @@ import ZODB.config
 from persistent.mapping import PersistentMapping
 
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+from relstorage.interfaces import RelStorageError
 
 from . import suite
 
@@ -127,6 +128,38 @@ class SqliteConfigTests(unittest.TestCase):
                 ZODB.config.databaseFromString(zconfig(data_dir, storage_options))
             self.assertIn(key, str(cm.exception))
             self.assertFalse(os.path.exists(data_dir), storage_options)
+
+    def test_bad_pragmas_fail_at_config_time(self):
+        data_dir = os.path.join(self.tmp, 'never-created')
+        for pragma, named in (('synchronus normal', "'synchronus'"),
+                              ('synchronous maybe', 'synchronous'),
+                              ('journal_mode walrus', 'journal_mode'),
+                              ('busy_timeout soon', 'busy_timeout'),
+                              ('encoding latin1', 'encoding')):
+            with self.subTest(pragma=pragma):
+                with self.assertRaises(ZConfig.ConfigurationError) as cm:
+                    ZODB.config.databaseFromString(
+                        zconfig(data_dir, '', '<pragmas>\n %s\n</pragmas>' % pragma))
+                self.assertIn(named, str(cm.exception))
+                self.assertFalse(os.path.exists(data_dir))
+        with self.assertRaises(RelStorageError) as cm:
+            Sqlite3Adapter(data_dir, pragmas={'synchronous': 'maybe'})
+        self.assertIn('synchronous', str(cm.exception))
+        self.assertFalse(os.path.exists(data_dir))
+
+    def test_checked_pragmas_are_applied(self):
+        adapter = Sqlite3Adapter(os.path.join(self.tmp, 'data'), pragmas={
+            'synchronous': 'NORMAL', 'temp-store': 'memory', 'cache_spill': 'off',
+            'encoding': 'UTF-8', 'user_version': '7'})
+        try:
+            conn = adapter.open_load()
+            self.assertEqual(conn.query_value('PRAGMA synchronous'), 1)
+            self.assertEqual(conn.query_value('PRAGMA temp_store'), 2)
+            self.assertEqual(conn.query_value('PRAGMA encoding'), 'UTF-8')
+            self.assertEqual(conn.query_value('PRAGMA user_version'), 7)
+            conn.close()
+        finally:
+            adapter.close()
 
     def test_inactive_option_is_logged(self):
         data_dir = os.path.join(self.tmp, 'data')

@@ -42,6 +42,17 @@ class SqliteDB:
     def section(self):
         return '<sqlite3>\n data-dir %s\n</sqlite3>' % self.dir
 
+    def change_state(self, zoid, state):
+        """Overwrite every stored revision of object *zoid*, behind
+        RelStorage's back (a corrupted or hand-edited destination)."""
+        import sqlite3
+        conn = sqlite3.connect(os.path.join(self.dir, 'main.sqlite3'))
+        try:
+            conn.execute('UPDATE object_state SET state = ? WHERE zoid = ?', (state, zoid))
+            conn.commit()
+        finally:
+            conn.close()
+
     def cleanup(self):
         pass
 
@@ -61,6 +72,11 @@ class PostgreSQLDB:
     def section(self):
         return '<postgresql>\n dsn %s dbname=%s\n</postgresql>' % (servers.pg_dsn(),
                                                                   self.dbname)
+
+    def change_state(self, zoid, state):
+        import psycopg
+        with psycopg.connect(servers.pg_dsn() + ' dbname=' + self.dbname) as conn:
+            conn.execute('UPDATE object_state SET state = %s WHERE zoid = %s', (state, zoid))
 
     def cleanup(self):
         self._admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % self.dbname)
@@ -88,6 +104,16 @@ class MySQLDB:
         if p['passwd']:
             lines.append(' passwd %s' % p['passwd'])
         return '\n'.join(lines + ['</mysql>'])
+
+    def change_state(self, zoid, state):
+        import MySQLdb
+        conn = MySQLdb.connect(db=self.dbname, **servers.mysql_params())
+        try:
+            conn.cursor().execute('UPDATE object_state SET state = %s WHERE zoid = %s',
+                                  (state, zoid))
+            conn.commit()
+        finally:
+            conn.close()
 
     def cleanup(self):
         self._admin('DROP DATABASE IF EXISTS %s' % self.dbname)
@@ -647,6 +673,132 @@ class TestIncremental(ConvertTestCase):
         _, err = self.assertConverted(
             self.convert(fs_section('source', other), dest, '--incremental'), rc=1)
         self.assertIn('--clear', err)
+
+
+class TestVerifyOnly(ConvertTestCase):
+    """``--verify`` alone on a filled destination compares and writes nothing;
+    ``--incremental --verify`` verifies even when there is nothing to copy."""
+
+    def _copied(self, db_class=SqliteDB, keep_history=True):
+        src = self.path('verify-%s.fs' % uuid.uuid4().hex[:6])
+        make_source(src)
+        db = self.database(db_class)
+        dest = rs_section('destination', db, keep_history)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        return src, db, dest
+
+    def _dest_state(self, db, keep_history=True):
+        storage = self.open_rs(db, keep_history, read_only=True)
+        try:
+            return storage.lastTransaction(), len(storage), transactions_of(storage) \
+                if keep_history else current_objects(storage)
+        finally:
+            storage.close()
+
+    def _verify_alone(self, db_class, keep_history):
+        src, db, dest = self._copied(db_class, keep_history)
+        before = self._dest_state(db, keep_history)
+        source_before = file_digest(src)
+        out, err = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                     '--verify'))
+        self.assertIn('The destination is not empty', out)
+        self.assertIn('nothing is written', out)
+        self.assertIn('Verified:', out)
+        self.assertNotIn('Copied', out)
+        self.assertEqual(err, '')
+        self.assertEqual(self._dest_state(db, keep_history), before)
+        self.assertEqual(file_digest(src), source_before)
+        # A changed object: named, exit 1, and still nothing written.
+        db.change_state(1, b'not the pickle that was copied')
+        code, out, err = self.convert(fs_section('source', src), dest, '--verify')
+        self.assertEqual(code, 1, out + err)
+        self.assertIn('Object 0x01', err)
+        self.assertIn('differs', err)
+        self.assertNotIn('Verified:', out)
+        # --incremental --verify with nothing to copy checks too.
+        code, out, err = self.convert(fs_section('source', src), dest, '--incremental',
+                                      '--verify')
+        self.assertEqual(code, 1, out + err)
+        self.assertIn('Nothing to copy', out)
+        self.assertIn('Object 0x01', err)
+
+    def test_verify_alone_sqlite_history_preserving(self):
+        self._verify_alone(SqliteDB, True)
+
+    def test_verify_alone_sqlite_history_free(self):
+        self._verify_alone(SqliteDB, False)
+
+    def test_verify_alone_servers(self):
+        for db_class in configured():
+            if db_class is SqliteDB:
+                continue
+            for keep_history in (True, False):
+                with self.subTest(database=db_class.name, keep_history=keep_history):
+                    self._verify_alone(db_class, keep_history)
+
+    def test_incremental_verify_nothing_to_copy(self):
+        src, _, dest = self._copied()
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--incremental', '--verify'))
+        self.assertIn('Nothing to copy', out)
+        self.assertIn('Verified: 16 transactions', out)
+
+    def test_several_differences_listed(self):
+        src, db, dest = self._copied(keep_history=False)
+        for zoid in (1, 2, 3):
+            db.change_state(zoid, b'changed %d' % zoid)
+        code, _, err = self.convert(fs_section('source', src), dest, '--verify')
+        self.assertEqual(code, 1, err)
+        self.assertIn('3 differences', err)
+        for oid in ('0x01', '0x02', '0x03'):
+            self.assertIn('Object %s differs' % oid, err)
+
+    def test_destination_written_to_since(self):
+        src, db, dest = self._copied(keep_history=False)
+        storage = self.open_rs(db, keep_history=False)
+        zdb = ZODB.DB(storage)
+        try:
+            conn = zdb.open()
+            conn.root()['obj1']['v'] = 'edited in the destination'
+            transaction.commit()
+            conn.close()
+        finally:
+            zdb.close()
+        code, _, err = self.convert(fs_section('source', src), dest, '--verify')
+        self.assertEqual(code, 1, err)
+        self.assertIn('in the source but', err)
+
+    def test_source_newer_than_destination(self):
+        src, _, dest = self._copied()
+        make_source(src, transactions=2, start=100)
+        code, out, err = self.convert(fs_section('source', src), dest, '--verify')
+        self.assertEqual(code, 1, out + err)
+        self.assertIn('Verified: 16 transactions', out)
+        self.assertIn('the destination is behind', err)
+        self.assertIn('--incremental', err)
+
+    def test_filestorage_destination_untouched(self):
+        src = self.path('s.fs')
+        make_source(src)
+        back = self.path('back.fs')
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          fs_section('destination', back)))
+        before = {k: v for k, v in tree_state(self.tmp).items() if k.startswith('back.fs')}
+        out, _ = self.assertConverted(self.convert(fs_section('source', src),
+                                                   fs_section('destination', back),
+                                                   '--verify'))
+        self.assertIn('Verified: 16 transactions', out)
+        after = {k: v for k, v in tree_state(self.tmp).items() if k.startswith('back.fs')}
+        self.assertEqual(after, before)
+
+    def test_empty_destination_is_still_copied(self):
+        src = self.path('s.fs')
+        make_source(src)
+        out, _ = self.assertConverted(self.convert(
+            fs_section('source', src), rs_section('destination', self.database()),
+            '--verify'))
+        self.assertIn('Copied 16 transactions', out)
+        self.assertIn('Verified: 16 transactions', out)
 
 
 class Interrupt(KeyboardInterrupt):

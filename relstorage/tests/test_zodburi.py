@@ -67,6 +67,10 @@ class TestResolvers(unittest.TestCase):
             'sqlite://host/dir': 'no host',
             'mysql://u:p@h:port/db': 'port',
             'mysql://u:p@h/db?connect_timeout=soon': 'connect_timeout',
+            'sqlite://%s?pragma_synchronus=normal' % self.tmp: 'synchronus',
+            'sqlite://%s?pragma_synchronous=maybe' % self.tmp: 'synchronous',
+            'sqlite://%s?cache_module_name=memcached' % self.tmp: 'cache-module-name',
+            'sqlite://%s?cache-local-dir-count=many' % self.tmp: 'cache-local-dir-count',
         }
         for uri, message in cases.items():
             with self.subTest(uri=uri):
@@ -103,6 +107,21 @@ class TestResolvers(unittest.TestCase):
         section = factory.adapter_factory.config
         self.assertEqual((section.user, section.password, section.dsn),
                          ('scott', 'tiger', 'dbhost:1521/XEPDB1'))
+
+    def test_legacy_keys_and_values(self):
+        factory, _ = resolve_uri(
+            'sqlite://%s?cache_local_dir_count=20&pack-dry-run=true'
+            '&cache_module_name=relstorage.pylibmc_wrapper&gevent_yield_interval=5' % self.tmp)
+        options = factory.options
+        self.assertEqual(options.cache_local_dir_count, 20)
+        self.assertTrue(options.pack_prepack_only)
+        self.assertEqual(options.cache_module_name, 'pymemcache')
+        factory, _ = resolve_uri('postgresql://u@h/db?driver=pg8000')
+        self.assertEqual(factory.options.driver, 'auto')
+        self.assertEqual(factory.adapter_factory.driver, 'auto')
+        factory, _ = resolve_uri('mysql://u@h/db?charset=utf8&init-command=SET+x%3D1')
+        self.assertEqual(factory.adapter_factory.connect_kwargs,
+                         {'host': 'h', 'user': 'u', 'db': 'db'})
 
     def test_sqlite_pragmas(self):
         factory, _ = resolve_uri('sqlite://%s?pragma_synchronous=off' % self.tmp)

@@ -16,6 +16,8 @@ from ...interfaces import RelStorageError
 from ..base import Adapter
 from . import drivers
 from . import sql
+from .pragmas import check_pragmas
+from .pragmas import pragma_statement
 
 MAIN_DB = 'main.sqlite3'
 OID_DB = 'oids.sqlite3'
@@ -45,8 +47,10 @@ class Sqlite3Adapter(Adapter):
         self.data_dir = os.path.abspath(data_dir)
         self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
         self.pragmas = dict(DEFAULT_PRAGMAS)
-        for key, value in (pragmas or {}).items():
-            self.pragmas[key.replace('-', '_')] = value
+        try:
+            self.pragmas.update(check_pragmas(pragmas))
+        except ValueError as exc:
+            raise RelStorageError(str(exc)) from None
         os.makedirs(self.data_dir, exist_ok=True)
 
     def describe(self):
@@ -64,9 +68,7 @@ class Sqlite3Adapter(Adapter):
             raise RelStorageError("Cannot open %s: %s" % (path, exc)) from exc
         cur = raw.cursor()
         for key, value in self.pragmas.items():
-            if not key.replace('_', '').isalnum():
-                raise RelStorageError("Invalid SQLite pragma name %r" % key)
-            cur.execute('PRAGMA %s = %s' % (key, _pragma_value(value)))
+            cur.execute(pragma_statement(key, value))
         cur.execute('PRAGMA busy_timeout = %d' % int(timeout * 1000))
         if purpose == 'oid':
             cur.execute(sql.OID_SCHEMA)
@@ -148,9 +150,3 @@ class Sqlite3Adapter(Adapter):
                 if os.path.exists(path):
                     os.remove(path)
 
-
-def _pragma_value(value):
-    text = str(value).strip()
-    if text.lstrip('-').isdigit() or text.replace('_', '').isalnum():
-        return text
-    raise RelStorageError("Invalid SQLite pragma value %r" % (value,))

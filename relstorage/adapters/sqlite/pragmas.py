@@ -1,0 +1,117 @@
+"""The PRAGMA settings SQLite documents, to check ``<pragmas>`` early.
+
+A misspelt pragma is silently ignored by SQLite, and many take any word
+as a value, so a typo in a configuration file would change nothing without
+a word. Each name here maps to what its value may be: ``BOOL`` (1/0, on/off,
+yes/no, true/false), ``INT`` (a signed integer), ``TEXT`` (a quoted string)
+or a tuple of the keywords (and numbers) SQLite accepts. Only pragmas that
+set something are listed; queries and actions (``integrity_check``,
+``optimize``, ...) make no sense applied to every connection.
+"""
+import difflib
+import re
+
+BOOL = 'a boolean (on, off, true, false, yes, no, 1, 0)'
+INT = 'an integer'
+TEXT = 'a string'
+
+_BOOL_WORDS = ('on', 'off', 'true', 'false', 'yes', 'no', '1', '0')
+
+PRAGMAS = {
+    'analysis_limit': INT,
+    'application_id': INT,
+    'auto_vacuum': ('none', 'full', 'incremental', '0', '1', '2'),
+    'automatic_index': BOOL,
+    'busy_timeout': INT,
+    'cache_size': INT,
+    'cache_spill': (BOOL, INT),
+    'case_sensitive_like': BOOL,
+    'cell_size_check': BOOL,
+    'checkpoint_fullfsync': BOOL,
+    'count_changes': BOOL,
+    'default_cache_size': INT,
+    'defer_foreign_keys': BOOL,
+    'empty_result_callbacks': BOOL,
+    'encoding': ('utf-8', 'utf-16', 'utf-16le', 'utf-16be'),
+    'foreign_keys': BOOL,
+    'full_column_names': BOOL,
+    'fullfsync': BOOL,
+    'hard_heap_limit': INT,
+    'ignore_check_constraints': BOOL,
+    'journal_mode': ('delete', 'truncate', 'persist', 'memory', 'wal', 'off'),
+    'journal_size_limit': INT,
+    'legacy_alter_table': BOOL,
+    'locking_mode': ('normal', 'exclusive'),
+    'max_page_count': INT,
+    'mmap_size': INT,
+    'page_size': INT,
+    'query_only': BOOL,
+    'read_uncommitted': BOOL,
+    'recursive_triggers': BOOL,
+    'reverse_unordered_selects': BOOL,
+    'secure_delete': (BOOL, 'fast'),
+    'short_column_names': BOOL,
+    'soft_heap_limit': INT,
+    'synchronous': ('off', 'normal', 'full', 'extra', '0', '1', '2', '3'),
+    'temp_store': ('default', 'file', 'memory', '0', '1', '2'),
+    'temp_store_directory': TEXT,
+    'threads': INT,
+    'trusted_schema': BOOL,
+    'user_version': INT,
+    'wal_autocheckpoint': INT,
+    'writable_schema': (BOOL, 'reset'),
+}
+
+# Values written quoted in the PRAGMA statement.
+_QUOTED = ('encoding',)
+
+
+def _is_int(text):
+    return re.fullmatch(r'[+-]?[0-9]+', text) is not None
+
+
+def _matches(kind, text):
+    if kind == BOOL:
+        return text.lower() in _BOOL_WORDS
+    if kind == INT:
+        return _is_int(text)
+    if kind == TEXT:
+        return '\0' not in text
+    return text.lower() == kind
+
+
+def _describe(allowed):
+    if isinstance(allowed, str):
+        return allowed
+    return 'one of ' + ', '.join(allowed)
+
+
+def check_pragma(name, value):
+    """Return ``(name, value)`` normalized (``journal-mode`` ->
+    ``journal_mode``, the value stripped); raise ValueError naming the
+    pragma if SQLite documents no such setting or not such a value."""
+    key = str(name).strip().lower().replace('-', '_')
+    allowed = PRAGMAS.get(key)
+    if allowed is None:
+        close = difflib.get_close_matches(key, PRAGMAS, n=1)
+        raise ValueError('SQLite pragma %r is not a setting SQLite documents%s'
+                         % (name, " (did you mean %r?)" % close[0] if close else ''))
+    text = str(value).strip()
+    kinds = allowed if isinstance(allowed, tuple) else (allowed,)
+    if not any(_matches(kind, text) for kind in kinds):
+        raise ValueError('SQLite pragma %s: %r is not %s'
+                         % (key, text, _describe(allowed)))
+    return key, text
+
+
+def check_pragmas(pragmas):
+    """Check every item of the mapping *pragmas*; return a new dict."""
+    return dict(check_pragma(name, value) for name, value in (pragmas or {}).items())
+
+
+def pragma_statement(name, value):
+    """The SQL setting one checked pragma."""
+    name, text = check_pragma(name, value)
+    if name in _QUOTED or PRAGMAS[name] == TEXT:
+        text = "'%s'" % text.replace("'", "''")
+    return 'PRAGMA %s = %s' % (name, text)
