@@ -1,16 +1,20 @@
-"""memcached as a shared state cache, against a real memcached started here.
+"""The shared state cache's guarantees, run against memcached and Redis.
 
-The server listens on 127.0.0.1 on a free port and is stopped by the test
-(also mid-run, to check that reads go on from the database).
+``SharedCacheTests`` is mixed into one test class per backend
+(test_cache_memcache.py, test_cache_redis.py), which provides:
+
+- ``servers``: the ``cache-servers`` value the storages use;
+- ``prefix``: a ``cache-prefix`` no other test uses on that server;
+- ``private_server()``: a server of its own, started for the test and
+  stopped by it (``.address``, ``.stop()``), for the tests that stop one;
+- ``dead_servers()``: a ``cache-servers`` value where nothing listens.
 """
 import logging
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
-import unittest
 
 import transaction
 from ZODB.Connection import TransactionMetaData
@@ -22,12 +26,9 @@ from ZODB.utils import u64
 from ZODB.utils import z64
 
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
-from relstorage.cache.memcache import MemcacheStateCache
-from relstorage.cache.memcache import parse_servers
+from relstorage.cache.shared import open_shared_cache
 from relstorage.options import Options
 from relstorage.storage import RelStorage
-
-MEMCACHED = shutil.which('memcached') or '/usr/bin/memcached'
 
 
 def free_port():
@@ -36,54 +37,51 @@ def free_port():
         return s.getsockname()[1]
 
 
-class MemcachedServer:
-
-    def __init__(self):
-        self.port = free_port()
-        args = [MEMCACHED, '-l', '127.0.0.1', '-p', str(self.port), '-U', '0', '-m', '16']
-        if os.geteuid() == 0:
-            args += ['-u', 'root']
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 10
-        while True:
-            try:
-                socket.create_connection(('127.0.0.1', self.port), timeout=0.5).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    err = self.proc.stderr.read().decode(errors='replace')
-                    raise RuntimeError('memcached did not start: %s' % err)
-                time.sleep(0.05)
-
-    @property
-    def address(self):
-        return '127.0.0.1:%d' % self.port
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.proc.stderr.close()
+def wait_for_port(port, proc, what):
+    """Until something accepts connections on 127.0.0.1:port; RuntimeError
+    with the server's stderr if ``proc`` exits first or after 10 s."""
+    deadline = time.time() + 10
+    while True:
+        try:
+            socket.create_connection(('127.0.0.1', port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                err = proc.stderr.read().decode(errors='replace')
+                raise RuntimeError('%s did not start: %s' % (what, err))
+            time.sleep(0.05)
 
 
-@unittest.skipUnless(os.path.exists(MEMCACHED), 'memcached is not installed')
-class MemcacheTests(unittest.TestCase):
+class SharedCacheTests:
+
+    servers = None
+    prefix = 'test'
 
     def setUp(self):
-        self.server = MemcachedServer()
-        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_mc_')
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_shared_')
         self._closables = []
 
     def tearDown(self):
         transaction.abort()
         for thing in reversed(self._closables):
             thing.close()
-        self.server.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def private_server(self):
+        raise NotImplementedError
+
+    def dead_servers(self):
+        raise NotImplementedError
+
+    def client(self, prefix=None, servers=None):
+        client = open_shared_cache(servers or self.servers, None, prefix or self.prefix)
+        self._closables.append(client)
+        return client
+
     def storage(self, **kw):
-        kw.setdefault('cache_servers', self.server.address)
-        kw.setdefault('cache_prefix', 'test')
+        kw.setdefault('cache_servers', self.servers)
+        kw.setdefault('cache_prefix', self.prefix)
         options = Options(**kw)
         storage = RelStorage(Sqlite3Adapter(os.path.join(self.tmp, 'data'), options=options),
                              options=options)
@@ -100,18 +98,21 @@ class MemcacheTests(unittest.TestCase):
         return storage.tpc_finish(txn)
 
     def test_client_round_trip_and_keys(self):
-        client = MemcacheStateCache(self.server.address, None, 'pfx')
-        self._closables.append(client)
-        self.assertEqual(client.key(0x1f, 0xabc), 'pfx:s:1f:abc')
+        client = self.client()
+        self.assertEqual(client.key(0x1f, 0xabc), '%s:s:1f:abc' % self.prefix)
         client.set_many({(1, 10): b'one', (2, 10): b'two'})
         self.assertEqual(client.get(1, 10), b'one')
         self.assertIsNone(client.get(1, 11))               # another revision
         self.assertEqual(client.get_many([(1, 10), (2, 10), (3, 10)]),
                          {(1, 10): b'one', (2, 10): b'two'})
-        other = MemcacheStateCache(self.server.address, None, 'other')
-        self._closables.append(other)
+        other = self.client(prefix=self.prefix + '-other')
         self.assertIsNone(other.get(1, 10))                # another prefix
-        self.assertEqual(parse_servers('a:1 b:2'), [('a', 1), ('b', 2)])
+        client.set_many({(3, 10): b'x' * 1000})            # one key, no pipeline
+        self.assertEqual(client.get_many([(3, 10)]), {(3, 10): b'x' * 1000})
+        self.assertEqual(client.set_hot(7, [(1, 10), (2, 10)]), 2)
+        self.assertEqual(client.get_hot(), (7, [(1, 10), (2, 10)]))
+        stats = client.stats()
+        self.assertEqual((stats['hits'], stats['misses'], stats['errors']), (4, 2, 0))
 
     def test_other_process_reads_what_one_committed(self):
         writer, reader = self.storage(), self.storage()
@@ -120,17 +121,17 @@ class MemcacheTests(unittest.TestCase):
         inst.poll_invalidations()
         tid = self.commit(writer, {oid: i for i, oid in enumerate(oids)})
         # The reader learns the new tids from its poll; the states come from
-        # memcached (the writer put them there when it committed).
+        # the shared cache (the writer put them there when it committed).
         self.assertEqual(sorted(inst.poll_invalidations()), sorted(oids))
         for i, oid in enumerate(oids):
             state, serial = inst.load(oid)
             self.assertEqual((zodb_unpickle(state).value, serial), (i, tid))
         stats = reader.cache_stats()
         self.assertEqual(stats['db_loads'], 0)
-        self.assertEqual(stats['memcache']['hits'], 20)
+        self.assertEqual(stats['shared']['hits'], 20)
         inst.release()
 
-    def test_committed_states_are_in_memcached_when_commit_returns(self):
+    def test_committed_states_are_shared_when_commit_returns(self):
         # Regression: committed states used to be sent without waiting for
         # memcached's reply, so a process that polled right after the commit
         # could ask memcached before the set had been processed, and read
@@ -150,7 +151,7 @@ class MemcacheTests(unittest.TestCase):
         inst.release()
 
     def test_states_read_from_the_database_are_shared(self):
-        plain = self.storage(cache_servers=None)         # commits without memcached
+        plain = self.storage(cache_servers=None)     # commits without the shared cache
         first, second = self.storage(), self.storage()
         oids = [plain.new_oid() for _ in range(5)]
         inst2 = second.new_instance()
@@ -163,7 +164,7 @@ class MemcacheTests(unittest.TestCase):
         self.assertEqual(first.cache_stats()['db_loads'], 5)
         inst1.poll_invalidations()                         # sends the batch
         # Sets do not wait for replies: let the server catch up.
-        client = first._cache.memcache
+        client = first._cache.shared
         deadline = time.time() + 5
         while client.get(u64(oids[-1]), u64(tid)) is None and time.time() < deadline:
             time.sleep(0.01)
@@ -171,13 +172,13 @@ class MemcacheTests(unittest.TestCase):
         for oid in oids:
             self.assertEqual(inst2.load(oid)[1], tid)
         self.assertEqual(second.cache_stats()['db_loads'], 0)
-        self.assertEqual(second.cache_stats()['memcache']['hits'], 5)
+        self.assertEqual(second.cache_stats()['shared']['hits'], 5)
         inst1.release()
         inst2.release()
 
     def wait_for_hint(self, storage, oid):
         # Hints of database loads are sent without waiting for replies.
-        client = storage._cache.memcache
+        client = storage._cache.shared
         deadline = time.time() + 5
         while not client.get_hints([u64(oid)]) and time.time() < deadline:
             time.sleep(0.01)
@@ -197,8 +198,8 @@ class MemcacheTests(unittest.TestCase):
         # newest changes (here at most 200: cache-delta-size-limit 400, and
         # the newest transaction alone changed 250 objects, so none), which
         # do not include the 30 objects; what another process left
-        # in memcached tells it which revisions are current, so the states
-        # come from memcached without asking the database.
+        # in the shared cache tells it which revisions are current, so the
+        # states come from there without asking the database.
         plain = self.storage(cache_servers=None)
         oids = [plain.new_oid() for _ in range(30)]
         others = [plain.new_oid() for _ in range(250)]
@@ -217,27 +218,27 @@ class MemcacheTests(unittest.TestCase):
         self.assertEqual(self.read_all(fresh, list(reversed(oids))), expected[::-1])
         stats = fresh.cache_stats()
         self.assertEqual(stats['db_loads'], 0)
-        self.assertGreaterEqual(stats['warmed_from_memcache'], 30)
+        self.assertGreaterEqual(stats['warmed_from_shared'], 30)
         self.assertEqual(stats['index_mismatches'], 0)
         self.assertEqual(stats['log_entries'], 0)
 
-        # 2. Without a hot list, read-ahead in OID order asks memcached for
+        # 2. Without a hot list, read-ahead in OID order asks the shared cache for
         #    the hints and states of the next objects, two requests per
         #    batch.
-        fresh._cache.memcache._set_keys({fresh._cache.memcache.hot_key(): b''}, True)
+        fresh._cache.shared.set_hot(0, [])
         fresh = self.storage(cache_delta_size_limit=400)
         self.assertEqual(self.read_all(fresh, oids), expected)
         stats = fresh.cache_stats()
-        self.assertEqual(stats['warmed_from_memcache'], 0)
+        self.assertEqual(stats['warmed_from_shared'], 0)
         # The three loads before read-ahead starts ask the database: for a
         # single load a hint would cost a round trip more than the query.
         self.assertEqual(stats['db_loads'], 3)
         self.assertGreaterEqual(stats['tids_from_hints'], 27)
         self.assertEqual(stats['index_mismatches'], 0)
 
-    def test_fresh_process_after_pack_ignores_what_memcached_knew(self):
+    def test_fresh_process_after_pack_ignores_what_the_shared_cache_knew(self):
         # Objects removed by a pack leave no change for the change log to
-        # see; a fresh process must not take them from memcached (hot list,
+        # see; a fresh process must not take them from the shared cache (hot list,
         # hints, states).  After a pack, processes use a new namespace.
         writer = self.storage()
         oids = [writer.new_oid() for _ in range(3)]
@@ -256,8 +257,8 @@ class MemcacheTests(unittest.TestCase):
         for oid in oids:
             self.assertRaises(POSKeyError, inst.load, oid)
         inst.release()
-        self.assertEqual(fresh.cache_stats()['warmed_from_memcache'], 0)
-        self.assertIn(':p1', fresh._cache.memcache.prefix)
+        self.assertEqual(fresh.cache_stats()['warmed_from_shared'], 0)
+        self.assertIn(':p1', fresh._cache.shared.prefix)
         self.assertTrue(tid)
 
     def test_hot_list_of_a_short_lived_process_keeps_the_busy_ones(self):
@@ -270,7 +271,7 @@ class MemcacheTests(unittest.TestCase):
         brief = self.storage()
         self.read_all(brief, oids[:2])
         brief.close()
-        _, pairs = self.storage()._cache.memcache.get_hot()
+        _, pairs = self.storage()._cache.shared.get_hot()
         self.assertEqual(len(pairs), 40)
         self.assertEqual([u64(o) for o in oids[:2]], sorted(p[0] for p in pairs[:2]))
 
@@ -284,12 +285,12 @@ class MemcacheTests(unittest.TestCase):
         self.assertEqual(self.read_all(fresh, oids), [(i, tid) for i in range(20)])
         stats = fresh.cache_stats()
         self.assertEqual((stats['db_loads'], stats['tids_from_hints']), (0, 0))
-        self.assertEqual(stats['memcache']['hits'], 20)
+        self.assertEqual(stats['shared']['hits'], 20)
 
     def object_hinted_by_another_process(self):
-        """(storage without memcached, oid, tid): an object committed
-        without memcached, then read by another process, which left its
-        state and a hint in memcached."""
+        """(storage without the shared cache, oid, tid): an object committed
+        without it, then read by another process, which left its state and
+        a hint in the shared cache."""
         plain = self.storage(cache_servers=None)       # writes leave no hints
         oid = plain.new_oid()
         tid = self.commit(plain, {oid: 'old'})
@@ -324,18 +325,22 @@ class MemcacheTests(unittest.TestCase):
         roomy = self.storage()
         self.assertEqual(self.read_all(roomy, [oid]), [('new', tid2)])
 
-    def test_memcached_stopped_mid_run(self):
-        writer, reader = self.storage(), self.storage()
+    def test_server_stopped_mid_run(self):
+        # Reads go on from the database, with one WARNING for the outage.
+        server = self.private_server()
+        writer = self.storage(cache_servers=server.address)
+        reader = self.storage(cache_servers=server.address)
         oids = [writer.new_oid() for _ in range(10)]
         inst = reader.new_instance()
         inst.poll_invalidations()
         tid = self.commit(writer, {oid: 'a' for oid in oids})
         inst.poll_invalidations()
         self.assertEqual(inst.load(oids[0])[1], tid)
-        self.server.stop()
-        tid2 = self.commit(writer, {oid: 'b' for oid in oids}, {oid: tid for oid in oids})
-        logger = logging.getLogger('relstorage.cache.memcache')
-        with self.assertLogs(logger, logging.WARNING) as logs:
+        self.assertEqual(reader.cache_stats()['shared']['hits'], 1)
+        server.stop()
+        with self.assertLogs('relstorage.cache', logging.WARNING) as logs:
+            tid2 = self.commit(writer, {oid: 'b' for oid in oids},
+                               {oid: tid for oid in oids})
             inst.poll_invalidations()
             for oid in oids:
                 state, serial = inst.load(oid)
@@ -343,20 +348,20 @@ class MemcacheTests(unittest.TestCase):
             reader._cache.local.clear()
             for oid in oids:
                 self.assertEqual(zodb_unpickle(inst.load(oid)[0]).value, 'b')
-        warnings = [r for r in logs.records if r.levelno >= logging.WARNING]
-        self.assertEqual(len(warnings), 1, logs.output)
-        self.assertIn('unavailable', warnings[0].getMessage())
-        self.assertTrue(reader.cache_stats()['memcache']['errors'] >= 1)
+        # One per process (each storage here stands for one).
+        warnings = [r.getMessage() for r in logs.records if r.levelno >= logging.WARNING]
+        self.assertEqual(len(warnings), 2, logs.output)
+        for warning in warnings:
+            self.assertIn('is unavailable', warning)
+        self.assertGreaterEqual(reader.cache_stats()['shared']['errors'], 1)
+        self.assertEqual(reader.cache_stats()['shared']['down'],
+                         reader.cache_stats()['shared']['servers'])
         inst.release()
 
-    def test_memcached_never_running(self):
-        port = free_port()
-        storage = self.storage(cache_servers='127.0.0.1:%d' % port)
+    def test_server_never_running(self):
+        storage = self.storage(cache_servers=self.dead_servers())
         oid = storage.new_oid()
         tid = self.commit(storage, {oid: 1})
         storage._cache.local.clear()
         self.assertEqual(storage.load(oid)[1], tid)
-
-
-def test_suite():
-    return unittest.TestLoader().loadTestsFromTestCase(MemcacheTests)
+        self.assertGreaterEqual(storage.cache_stats()['shared']['errors'], 1)

@@ -1,0 +1,66 @@
+"""The shared cache on memcached, against a real memcached started here.
+
+Each test starts its own server on a free 127.0.0.1 port and stops it.
+"""
+import os
+import shutil
+import subprocess
+import unittest
+
+from relstorage.cache.memcache import parse_servers
+from relstorage.cache.shared import open_shared_cache
+from relstorage.tests.shared_cache import SharedCacheTests
+from relstorage.tests.shared_cache import free_port
+from relstorage.tests.shared_cache import wait_for_port
+
+MEMCACHED = shutil.which('memcached') or '/usr/bin/memcached'
+
+
+class MemcachedServer:
+
+    def __init__(self):
+        self.port = free_port()
+        args = [MEMCACHED, '-l', '127.0.0.1', '-p', str(self.port), '-U', '0', '-m', '16']
+        if os.geteuid() == 0:
+            args += ['-u', 'root']
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_for_port(self.port, self.proc, 'memcached')
+
+    @property
+    def address(self):
+        return '127.0.0.1:%d' % self.port
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc.stderr.close()
+
+
+@unittest.skipUnless(os.path.exists(MEMCACHED), 'memcached is not installed')
+class MemcacheTests(SharedCacheTests, unittest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.server = self.private_server()
+        self.servers = self.server.address
+
+    def private_server(self):
+        server = MemcachedServer()
+        self.addCleanup(server.stop)
+        return server
+
+    def dead_servers(self):
+        return '127.0.0.1:%d' % free_port()
+
+    def test_parse_servers(self):
+        self.assertEqual(parse_servers('a:1 b:2 [::1]:3 c'),
+                         [('a', 1), ('b', 2), ('::1', 3), ('c', 11211)])
+        with self.assertRaisesRegex(ValueError, "'a:b' is not host:port"):
+            parse_servers('a:b')
+        with self.assertRaisesRegex(ValueError, 'cache-module-name'):
+            open_shared_cache('a:1', 'memcache_client_of_the_future')
+
+
+def test_suite():
+    return unittest.TestLoader().loadTestsFromTestCase(MemcacheTests)
