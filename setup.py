@@ -16,6 +16,8 @@ exec(read('relstorage/__init__.py'), version)
 
 postgresql = ['psycopg[binary] >= 3.1', 'psycopg2-binary']
 mysql = ['mysqlclient', 'PyMySQL']
+# hiredis: the redis client's fast reply parser, used when installed.
+redis = ['redis', 'hiredis']
 
 setup(
     name='relstorage',
@@ -42,7 +44,8 @@ setup(
         'mysql': mysql,
         'oracle': ['oracledb'],
         'memcache': ['pymemcache'],
-        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache'],
+        'redis': redis,
+        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache'] + redis,
     },
     entry_points={
         'console_scripts': [

@@ -26,13 +26,10 @@ from relstorage.cache.shared import open_shared_cache
 from relstorage.tests.shared_cache import SharedCacheTests
 from relstorage.tests.shared_cache import free_port
 from relstorage.tests.shared_cache import wait_for_port
+from relstorage.tests.servers import redis_url
 
 REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
 PASSWORD = 's3cret-Pw'
-
-
-def redis_url():
-    return os.environ.get('RS_REDIS_URL', 'redis://127.0.0.1:6379/0')
 
 
 def _unavailable():
