@@ -16,15 +16,20 @@ Scenarios
   mc-fresh    a fresh process with memcached, states put there by another
               process, which also published its hot list: the fresh process
               warms its local cache from memcached at its first poll
-  db-fresh    the same fresh process without memcached
+  redis-fresh the same with Redis as the shared cache
+  db-fresh    the same fresh process without a shared cache
+  *-nohot-random  a fresh process reading in random order after the hot
+              list was dropped: one request to the shared cache per state
   *-random    the same, reading the objects in a shuffled order (no
               read-ahead); "+open" adds opening the storage and the first
               poll (which includes the warm start) to the reads
   mc-polled   a running process whose poll told it the new tids of 1000
               objects another process just rewrote: states from memcached
-  db-polled   the same without memcached (states from the database)
+  redis-polled  the same with Redis
+  db-polled   the same without a shared cache (states from the database)
 
-memcached (``/usr/bin/memcached``) is started on a free 127.0.0.1 port.
+memcached (``/usr/bin/memcached``) and Redis (``redis-server``, without
+persistence) are started on free 127.0.0.1 ports.
 """
 import argparse
 import json
@@ -127,7 +132,8 @@ def child_read(args):
     stats = db.storage.cache_stats()
     db.close()
     print(json.dumps({'ms': ms, 'open_ms': open_ms, 'db_loads': stats['db_loads'],
-                      'mc_hits': stats.get('memcache', {}).get('hits', 0)}))
+                      'shared_hits': stats.get('shared', {}).get('hits', 0),
+                      'warmed': stats['warmed_from_shared']}))
 
 
 def fresh_process(args, oids, servers=None, shuffle=False):
@@ -143,21 +149,44 @@ def fresh_process(args, oids, servers=None, shuffle=False):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def start_memcached():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    cmd = ['memcached', '-l', '127.0.0.1', '-p', str(port), '-U', '0', '-m', '64']
-    if os.geteuid() == 0:
-        cmd += ['-u', 'root']
-    proc = subprocess.Popen(cmd)
+def drop_hot_list(args, servers):
+    """Replace the published hot list by an empty one (a storage without
+    a local cache neither warms from it nor publishes its own)."""
+    db = open_db(args, cache_servers=servers, cache_local_mb=0)
+    db.storage._cache.shared.set_hot(0, [])
+    db.close()
+
+
+def start_server(cmd, port):
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     for _ in range(100):
         try:
             socket.create_connection(('127.0.0.1', port), 0.2).close()
             break
         except OSError:
             time.sleep(0.05)
-    return proc, '127.0.0.1:%d' % port
+    return proc
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start_memcached():
+    port = free_port()
+    cmd = ['memcached', '-l', '127.0.0.1', '-p', str(port), '-U', '0', '-m', '64']
+    if os.geteuid() == 0:
+        cmd += ['-u', 'root']
+    return start_server(cmd, port), '127.0.0.1:%d' % port
+
+
+def start_redis(tmp):
+    port = free_port()
+    cmd = ['redis-server', '--bind', '127.0.0.1', '--port', str(port), '--save', '',
+           '--appendonly', 'no', '--dir', tmp]
+    return start_server(cmd, port), 'redis://127.0.0.1:%d/0' % port
 
 
 def pg_setup(args, drop_only=False):
@@ -170,7 +199,7 @@ def pg_setup(args, drop_only=False):
 
 
 def report(name, values, note=''):
-    print('%-17s %8.1f ms  (median of %d: %s)%s' % (
+    print('%-24s %8.1f ms  (median of %d: %s)%s' % (
         name, statistics.median(values), len(values),
         ' '.join('%.1f' % v for v in values), note))
 
@@ -197,6 +226,8 @@ def main(argv=None):
     else:
         pg_setup(args)
     mc, servers = start_memcached()
+    rd, redis_servers = start_redis(tmp)
+    shared = {'mc': servers, 'redis': redis_servers}
     try:
         oids, size = populate(args)
         print('%s: %d objects, pickles of %d bytes; %d runs each'
@@ -215,41 +246,53 @@ def main(argv=None):
             report('cold' + order, cold)
             report('local' + order, local)
 
-        # Another process puts the states into memcached by reading them
-        # (and publishes its hot list when it closes).
-        fresh_process(args, oids, servers)
-        for order, shuffle in (('', False), ('-random', True)):
-            runs = {'mc': [], 'db': []}
-            for _ in range(args.repeat):
-                runs['mc'].append(fresh_process(args, oids, servers, shuffle))
-                runs['db'].append(fresh_process(args, oids, None, shuffle))
-            for kind in ('mc', 'db'):
-                last = runs[kind][-1]
-                report('%s-fresh%s' % (kind, order), [r['ms'] for r in runs[kind]],
-                       '  [%d db loads, %d memcached hits]' % (last['db_loads'], last['mc_hits']))
-                report('  +open', [r['ms'] + r['open_ms'] for r in runs[kind]],
-                       '  (open and first poll included)')
+        # Another process puts the states into the shared caches by
+        # reading them (and publishes its hot list when it closes).
+        for address in shared.values():
+            fresh_process(args, oids, address)
+        kinds = ('mc', 'redis', 'db')
+        scenarios = [(kind, order, shuffle, False) for order, shuffle
+                     in (('', False), ('-random', True)) for kind in kinds]
+        # Without the hot list every state is one request to the shared cache.
+        scenarios += [(kind, '-nohot-random', True, True) for kind in ('mc', 'redis')]
+        runs = {scenario: [] for scenario in scenarios}
+        for _ in range(args.repeat):
+            # Interleaved, so that a busy spell hits every scenario alike.
+            for scenario in scenarios:
+                kind, _, shuffle, nohot = scenario
+                if nohot:
+                    drop_hot_list(args, shared[kind])
+                runs[scenario].append(fresh_process(args, oids, shared.get(kind), shuffle))
+        for scenario in scenarios:
+            kind, order = scenario[:2]
+            last = runs[scenario][-1]
+            report('%s-fresh%s' % (kind, order), [r['ms'] for r in runs[scenario]],
+                   '  [%d db loads, %d shared-cache hits, %d warmed at start]'
+                   % (last['db_loads'], last['shared_hits'], last['warmed']))
+            report('  +open', [r['ms'] + r['open_ms'] for r in runs[scenario]],
+                   '  (open and first poll included)')
 
-        mc_polled, db_polled = [], []
-        for use_mc in (True, False):
-            kw = {'cache_servers': servers} if use_mc else {}
+        for kind in kinds:
+            kw = {'cache_servers': shared[kind]} if kind in shared else {}
             db = open_db(args, **kw)
             conn = db.open(transaction.TransactionManager())
+            polled = []
             for _ in range(args.repeat):
                 conn.transaction_manager.begin()
                 conn.transaction_manager.abort()
-                rewrite(args, oids, cache_servers=servers)   # the other process
-                (mc_polled if use_mc else db_polled).append(timed_read(db, oids, conn))
+                rewrite(args, oids, **kw)        # the other process
+                polled.append(timed_read(db, oids, conn))
             stats = db.storage.cache_stats()
             conn.close()
             db.close()
-            note = '  [%d db loads, %d memcached hits, %d local hits]' % (
-                stats['db_loads'], stats.get('memcache', {}).get('hits', 0), stats['hits'])
-            report('mc-polled' if use_mc else 'db-polled',
-                   mc_polled if use_mc else db_polled, note)
+            note = '  [%d db loads, %d shared-cache hits, %d local hits, %d warmed]' % (
+                stats['db_loads'], stats.get('shared', {}).get('hits', 0), stats['hits'],
+                stats['warmed_from_shared'])
+            report('%s-polled' % kind, polled, note)
     finally:
-        mc.terminate()
-        mc.wait()
+        for proc in (mc, rd):
+            proc.terminate()
+            proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
         if args.db == 'postgresql':
             pg_setup(args, drop_only=True)

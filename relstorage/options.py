@@ -119,10 +119,12 @@ OPTIONS = (
            'Seconds a pack waits after finding the commit lock busy.'),
     # Caching.
     Option('cache-servers', None, 'string',
-           'Space-separated host:port list of memcache servers.', active=True),
+           'Shared cache servers: memcached host:port entries, or Redis URLs '
+           'redis://[:password@]host:port/db (rediss:// for TLS), separated '
+           'by spaces.', active=True),
     Option('cache-module-name', None, 'string',
-           'Module providing the memcache client: pymemcache (when unset) or '
-           'pylibmc.', active=True),
+           'memcached client: pymemcache (when unset) or pylibmc; leave '
+           'unset for Redis.', active=True),
     Option('cache-prefix', None, 'string',
            'Prefix for shared cache keys and the cache file name; defaults to '
            'a safe name derived from the database.', active=True),
