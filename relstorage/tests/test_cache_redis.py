@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+import threading
 import unittest
 
 import transaction
@@ -73,11 +74,15 @@ class RedisServer:
         self.port = free_port()
         port_args = (['--port', '0', '--tls-port', str(self.port)] if tls
                      else ['--port', str(self.port)])
-        cmd = [REDIS_SERVER, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-               '--dir', tmp] + port_args + list(args)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_for_port(self.port, self.proc, 'redis-server')
+        self.cmd = [REDIS_SERVER, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+                    '--dir', tmp] + port_args + list(args)
+        self.start()
         self.scheme = 'rediss' if tls else 'redis'
+
+    def start(self):
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        wait_for_port(self.port, self.proc, 'redis-server')
 
     @property
     def address(self):
@@ -156,6 +161,40 @@ class RedisTests(SharedCacheTests, unittest.TestCase):
         alone = self.client(servers=self.other_database(14))
         found = alone.get_many(list(states))
         self.assertTrue(0 < len(found) < 50, len(found))
+
+    def test_server_restart_costs_no_miss(self):
+        # Connections the server closed are replaced on the next request,
+        # which is answered: no error, no warning, no fallback.
+        server = self.private_server()
+        client = self.client(servers=server.address)
+        client.set_many({(1, 1): b'before'}, wait=True)
+        self.assertEqual(client.get(1, 1), b'before')
+        server.stop()
+        server.start()
+        with self.assertNoLogs('relstorage.cache', logging.WARNING):
+            client.set_many({(1, 2): b'after'}, wait=True)
+        self.assertEqual(client.get(1, 2), b'after')
+        self.assertEqual(client.stats()['errors'], 0)
+
+    def test_threads_share_a_client(self):
+        client = self.client()
+        failures = []
+
+        def work(number):
+            for rnd in range(100):
+                states = {(number, rnd): b'%d-%d' % (number, rnd),
+                          (number, rnd + 1000): b'x' * rnd}
+                client.set_many(states, wait=True)
+                if client.get_many(list(states)) != states:
+                    failures.append((number, rnd))
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(failures, [])
+        self.assertEqual(client.stats()['errors'], 0)
 
     def test_keys_expire(self):
         import redis
