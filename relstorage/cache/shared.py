@@ -133,6 +133,7 @@ class SharedStateCache:
         self.prefix = prefix
         self.hits = self.misses = self.errors = self.stores = 0
         self.hint_hits = self.hint_misses = 0
+        self.blob_hits = self.blob_misses = 0
 
     # ------------------------------------------------------------------
 
@@ -224,6 +225,26 @@ class SharedStateCache:
         return found
 
     # ------------------------------------------------------------------
+    # Blobs (blobs/cached.py): ``<prefix>:b:<oid>:<tid>`` holds the bytes
+    # of a blob revision of at most MAX_VALUE bytes.
+
+    def blob_key(self, oid, tid):
+        return '%s:b:%x:%x' % (self.prefix, oid, tid)
+
+    def get_blob(self, oid, tid):
+        key = self.blob_key(oid, tid)
+        value = self._get_keys((key,)).get(key)
+        if value is None:
+            self.blob_misses += 1
+        else:
+            self.blob_hits += 1
+        return value
+
+    def set_blob(self, oid, tid, data):
+        if len(data) <= MAX_VALUE:
+            self._set_keys({self.blob_key(oid, tid): data}, wait=True)
+
+    # ------------------------------------------------------------------
     # The hot list: what one process had in its local cache, so that a
     # fresh process (another worker, another host) can start warm.
     # ``<prefix>:hot`` holds as_of and (oid, tid) pairs, most recently used
@@ -296,6 +317,7 @@ class SharedStateCache:
                 'errors': self.errors, 'stores': self.stores,
                 'ratio': (self.hits / total) if total else 0.0,
                 'hint_hits': self.hint_hits, 'hint_misses': self.hint_misses,
+                'blob_hits': self.blob_hits, 'blob_misses': self.blob_misses,
                 'servers': [s.label for s in self._servers],
                 'down': [s.label for s in self._servers if not s.usable()]}
 

@@ -325,6 +325,37 @@ class SharedCacheTests:
         roomy = self.storage()
         self.assertEqual(self.read_all(roomy, [oid]), [('new', tid2)])
 
+    def test_small_blobs_are_shared(self):
+        # Processes with blob-dir caches of their own: the first to read a
+        # small blob from the database puts it in the shared cache, where
+        # the next one finds it; a blob over the limit is not sent.
+        import ZODB
+        from ZODB.blob import Blob
+        from relstorage.cache.shared import MAX_VALUE
+        dbs = []
+        for name in ('writer', 'first', 'second'):
+            blob_dir = os.path.join(self.tmp, 'blobs-' + name)
+            os.mkdir(blob_dir)
+            dbs.append(ZODB.DB(self.storage(blob_dir=blob_dir)))
+        writer, first, second = dbs
+        small, big = b'small blob ' * 100, b'B' * (MAX_VALUE + 1)
+        with writer.transaction() as conn:
+            for name, data in (('small', small), ('big', big)):
+                conn.root()[name] = blob = Blob()
+                with blob.open('w') as f:
+                    f.write(data)
+        for db in (first, second):
+            with db.transaction() as conn:
+                for name, data in (('small', small), ('big', big)):
+                    with conn.root()[name].open() as f:
+                        self.assertEqual(f.read(), data)
+        first_stats = first.storage.cache_stats()['shared']
+        second_stats = second.storage.cache_stats()['shared']
+        self.assertEqual((first_stats['blob_hits'], first_stats['blob_misses']), (0, 2))
+        self.assertEqual((second_stats['blob_hits'], second_stats['blob_misses']), (1, 1))
+        for db in dbs:
+            db.close()
+
     def test_server_stopped_mid_run(self):
         # Reads go on from the database, with one WARNING for the outage.
         server = self.private_server()
