@@ -1,6 +1,6 @@
 """The shared state cache's guarantees, run against memcached and Redis.
 
-``SharedCacheTests`` is mixed into one test class per backend
+``SharedCacheTests`` is the base of one test class per backend
 (test_cache_memcache.py, test_cache_redis.py), which provides:
 
 - ``servers``: the ``cache-servers`` value the storages use;
@@ -11,24 +11,15 @@
 """
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import time
 
-import transaction
-from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import POSKeyError
-from ZODB.tests.MinPO import MinPO
-from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.tests.StorageTestBase import zodb_unpickle
 from ZODB.utils import u64
-from ZODB.utils import z64
 
-from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.cache.shared import open_shared_cache
-from relstorage.options import Options
-from relstorage.storage import RelStorage
+from relstorage.tests.test_cache import SqliteCacheCase
 
 
 def free_port():
@@ -53,20 +44,10 @@ def wait_for_port(port, proc, what):
             time.sleep(0.05)
 
 
-class SharedCacheTests:
+class SharedCacheTests(SqliteCacheCase):
 
     servers = None
     prefix = 'test'
-
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_shared_')
-        self._closables = []
-
-    def tearDown(self):
-        transaction.abort()
-        for thing in reversed(self._closables):
-            thing.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def private_server(self):
         raise NotImplementedError
@@ -82,20 +63,7 @@ class SharedCacheTests:
     def storage(self, **kw):
         kw.setdefault('cache_servers', self.servers)
         kw.setdefault('cache_prefix', self.prefix)
-        options = Options(**kw)
-        storage = RelStorage(Sqlite3Adapter(os.path.join(self.tmp, 'data'), options=options),
-                             options=options)
-        self._closables.append(storage)
-        return storage
-
-    def commit(self, storage, values, serials=None):
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        for oid, value in values.items():
-            storage.store(oid, (serials or {}).get(oid, z64),
-                          zodb_pickle(MinPO(value)), '', txn)
-        storage.tpc_vote(txn)
-        return storage.tpc_finish(txn)
+        return super().storage(**kw)
 
     def test_client_round_trip_and_keys(self):
         client = self.client()

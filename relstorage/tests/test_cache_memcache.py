@@ -38,7 +38,7 @@ class MemcachedServer:
 
 
 @unittest.skipUnless(os.path.exists(MEMCACHED), 'memcached is not installed')
-class MemcacheTests(SharedCacheTests, unittest.TestCase):
+class MemcacheTests(SharedCacheTests):
 
     def setUp(self):
         super().setUp()

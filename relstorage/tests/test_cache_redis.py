@@ -17,7 +17,6 @@ import textwrap
 import threading
 import unittest
 
-import transaction
 import ZODB.config
 from persistent.mapping import PersistentMapping
 
@@ -96,7 +95,7 @@ class RedisServer:
 
 
 @unittest.skipIf(UNAVAILABLE, UNAVAILABLE)
-class RedisTests(SharedCacheTests, unittest.TestCase):
+class RedisTests(SharedCacheTests):
 
     _numbers = itertools.count()
 
