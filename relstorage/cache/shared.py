@@ -124,8 +124,8 @@ class Server:
 
 
 class SharedStateCache:
-    """get/set of states keyed (oid, tid), hints and the hot list, on one or
-    more servers (keys are spread by a hash of the key)."""
+    """get/set of states keyed (oid, tid), hints, the hot list and small
+    blobs, on one or more servers (keys are spread by a hash of the key)."""
 
     def __init__(self, servers, prefix='relstorage'):
         self._servers = list(servers)
