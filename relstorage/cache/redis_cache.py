@@ -79,11 +79,17 @@ class RedisServer(Server):
         self._errors = (redis.ConnectionError, redis.TimeoutError, OSError, EOFError)
         self._stale = redis.ConnectionError
         self._reply_error = redis.ResponseError
-        # Only parses the URL and makes connections; never holds one.
-        self._factory = redis.ConnectionPool.from_url(
-            url, socket_timeout=TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
-            retry=Retry(NoBackoff(), 0))
-        self._idle = []
+        try:
+            # Only parses the URL and makes connections; never holds one.
+            self._factory = redis.ConnectionPool.from_url(
+                url, socket_timeout=TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+                retry=Retry(NoBackoff(), 0))
+            # The first connection (not connected yet) checks the URL's
+            # query arguments now rather than at every request.
+            self._idle = [self._factory.make_connection()]
+        except (ValueError, TypeError) as exc:
+            raise ValueError('cache-servers: %s: %s' % (
+                redact_secrets(url), redact_secrets(str(exc)))) from None
         self._pid = os.getpid()
 
     def is_connection_error(self, exc):

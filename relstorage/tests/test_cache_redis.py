@@ -137,7 +137,10 @@ class RedisTests(SharedCacheTests):
         self.assertEqual(parse_url('redis://[::1]:7000/'), 'redis://[::1]:7000/0')
         for bad, message in (('redis://:%s@h:port/0' % PASSWORD, 'not a valid Redis URL'),
                              ('redis://:%s@/0' % PASSWORD, 'names no host'),
-                             ('redis://:%s@h/zero' % PASSWORD, 'database number')):
+                             ('redis://:%s@h/zero' % PASSWORD, 'database number'),
+                             ('redis://:%s@h/0?socket_timeout=x' % PASSWORD, 'socket_timeout'),
+                             ('redis://:%s@h/0?no_such_argument=1' % PASSWORD,
+                              'no_such_argument')):
             with self.subTest(url=bad):
                 with self.assertRaisesRegex(ValueError, message) as raised:
                     open_shared_cache(bad)
