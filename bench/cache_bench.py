@@ -27,6 +27,10 @@ Scenarios
               objects another process just rewrote: states from memcached
   redis-polled  the same with Redis
   db-polled   the same without a shared cache (states from the database)
+  blobs-*     a fresh process with an empty blob-dir reading ``--blobs``
+              blobs of ``--blob-size`` bytes (ms per blob): from the shared
+              cache (where another process's reads put them) or from the
+              database
 
 memcached (``/usr/bin/memcached``) and Redis (``redis-server``, without
 persistence) are started on free 127.0.0.1 ports.
@@ -203,6 +207,73 @@ def pg_setup(args, drop_only=False):
     conn.close()
 
 
+def populate_blobs(args, tmp):
+    """``args.blobs`` blobs of ``args.blob_size`` bytes; their oids."""
+    from ZODB.blob import Blob
+    blob_dir = tempfile.mkdtemp(prefix='blobs-', dir=tmp)
+    db = open_db(args, blob_dir=blob_dir, cache_local_mb=0)
+    with db.transaction() as conn:
+        blobs = []
+        for number in range(args.blobs):
+            blob = Blob()
+            with blob.open('w') as f:
+                f.write(bytes([number % 256]) * args.blob_size)
+            conn.root()['blob%d' % number] = blob
+            blobs.append(blob)
+    oids = [blob._p_oid for blob in blobs]
+    db.close()
+    return oids
+
+
+def child_blobs(args):
+    """A fresh process with an empty blob-dir: ms to read every blob."""
+    oids = [p64(int(o)) for o in args.oids.split(',')]
+    kw = {'cache_servers': args.servers} if args.servers else {}
+    blob_dir = tempfile.mkdtemp(prefix='cache_bench_blobs_')
+    try:
+        db = open_db(args, blob_dir=blob_dir, **kw)
+        conn = db.open(transaction.TransactionManager())
+        conn.transaction_manager.begin()
+        gc.collect()
+        start = time.perf_counter()
+        for oid in oids:
+            with conn.get(oid).open() as f:
+                f.read()
+        ms = (time.perf_counter() - start) * 1000
+        shared = db.storage.cache_stats().get('shared', {})
+        conn.close()
+        db.close()
+    finally:
+        shutil.rmtree(blob_dir, ignore_errors=True)
+    print(json.dumps({'ms': ms, 'blob_hits': shared.get('blob_hits', 0)}))
+
+
+def blob_scenarios(args, tmp, shared):
+    oids = populate_blobs(args, tmp)
+    print('%d blobs of %d bytes, read by a fresh process with an empty blob-dir'
+          % (len(oids), args.blob_size))
+    cmd = [sys.executable, '-m', 'bench.cache_bench', '--child-blobs', '--db', args.db,
+           '--data-dir', args.data_dir or '', '--dsn', args.dsn,
+           '--oids', ','.join(str(int.from_bytes(o, 'big')) for o in oids)]
+
+    def run(servers):
+        out = subprocess.run(cmd + (['--servers', servers] if servers else []), check=True,
+                             capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    for servers in shared.values():
+        run(servers)                 # reads them from the database and shares them
+    kinds = ('mc', 'redis', 'db')
+    runs = {kind: [] for kind in kinds}
+    for _ in range(args.repeat):
+        for kind in kinds:
+            runs[kind].append(run(shared.get(kind)))
+    for kind in kinds:
+        report('blobs-%s' % kind, [r['ms'] / len(oids) for r in runs[kind]],
+               '  per blob [%d from the shared cache]' % runs[kind][-1]['blob_hits'])
+
+
 def report(name, values, note=''):
     print('%-24s %8.1f ms  (median of %d: %s)%s' % (
         name, statistics.median(values), len(values),
@@ -217,13 +288,19 @@ def main(argv=None):
     parser.add_argument('--count', type=int, default=1000)
     parser.add_argument('--size', type=int, default=128)
     parser.add_argument('--repeat', type=int, default=5)
+    parser.add_argument('--blobs', type=int, default=20,
+                        help='blobs read in the blob scenario (0: none)')
+    parser.add_argument('--blob-size', type=int, default=100000)
     parser.add_argument('--child-read', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--child-blobs', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--oids', help=argparse.SUPPRESS)
     parser.add_argument('--servers', help=argparse.SUPPRESS)
     parser.add_argument('--shuffle', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_read:
         return child_read(args)
+    if args.child_blobs:
+        return child_blobs(args)
 
     tmp = tempfile.mkdtemp(prefix='cache_bench_')
     if args.db == 'sqlite':
@@ -294,6 +371,8 @@ def main(argv=None):
                 stats['db_loads'], stats.get('shared', {}).get('hits', 0), stats['hits'],
                 stats['warmed_from_shared'])
             report('%s-polled' % kind, polled, note)
+        if args.blobs:
+            blob_scenarios(args, tmp, shared)
     finally:
         for proc in (mc, rd):
             proc.terminate()
