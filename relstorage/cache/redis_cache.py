@@ -10,11 +10,11 @@ scheme, host, port and database only.
 Uses the ``redis`` package from PyPI, which parses replies with
 ``hiredis`` when that is installed (``pip install relstorage[redis]``
 installs both).  A batch of gets is one MGET; a batch of sets is one
-pipeline of SETs (one write, then the replies), whose replies are always
-read (Redis cannot leave them unread), so ``wait`` changes nothing here.  Every key expires after
-``EXPIRE`` seconds, so that a Redis shared with other uses and without an
-eviction policy does not keep what nobody asks for any more (memcached
-evicts by itself).
+pipeline of SETs (one write, then the replies).  Redis always replies and
+the replies are always read, so ``wait`` changes nothing here.  Every key
+expires after ``EXPIRE`` seconds, so that a Redis shared with other uses
+and without an eviction policy does not keep what nobody asks for any more
+(memcached evicts by itself).
 """
 import os
 from urllib.parse import urlsplit
