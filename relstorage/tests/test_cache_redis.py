@@ -32,11 +32,16 @@ REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
 PASSWORD = 's3cret-Pw'
 
 
+try:
+    import redis
+    HAVE_REDIS = True
+except ImportError:
+    HAVE_REDIS = False
+
+
 def _unavailable():
     """Why the Redis tests cannot run here, or None."""
-    try:
-        import redis
-    except ImportError:
+    if not HAVE_REDIS:
         return 'the redis package is not installed (pip install relstorage[redis])'
     url = redis_url()
     try:
@@ -56,7 +61,6 @@ UNAVAILABLE = _unavailable()
 
 def delete_keys(url, pattern):
     """Delete the keys matching ``pattern`` (and only those)."""
-    import redis
     client = redis.Redis.from_url(url)
     try:
         keys = list(client.scan_iter(match=pattern, count=1000))
@@ -130,26 +134,6 @@ class RedisTests(SharedCacheTests):
 
     # ------------------------------------------------------------------
 
-    def test_urls(self):
-        self.assertEqual(parse_url('redis://h'), 'redis://h:6379/0')
-        self.assertEqual(parse_url('REDISS://u:%s@h:6380/2?ssl_cert_reqs=none' % PASSWORD),
-                         'rediss://h:6380/2')
-        self.assertEqual(parse_url('redis://[::1]:7000/'), 'redis://[::1]:7000/0')
-        for bad, message in (('redis://:%s@h:port/0' % PASSWORD, 'not a valid Redis URL'),
-                             ('redis://:%s@/0' % PASSWORD, 'names no host'),
-                             ('redis://:%s@h/zero' % PASSWORD, 'database number'),
-                             ('redis://:%s@h/0?socket_timeout=x' % PASSWORD, 'socket_timeout'),
-                             ('redis://:%s@h/0?no_such_argument=1' % PASSWORD,
-                              'no_such_argument')):
-            with self.subTest(url=bad):
-                with self.assertRaisesRegex(ValueError, message) as raised:
-                    open_shared_cache(bad)
-                self.assertNotIn(PASSWORD, str(raised.exception))
-        with self.assertRaisesRegex(ValueError, 'cannot be mixed'):
-            open_shared_cache('redis://h 127.0.0.1:11211')
-        with self.assertRaisesRegex(ValueError, 'cache-module-name'):
-            open_shared_cache('redis://h', 'pymemcache')
-
     def test_several_servers_share_the_keys(self):
         # Keys are spread over the servers (here two databases of one
         # server), and each client finds them where it put them.
@@ -199,7 +183,6 @@ class RedisTests(SharedCacheTests):
         self.assertEqual(client.stats()['errors'], 0)
 
     def test_keys_expire(self):
-        import redis
         client = self.client()
         client.set_many({(1, 2): b'state'}, {1: (2, 2)}, wait=True)
         raw = redis.Redis.from_url(self.servers)
@@ -291,6 +274,31 @@ class RedisTests(SharedCacheTests):
         inst.release()
 
 
+@unittest.skipUnless(HAVE_REDIS, 'the redis package is not installed')
+class RedisUrlTests(unittest.TestCase):
+    """Parsing cache-servers; needs no server."""
+
+    def test_urls(self):
+        self.assertEqual(parse_url('redis://h'), 'redis://h:6379/0')
+        self.assertEqual(parse_url('REDISS://u:%s@h:6380/2?ssl_cert_reqs=none' % PASSWORD),
+                         'rediss://h:6380/2')
+        self.assertEqual(parse_url('redis://[::1]:7000/'), 'redis://[::1]:7000/0')
+        for bad, message in (('redis://:%s@h:port/0' % PASSWORD, 'not a valid Redis URL'),
+                             ('redis://:%s@/0' % PASSWORD, 'names no host'),
+                             ('redis://:%s@h/zero' % PASSWORD, 'database number'),
+                             ('redis://:%s@h/0?socket_timeout=x' % PASSWORD, 'socket_timeout'),
+                             ('redis://:%s@h/0?no_such_argument=1' % PASSWORD,
+                              'no_such_argument')):
+            with self.subTest(url=bad):
+                with self.assertRaisesRegex(ValueError, message) as raised:
+                    open_shared_cache(bad)
+                self.assertNotIn(PASSWORD, str(raised.exception))
+        with self.assertRaisesRegex(ValueError, 'cannot be mixed'):
+            open_shared_cache('redis://h 127.0.0.1:11211')
+        with self.assertRaisesRegex(ValueError, 'cache-module-name'):
+            open_shared_cache('redis://h', 'pymemcache')
+
+
 class _Capture(logging.Handler):
 
     def __init__(self):
@@ -304,4 +312,6 @@ class _Capture(logging.Handler):
 
 
 def test_suite():
-    return unittest.TestLoader().loadTestsFromTestCase(RedisTests)
+    loader = unittest.TestLoader()
+    return unittest.TestSuite([loader.loadTestsFromTestCase(RedisUrlTests),
+                               loader.loadTestsFromTestCase(RedisTests)])
