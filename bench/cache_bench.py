@@ -27,13 +27,17 @@ Scenarios
               objects another process just rewrote: states from memcached
   redis-polled  the same with Redis
   db-polled   the same without a shared cache (states from the database)
+  get-*, get_many-*   the shared-cache clients alone: ``--count`` single
+              gets, then the same keys in batches of 100
   blobs-*     a fresh process with an empty blob-dir reading ``--blobs``
               blobs of ``--blob-size`` bytes (ms per blob): from the shared
               cache (where another process's reads put them) or from the
               database
 
 memcached (``/usr/bin/memcached``) and Redis (``redis-server``, without
-persistence) are started on free 127.0.0.1 ports.
+persistence) are started on free 127.0.0.1 ports, each in a session of its
+own as services run (with the kernel's autogroup scheduling, a server in
+the benchmark's session would share its CPU share).
 """
 import argparse
 import gc
@@ -167,7 +171,7 @@ def drop_hot_list(args, servers):
 
 
 def start_server(cmd, port):
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
     for _ in range(100):
         try:
             socket.create_connection(('127.0.0.1', port), 0.2).close()
@@ -274,6 +278,33 @@ def blob_scenarios(args, tmp, shared):
                '  per blob [%d from the shared cache]' % runs[kind][-1]['blob_hits'])
 
 
+def client_scenarios(args, shared):
+    """The clients alone, in this process: ms for ``--count`` single gets,
+    and for the same keys in batches of 100 (128-byte values)."""
+    from relstorage.cache.shared import open_shared_cache
+    clients = {kind: open_shared_cache(servers, None, 'cache_bench')
+               for kind, servers in shared.items()}
+    pairs = [(oid, 1) for oid in range(args.count)]
+    for client in clients.values():
+        client.set_many({pair: b'x' * 128 for pair in pairs}, wait=True)
+    runs = {}
+    for _ in range(args.repeat):
+        for kind, client in clients.items():
+            start = time.perf_counter()
+            for oid, tid in pairs:
+                client.get(oid, tid)
+            middle = time.perf_counter()
+            for first in range(0, len(pairs), 100):
+                client.get_many(pairs[first:first + 100])
+            end = time.perf_counter()
+            runs.setdefault('get-' + kind, []).append((middle - start) * 1000)
+            runs.setdefault('get_many-' + kind, []).append((end - middle) * 1000)
+    for name, values in runs.items():
+        report(name, values)
+    for client in clients.values():
+        client.close()
+
+
 def report(name, values, note=''):
     print('%-24s %8.1f ms  (median of %d: %s)%s' % (
         name, statistics.median(values), len(values),
@@ -371,6 +402,7 @@ def main(argv=None):
                 stats['db_loads'], stats.get('shared', {}).get('hits', 0), stats['hits'],
                 stats['warmed_from_shared'])
             report('%s-polled' % kind, polled, note)
+        client_scenarios(args, shared)
         if args.blobs:
             blob_scenarios(args, tmp, shared)
     finally:
