@@ -104,7 +104,7 @@ class CachedBlobs(BlobMode):
                                     dir=self.fshelper.temp_dir)
         try:
             with os.fdopen(fd, 'wb') as f:
-                size = self._read(storage, oid_int, tid_int, f.write)
+                size = self._read(storage._read_blob_chunks, oid_int, tid_int, f.write)
                 if size is None:
                     raise self.missing(oid_int, tid_int)
                 f.flush()
@@ -119,18 +119,19 @@ class CachedBlobs(BlobMode):
         self._note_added(size)
         return path
 
-    def _read(self, storage, oid_int, tid_int, write):
+    def _read(self, read_chunks, oid_int, tid_int, write):
         """Stream the blob to ``write``, from the shared cache when it has
-        it; its size, or None if absent."""
+        it, else with ``read_chunks(oid, tid, write)`` from the database;
+        its size, or None if absent."""
         shared = self.shared
         if shared is None:
-            return storage._read_blob_chunks(oid_int, tid_int, write)
+            return read_chunks(oid_int, tid_int, write)
         data = shared.get_blob(oid_int, tid_int)
         if data is not None:
             write(data)
             return len(data)
         small = _KeepSmall(write, MAX_VALUE)
-        size = storage._read_blob_chunks(oid_int, tid_int, small.write)
+        size = read_chunks(oid_int, tid_int, small.write)
         if size is not None and small.pieces is not None:
             shared.set_blob(oid_int, tid_int, b''.join(small.pieces))
         return size

@@ -343,17 +343,22 @@ class StorageCache:
     def committed(self, tid, rows):
         """The states of a transaction just committed as ``tid``
         (``rows``: (oid, state) pairs): into the local cache, and into
-        the shared cache in one batch whose replies are awaited, so that another
-        process that learns of ``tid`` by polling finds them there."""
+        the shared cache in batches whose replies are awaited, so that
+        another process that learns of ``tid`` by polling finds them there."""
         fresh = {}
         hints = {}
         local = self.local
+        sharing = self.shared is not None
         for oid, state in rows:
             local.put(oid, tid, state)
-            if state is not None:
+            if state is not None and sharing:
                 fresh[(oid, tid)] = state
                 hints[oid] = (tid, tid)
-        if fresh and self.shared is not None:
+                if len(fresh) >= SHARED_BATCH:
+                    # A huge transaction is sent in batches, not held whole.
+                    self._send(fresh, hints, wait=True)
+                    fresh, hints = {}, {}
+        if fresh:
             self._send(fresh, hints, wait=True)
 
     def clear(self):
