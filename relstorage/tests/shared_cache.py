@@ -84,7 +84,8 @@ class SharedCacheTests(SqliteCacheCase):
 
     def test_other_process_reads_what_one_committed(self):
         writer, reader = self.storage(), self.storage()
-        oids = [writer.new_oid() for _ in range(20)]
+        # More than one batch (SHARED_BATCH) of states.
+        oids = [writer.new_oid() for _ in range(250)]
         inst = reader.new_instance()
         inst.poll_invalidations()
         tid = self.commit(writer, {oid: i for i, oid in enumerate(oids)})
@@ -96,7 +97,7 @@ class SharedCacheTests(SqliteCacheCase):
             self.assertEqual((zodb_unpickle(state).value, serial), (i, tid))
         stats = reader.cache_stats()
         self.assertEqual(stats['db_loads'], 0)
-        self.assertEqual(stats['shared']['hits'], 20)
+        self.assertEqual(stats['shared']['hits'], 250)
         inst.release()
 
     def test_committed_states_are_shared_when_commit_returns(self):
