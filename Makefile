@@ -6,8 +6,8 @@
 #
 # Only python3 is assumed. Build requirements missing from the machine
 # (venv support, a C compiler, Python headers and libmariadb-dev for the
-# mysqlclient driver, memcached for the tests) are installed with apt-get
-# when running as root, and listed otherwise.
+# mysqlclient driver, memcached and redis-server for the tests) are
+# installed with apt-get when running as root, and listed otherwise.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -89,12 +89,13 @@ NEED_CC      = $(shell command -v cc >/dev/null 2>&1 || echo build-essential)
 NEED_HEADERS = $(shell $(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || echo python3-dev)
 NEED_MARIADB = $(shell (command -v mysql_config >/dev/null 2>&1 || pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null) && command -v pkg-config >/dev/null 2>&1 || echo libmariadb-dev pkg-config)
 NEED_MEMCACHED = $(shell command -v memcached >/dev/null 2>&1 || echo memcached)
+NEED_REDIS     = $(shell command -v redis-server >/dev/null 2>&1 || echo redis-server)
 
 sysdeps-venv:
 	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)))
 
 sysdeps:
-	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)) $(NEED_CC) $(NEED_HEADERS) $(NEED_MARIADB) $(NEED_MEMCACHED))
+	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)) $(NEED_CC) $(NEED_HEADERS) $(NEED_MARIADB) $(NEED_MEMCACHED) $(NEED_REDIS))
 
 clean:
 	rm -rf $(VENV) build *.egg-info bin parts develop-eggs .installed.cfg

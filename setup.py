@@ -17,6 +17,8 @@ exec(read('relstorage/__init__.py'), version)
 postgresql = ['psycopg[binary] >= 3.1', 'psycopg2-binary']
 mysql = ['mysqlclient', 'PyMySQL']
 oracle = ['oracledb']
+# hiredis: the redis client's fast reply parser, used when installed.
+redis = ['redis', 'hiredis']
 
 setup(
     name='relstorage',
@@ -43,8 +45,9 @@ setup(
         'mysql': mysql,
         'oracle': oracle,
         'memcache': ['pymemcache'],
+        'redis': redis,
         'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache']
-                + oracle + ['sqlglot'],
+                + redis + oracle + ['sqlglot'],
     },
     entry_points={
         'console_scripts': [

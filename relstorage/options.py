@@ -138,12 +138,15 @@ OPTIONS = (
            'Seconds a pack waits after finding the commit lock busy.'),
     # Caching.
     Option('cache-servers', None, 'string',
-           'Space-separated host:port list of memcache servers.', active=True),
+           'Shared cache servers: memcached host:port entries, or Redis URLs '
+           'redis://[:password@]host:port/db (rediss:// for TLS), separated '
+           'by spaces.', active=True),
     Option('cache-module-name', None, 'string',
-           'Module providing the memcache client: pymemcache (when unset) or '
-           'pylibmc. The names earlier releases documented (memcache, '
+           'Client of the shared cache: for memcached pymemcache (when unset) or '
+           'pylibmc; redis (or unset) with redis:// URLs in cache-servers. The '
+           'names earlier releases documented (memcache, '
            'relstorage.pymemcache_wrapper, relstorage.pylibmc_wrapper) select '
-           'pymemcache.', active=True, choices=('pymemcache', 'pylibmc'),
+           'pymemcache.', active=True, choices=('pymemcache', 'pylibmc', 'redis'),
            aliases={'memcache': 'pymemcache',
                     'relstorage.pymemcache_wrapper': 'pymemcache',
                     'relstorage.pylibmc_wrapper': 'pymemcache'}),

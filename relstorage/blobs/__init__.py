@@ -16,8 +16,10 @@ import os
 from ..interfaces import RelStorageError
 
 
-def make_blobs(options, adapter):
-    """The blob mode object for these options, or None without blob-dir."""
+def make_blobs(options, adapter, shared=None):
+    """The blob mode object for these options, or None without blob-dir.
+    ``shared``: the shared state cache (memcached or Redis), if any, which
+    also holds small blobs read from the database."""
     if not options.blob_dir:
         return None
     blob_dir = os.path.abspath(options.blob_dir)
@@ -33,4 +35,4 @@ def make_blobs(options, adapter):
         from .shared import SharedBlobs
         return SharedBlobs(blob_dir, options)
     from .cached import CachedBlobs
-    return CachedBlobs(blob_dir, options)
+    return CachedBlobs(blob_dir, options, shared)

@@ -6,6 +6,12 @@ memory.  A download is written to a temporary file in the cache and renamed
 to its final name only when complete: a reader never sees a short file, and
 an interrupted download leaves only a temporary file that readers ignore.
 
+With a shared cache (``cache-servers``), a blob of at most
+``shared.MAX_VALUE`` bytes read from the database is also put there, under
+its (oid, tid), and other processes download it from there instead of
+reading its chunks from the database.  A blob revision never changes, so
+nothing there can become wrong.
+
 The cache is bounded by ``blob-cache-size``: once the bytes added since the
 last check pass ``blob-cache-size-check`` percent of it, the least recently
 used files are removed until the cache is at 90 % of the limit.  Several
@@ -25,6 +31,7 @@ import time
 
 from ZODB.blob import rename_or_copy_blob
 
+from ..cache.shared import MAX_VALUE
 from .common import BlobMode
 from .common import _remove
 
@@ -35,8 +42,9 @@ class CachedBlobs(BlobMode):
 
     in_database = True
 
-    def __init__(self, blob_dir, options):
+    def __init__(self, blob_dir, options, shared=None):
         super().__init__(blob_dir, options)
+        self.shared = shared
         self.chunk_size = int(options.blob_chunk_size or 1 << 20)
         self.cache_size = options.blob_cache_size
         check = options.blob_cache_size_check or 10
@@ -99,7 +107,7 @@ class CachedBlobs(BlobMode):
                                     dir=self.fshelper.temp_dir)
         try:
             with os.fdopen(fd, 'wb') as f:
-                size = read_chunks(oid_int, tid_int, f.write)
+                size = self._read(read_chunks, oid_int, tid_int, f.write)
                 if size is None:
                     raise self.missing(oid_int, tid_int)
                 f.flush()
@@ -113,6 +121,23 @@ class CachedBlobs(BlobMode):
             raise
         self._note_added(size)
         return path
+
+    def _read(self, read_chunks, oid_int, tid_int, write):
+        """Stream the blob to ``write``, from the shared cache when it has
+        it, else with ``read_chunks(oid, tid, write)`` from the database;
+        its size, or None if absent."""
+        shared = self.shared
+        if shared is None:
+            return read_chunks(oid_int, tid_int, write)
+        data = shared.get_blob(oid_int, tid_int)
+        if data is not None:
+            write(data)
+            return len(data)
+        small = _KeepSmall(write, MAX_VALUE)
+        size = read_chunks(oid_int, tid_int, small.write)
+        if size is not None and small.pieces is not None:
+            shared.set_blob(oid_int, tid_int, b''.join(small.pieces))
+        return size
 
     # --- the size bound ---------------------------------------------------
 
@@ -131,6 +156,25 @@ class CachedBlobs(BlobMode):
         else:
             threading.Thread(target=prune, args=(self.blob_dir, self.cache_size),
                              name='relstorage-blob-prune', daemon=True).start()
+
+
+class _KeepSmall:
+    """Passes pieces on to ``write``, keeping them as long as their total
+    stays within ``limit`` (``pieces`` None past it)."""
+
+    def __init__(self, write, limit):
+        self._write = write
+        self._left = limit
+        self.pieces = []
+
+    def write(self, data):
+        self._write(data)
+        if self.pieces is not None:
+            self._left -= len(data)
+            if self._left < 0:
+                self.pieces = None
+            else:
+                self.pieces.append(bytes(data))
 
 
 def _touch(path):

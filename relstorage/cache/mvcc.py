@@ -198,7 +198,7 @@ class ChangeIndex:
         ``(after, snapshot]``, as read in ``snapshot``.  Only when there is
         no log yet (a fresh process): it makes older knowledge usable, such
         as a hint that says which tid was current in a snapshot in that
-        window (memcache.py)."""
+        window (shared.py)."""
         with self._lock:
             if self._start is not None or self._is_poisoned(snapshot) or after > snapshot:
                 return False

@@ -5,7 +5,8 @@ Reading object ``oid`` in a snapshot ``S`` (see ``RelStorage.load``):
 1. ``ChangeIndex.tid_at(oid, S)`` (mvcc.py) says which revision is current
    in ``S``, when polls and earlier loads let it know without a query;
 2. with a known tid, the state comes from the local LRU keyed (oid, tid)
-   (local.py), then from memcached (memcache.py), then from the database;
+   (local.py), then from the shared cache (shared.py: memcached or Redis),
+   then from the database;
 3. with an unknown tid, one query on the snapshot connection gives state
    and tid, and the answer is recorded for later readers.
 
@@ -21,27 +22,28 @@ import threading
 import time
 
 from .local import LocalStateCache
-from .memcache import HOT_MAX
+from .shared import HOT_MAX
+from .shared import open_shared_cache
 from .mvcc import ChangeIndex
 from . import persistent
 
 log = logging.getLogger(__name__)
 
 MB = 1024 * 1024
-#: States read from the database are sent to memcached this many at a time
+#: States read from the database are sent to the shared cache this many at a time
 #: (and at every poll).
-MEMCACHE_BATCH = 100
-#: Seconds between two publications of the hot list to memcached (also
+SHARED_BATCH = 100
+#: Seconds between two publications of the hot list to the shared cache (also
 #: published on close).
 HOT_INTERVAL = 300.0
-#: States asked of memcached per request when warming a fresh process.
+#: States asked of the shared cache per request when warming a fresh process.
 WARM_BATCH = 1000
 #: Seconds between two DEBUG lines of statistics.
 STATS_LOG_INTERVAL = 60.0
 
 
 def safe_prefix(text, length=60):
-    """A file-name and memcached-key safe, still unique, spelling of ``text``."""
+    """A file-name and shared-cache-key safe, still unique, spelling of ``text``."""
     text = str(text)
     cleaned = re.sub(r'[^A-Za-z0-9._-]+', '_', text).strip('_.') or 'relstorage'
     if cleaned == text and len(text) <= length:
@@ -61,20 +63,19 @@ class StorageCache:
         if prefix is None:
             prefix = options.cache_prefix or (adapter.describe() if adapter else 'relstorage')
         self.prefix = safe_prefix(prefix)
-        self.memcache = None
-        self._to_memcache = {}      # states read from the database, sent in batches
-        self._hints_to_memcache = {}    # and which tid was current: {oid: (tid, as_of)}
-        self._to_memcache_lock = threading.Lock()
+        self.shared = None
+        self._to_shared = {}        # states read from the database, sent in batches
+        self._hints_to_shared = {}  # and which tid was current: {oid: (tid, as_of)}
+        self._to_shared_lock = threading.Lock()
         if options.cache_servers:
-            from .memcache import MemcacheStateCache
-            self.memcache = MemcacheStateCache(options.cache_servers,
-                                               options.cache_module_name, self.prefix)
+            self.shared = open_shared_cache(options.cache_servers,
+                                            options.cache_module_name, self.prefix)
         self.db_loads = 0
-        self.hinted = 0             # tids learned from memcached hints
+        self.hinted = 0             # tids learned from shared-cache hints
         self._mark_lock = threading.Lock()
         self._pack_mark = None      # None until the first snapshot
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
-        self.warmed = 0             # states copied from memcached at start
+        self.warmed = 0             # states copied from the shared cache at start
         self._hot_published = time.monotonic()
         self._backfilled = False
         self.index_mismatches = 0
@@ -92,15 +93,15 @@ class StorageCache:
         the object does not exist there.  ``conn`` is the snapshot's
         connection."""
         # A tid the index does not know costs one query, which also gives
-        # the state: asking memcached for a hint first would only add a
+        # the state: asking the shared cache for a hint first would only add a
         # round trip (hints are used in batches: prefetch, warm start).
         tid = self.index.tid_at(oid, snapshot)
         if tid is not None:
             state = self.local.get(oid, tid)
             if state is not None:
                 return state, tid
-            if self.memcache is not None:
-                state = self.memcache.get(oid, tid)
+            if self.shared is not None:
+                state = self.shared.get(oid, tid)
                 if state is not None:
                     self.local.put(oid, tid, state)
                     return state, tid
@@ -117,16 +118,16 @@ class StorageCache:
         self.index.record(oid, found, snapshot)
         if state is not None:
             self.local.put(oid, found, state)
-            if self.memcache is not None:
+            if self.shared is not None:
                 self._send_later(oid, found, state, snapshot)
         return state, found
 
     def _tid_from_hints(self, oids, snapshot):
         """{oid: tid} current in ``snapshot`` for those of ``oids`` whose
-        memcached hint the index can use (see mvcc.ChangeIndex.record)."""
+        shared-cache hint the index can use (see mvcc.ChangeIndex.record)."""
         index = self.index
         result = {}
-        for oid, (tid, as_of) in self.memcache.get_hints(oids).items():
+        for oid, (tid, as_of) in self.shared.get_hints(oids).items():
             index.record(oid, tid, as_of)
             tid = index.tid_at(oid, snapshot)
             if tid is not None:
@@ -135,30 +136,30 @@ class StorageCache:
         return result
 
     def _send_later(self, oid, tid, state, snapshot):
-        with self._to_memcache_lock:
-            self._to_memcache[(oid, tid)] = state
-            self._hints_to_memcache[oid] = (tid, snapshot)
-            if len(self._to_memcache) < MEMCACHE_BATCH:
+        with self._to_shared_lock:
+            self._to_shared[(oid, tid)] = state
+            self._hints_to_shared[oid] = (tid, snapshot)
+            if len(self._to_shared) < SHARED_BATCH:
                 return
         self.flush()
 
     def _send(self, states, hints, wait=False):
-        """States and hints to memcached.  Hints as of a snapshot from
+        """States and hints to the shared cache.  Hints as of a snapshot from
         before the last pack this process saw are dropped: an instance
         still reading such a snapshot may describe a removed object."""
         hints_from = self._hints_from
         if hints_from:
             hints = {oid: hint for oid, hint in hints.items() if hint[1] >= hints_from}
-        self.memcache.set_many(states, hints, wait=wait)
+        self.shared.set_many(states, hints, wait=wait)
 
     def flush(self):
-        """Send the states read from the database to memcached (one
+        """Send the states read from the database to the shared cache (one
         round trip per server); called at every poll and on close."""
-        if self.memcache is None:
+        if self.shared is None:
             return
-        with self._to_memcache_lock:
-            batch, self._to_memcache = self._to_memcache, {}
-            hints, self._hints_to_memcache = self._hints_to_memcache, {}
+        with self._to_shared_lock:
+            batch, self._to_shared = self._to_shared, {}
+            hints, self._hints_to_shared = self._hints_to_shared, {}
         if batch or hints:
             self._send(batch, hints)
 
@@ -166,27 +167,27 @@ class StorageCache:
         """Make the current states of ``oids`` in ``snapshot`` cached, with
         one database query for those not found in a cache."""
         missing = []
-        from_memcache = []
+        from_shared = []
         for oid in oids:
             tid = self.index.tid_at(oid, snapshot)
             if tid is None:
                 missing.append(oid)
             elif (oid, tid) not in self.local:
-                from_memcache.append((oid, tid))
-        if self.memcache is not None:
+                from_shared.append((oid, tid))
+        if self.shared is not None:
             if missing:
                 hinted = self._tid_from_hints(missing, snapshot)
                 if hinted:
                     missing = [oid for oid in missing if oid not in hinted]
-                    from_memcache.extend(pair for pair in hinted.items()
+                    from_shared.extend(pair for pair in hinted.items()
                                          if pair not in self.local)
-            if from_memcache:
-                found = self.memcache.get_many(from_memcache)
+            if from_shared:
+                found = self.shared.get_many(from_shared)
                 for (oid, tid), state in found.items():
                     self.local.put(oid, tid, state)
-                missing.extend(oid for oid, tid in from_memcache if (oid, tid) not in found)
+                missing.extend(oid for oid, tid in from_shared if (oid, tid) not in found)
         else:
-            missing.extend(oid for oid, _ in from_memcache)
+            missing.extend(oid for oid, _ in from_shared)
         if not missing:
             return 0
         rows = adapter.load_current_many(conn, missing)
@@ -199,7 +200,7 @@ class StorageCache:
                 self.local.put(oid, tid, state)
                 fresh[(oid, tid)] = state
                 hints[oid] = (tid, snapshot)
-        if fresh and self.memcache is not None:
+        if fresh and self.shared is not None:
             self._send(fresh, hints)
         return len(rows)
 
@@ -207,15 +208,15 @@ class StorageCache:
         """The (oid, tid) changes in (prev, snapshot], keeping the index's
         change log; ``prev`` None on an instance's first poll."""
         self.flush()
-        fresh = prev is None and self.memcache is not None and not self._backfilled
+        fresh = prev is None and self.shared is not None and not self._backfilled
         if fresh:
             self._backfill(adapter, conn, snapshot)
         changes = self.index.poll(
             prev, snapshot, lambda after, upto: adapter.poll_changes(conn, after, upto))
         now = time.monotonic()
         if fresh:
-            self._warm_from_memcache(snapshot)
-        elif self.memcache is not None and now - self._hot_published >= HOT_INTERVAL:
+            self._warm_from_shared(snapshot)
+        elif self.shared is not None and now - self._hot_published >= HOT_INTERVAL:
             self.publish_hot()
         if now - self._last_stats_log >= STATS_LOG_INTERVAL and log.isEnabledFor(logging.DEBUG):
             self._last_stats_log = now
@@ -225,7 +226,7 @@ class StorageCache:
     def _backfill(self, adapter, conn, snapshot):
         """A fresh process starts its change log with the newest changes
         (up to half of cache-delta-size-limit) instead of empty at its first
-        snapshot, so that memcached hints written by other processes in
+        snapshot, so that shared-cache hints written by other processes in
         that window tell it which tids are current without a query."""
         self._backfilled = True
         if self.index.window is not None:
@@ -244,7 +245,7 @@ class StorageCache:
                       after, len(rows), snapshot)
 
     def publish_hot(self):
-        """Tell memcached which revisions our local cache holds, most
+        """Tell the shared cache which revisions our local cache holds, most
         recently used first, each current as of the newest snapshot the
         index knows, so that fresh processes can start warm.  The list
         already there is merged in after ours (where our change log proves
@@ -252,7 +253,7 @@ class StorageCache:
         replace what a busy one published."""
         self._hot_published = time.monotonic()
         window = self.index.window
-        if self.memcache is None or window is None or not len(self.local):
+        if self.shared is None or window is None or not len(self.local):
             return 0
         as_of = window[1]
         index = self.index
@@ -266,7 +267,7 @@ class StorageCache:
                     break
         if not pairs:
             return 0
-        theirs = self.memcache.get_hot()
+        theirs = self.shared.get_hot()
         if theirs and len(pairs) < HOT_MAX:
             their_as_of, their_pairs = theirs
             # Lazy, so that ``seen`` also skips repeats within their list.
@@ -276,7 +277,7 @@ class StorageCache:
                 pairs.append((oid, current))
                 if len(pairs) >= HOT_MAX:
                     break
-        return self.memcache.set_hot(as_of, pairs)
+        return self.shared.set_hot(as_of, pairs)
 
     def _proved_current(self, pairs, as_of, snapshot):
         """(oid, tid current in ``snapshot``) for the hints (oid, tid) current
@@ -289,7 +290,7 @@ class StorageCache:
             if current is not None:
                 yield oid, current
 
-    def _warm_from_memcache(self, snapshot):
+    def _warm_from_shared(self, snapshot):
         """Fill the local cache of a fresh process with the states another
         process published as hot (publish_hot): one request for the list,
         then one per WARM_BATCH states, at most cache-local-mb of them.
@@ -298,7 +299,7 @@ class StorageCache:
         local = self.local
         if not local.limit:
             return
-        hot = self.memcache.get_hot()
+        hot = self.shared.get_hot()
         if not hot:
             return
         as_of, pairs = hot
@@ -308,7 +309,7 @@ class StorageCache:
         size = 0
         warmed = []
         for start in range(0, len(wanted), WARM_BATCH):
-            found = self.memcache.get_many(wanted[start:start + WARM_BATCH])
+            found = self.shared.get_many(wanted[start:start + WARM_BATCH])
             for pair in wanted[start:start + WARM_BATCH]:
                 state = found.get(pair)
                 if state is not None:
@@ -320,7 +321,8 @@ class StorageCache:
         for (oid, tid), state in reversed(warmed):
             local.put(oid, tid, state)
         self.warmed += len(warmed)
-        log.debug("Warmed the local cache with %d states from memcached", len(warmed))
+        log.debug("Warmed the local cache with %d states from %s", len(warmed),
+                  self.shared.kind)
 
     def rolled_back(self, new_last, old_last):
         """The database went back in time: forget every tid we knew."""
@@ -335,24 +337,24 @@ class StorageCache:
     def put(self, oid, tid, state):
         """A revision's state, e.g. just committed: into both caches."""
         self.local.put(oid, tid, state)
-        if self.memcache is not None and state is not None:
-            self.memcache.set(oid, tid, state)
+        if self.shared is not None and state is not None:
+            self.shared.set(oid, tid, state)
 
     def committed(self, tid, rows):
         """The states of a transaction just committed as ``tid``
         (``rows``: (oid, state) pairs): into the local cache, and into
-        memcached in one batch whose replies are awaited, so that another
-        process that learns of ``tid`` by polling finds them there."""
+        the shared cache in batches whose replies are awaited, so that
+        another process that learns of ``tid`` by polling finds them there."""
         fresh = {}
         hints = {}
         local = self.local
-        shared = self.memcache is not None
+        sharing = self.shared is not None
         for oid, state in rows:
             local.put(oid, tid, state)
-            if state is not None and shared:
+            if state is not None and sharing:
                 fresh[(oid, tid)] = state
                 hints[oid] = (tid, tid)
-                if len(fresh) >= MEMCACHE_BATCH:
+                if len(fresh) >= SHARED_BATCH:
                     # A huge transaction is sent in batches, not held whole.
                     self._send(fresh, hints, wait=True)
                     fresh, hints = {}, {}
@@ -368,7 +370,7 @@ class StorageCache:
         """A snapshot ``snapshot`` saw pack mark ``mark`` (see
         adapters/sql.py, commit_lock).  The first time a greater mark is
         seen, everything cached may describe objects or revisions the pack
-        removed: forget it all, and move to a memcached namespace of the
+        removed: forget it all, and move to a shared-cache namespace of the
         new mark, where only what is learned from now on goes.  Marks only
         grow; an older snapshot still showing the previous mark changes
         nothing."""
@@ -377,16 +379,16 @@ class StorageCache:
             if not first and mark <= self._pack_mark:
                 return
             self._pack_mark = mark
-            if self.memcache is not None:
-                self.memcache.prefix = self.prefix if not mark else '%s:p%x' % (self.prefix, mark)
+            if self.shared is not None:
+                self.shared.prefix = self.prefix if not mark else '%s:p%x' % (self.prefix, mark)
             if first:
                 return
             # Hints must describe post-pack snapshots: an instance still
             # reading an older snapshot may load a removed object.
             self._hints_from = snapshot
-            with self._to_memcache_lock:
-                self._to_memcache.clear()
-                self._hints_to_memcache.clear()
+            with self._to_shared_lock:
+                self._to_shared.clear()
+                self._hints_to_shared.clear()
             self.clear()
             log.info("The database was packed (pack mark %d): cleared the cache.", mark)
 
@@ -401,7 +403,7 @@ class StorageCache:
             'tid_unknown': index.unknown,
             'db_loads': self.db_loads,
             'tids_from_hints': self.hinted,
-            'warmed_from_memcache': self.warmed,
+            'warmed_from_shared': self.warmed,
             'polls': index.polls,
             'polls_without_query': index.polls_free,
             'log_entries': index.log_size(),
@@ -410,21 +412,22 @@ class StorageCache:
             'persistent_loaded': self.persistent_loaded,
             'persistent_dropped': self.persistent_dropped,
         })
-        if self.memcache is not None:
-            result['memcache'] = self.memcache.stats()
+        if self.shared is not None:
+            result['shared'] = self.shared.stats()
         return result
 
     def log_stats(self):
         s = self.stats()
-        mc = s.get('memcache')
+        shared = s.get('shared')
         log.debug("cache %s: local %d hits / %d misses (%.0f%%), %d entries, %d bytes; "
                   "tids known without a query %d, unknown %d; database loads %d; "
                   "polls %d (%d without a query)%s",
                   self.prefix, s['hits'], s['misses'], s['ratio'] * 100, s['entries'],
                   s['bytes'], s['tid_known'], s['tid_unknown'], s['db_loads'], s['polls'],
                   s['polls_without_query'],
-                  '; memcached %d hits / %d misses / %d errors'
-                  % (mc['hits'], mc['misses'], mc['errors']) if mc else '')
+                  '; %s %d hits / %d misses / %d errors'
+                  % (shared['kind'], shared['hits'], shared['misses'], shared['errors'])
+                  if shared else '')
 
     # ------------------------------------------------------------------
     # Persistent cache file
@@ -471,10 +474,10 @@ class StorageCache:
             return
         self._closed = True
         self.flush()
-        if self.memcache is not None:
+        if self.shared is not None:
             self.publish_hot()
         self.save()
         if log.isEnabledFor(logging.DEBUG):
             self.log_stats()
-        if self.memcache is not None:
-            self.memcache.close()
+        if self.shared is not None:
+            self.shared.close()

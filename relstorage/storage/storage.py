@@ -91,7 +91,7 @@ class RelStorage(ConflictResolvingStorage):
             adapter.prepare_schema(create=create, read_only=self._is_read_only)
             # Shared by every instance; loads its persistent file, if any.
             self._cache = StorageCache(options, adapter)
-            self._blobs = make_blobs(options, adapter)
+            self._blobs = make_blobs(options, adapter, self._cache.shared)
             if self._blobs is not None and self._blobs.in_database and not adapter.has_blob_chunk:
                 raise StorageError(
                     "The schema at %s has no blob_chunk table, so blobs cannot be kept "

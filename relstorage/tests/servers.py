@@ -1,4 +1,5 @@
-"""Make sure the database servers the suite is configured for are reachable.
+"""Make sure the database servers the suite is configured for, and Redis,
+are reachable.
 
 ``make test`` runs this before the suite.  For each configured server
 database (see ``configured_databases``) it tries to connect; when the
@@ -14,12 +15,16 @@ Environment:
   RS_PG_DSN           libpq DSN of a superuser (default host=127.0.0.1 user=postgres)
   RS_MYSQL_HOST/PORT/USER/PASSWD   (default 127.0.0.1 / 3306 / root / empty)
   RS_ORACLE_DSN/USER/PASSWORD      a staging Oracle server (no default)
+  RS_REDIS_URL        the Redis server of the shared-cache tests
+                      (default redis://127.0.0.1:6379/0); a local one that is
+                      down is started without persistence
 """
 import os
 import shutil
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTERS = os.path.join(os.path.dirname(HERE), 'adapters')
@@ -111,6 +116,33 @@ def try_oracle():
 
 def start_oracle():
     return 'no local Oracle server can be started here; set RS_ORACLE_DSN to a staging one'
+def redis_url():
+    return os.environ.get('RS_REDIS_URL', 'redis://127.0.0.1:6379/0')
+
+
+def try_redis():
+    import redis
+    client = redis.Redis.from_url(redis_url(), socket_connect_timeout=5, socket_timeout=5)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def start_redis():
+    server = shutil.which('redis-server')
+    if not server:
+        return 'redis-server not found (Debian package redis-server not installed here)'
+    port = urlsplit(redis_url()).port or 6379
+    cmd = [server, '--daemonize', 'yes', '--bind', '127.0.0.1', '--port', str(port),
+           '--save', '', '--appendonly', 'no']
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    return None if result.returncode == 0 else (result.stderr.strip() or result.stdout.strip())
+
+
+def _redis_name():
+    from relstorage.cache.redis_cache import parse_url
+    return 'Redis at %s' % parse_url(redis_url())
 
 
 CHECKS = {
@@ -125,7 +157,11 @@ CHECKS = {
                    os.environ.get('RS_ORACLE_DSN'), os.environ.get('RS_ORACLE_USER')),
                # Never "local": nothing to start.
                lambda: 'remote'),
+    'redis': (try_redis, start_redis, _redis_name,
+              lambda: urlsplit(redis_url()).hostname or ''),
 }
+#: Servers needed whatever the databases: the shared-cache tests use Redis.
+SERVICES = ('redis',)
 
 
 def _redact(dsn):
@@ -174,12 +210,13 @@ def _one_line(exc):
 
 def main():
     databases = configured_databases()
-    unknown = [n for n in databases if n not in CHECKS and n != 'sqlite']
+    unknown = [n for n in databases if n not in CHECKS and n != 'sqlite' or n in SERVICES]
     if unknown:
         print('RS_TEST_DATABASES names unknown databases: %s' % ', '.join(unknown),
               file=sys.stderr)
         return 2
-    failures = [msg for msg in (ensure(n) for n in databases if n in CHECKS) if msg]
+    needed = [n for n in databases if n in CHECKS] + list(SERVICES)
+    failures = [msg for msg in (ensure(n) for n in needed) if msg]
     print('Test databases: %s' % ', '.join(databases))
     if failures:
         for msg in failures:

@@ -1,39 +1,19 @@
-"""memcached as a shared state cache, against a real memcached started here.
+"""The shared cache on memcached, against a real memcached started here.
 
-The server listens on 127.0.0.1 on a free port and is stopped by the test
-(also mid-run, to check that reads go on from the database).
+Each test starts its own server on a free 127.0.0.1 port and stops it.
 """
-import logging
 import os
 import shutil
-import socket
 import subprocess
-import tempfile
-import time
 import unittest
 
-import transaction
-from ZODB.Connection import TransactionMetaData
-from ZODB.POSException import POSKeyError
-from ZODB.tests.MinPO import MinPO
-from ZODB.tests.StorageTestBase import zodb_pickle
-from ZODB.tests.StorageTestBase import zodb_unpickle
-from ZODB.utils import u64
-from ZODB.utils import z64
-
-from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
-from relstorage.cache.memcache import MemcacheStateCache
 from relstorage.cache.memcache import parse_servers
-from relstorage.options import Options
-from relstorage.storage import RelStorage
+from relstorage.cache.shared import open_shared_cache
+from relstorage.tests.shared_cache import SharedCacheTests
+from relstorage.tests.shared_cache import free_port
+from relstorage.tests.shared_cache import wait_for_port
 
 MEMCACHED = shutil.which('memcached') or '/usr/bin/memcached'
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 class MemcachedServer:
@@ -44,16 +24,7 @@ class MemcachedServer:
         if os.geteuid() == 0:
             args += ['-u', 'root']
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 10
-        while True:
-            try:
-                socket.create_connection(('127.0.0.1', self.port), timeout=0.5).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    err = self.proc.stderr.read().decode(errors='replace')
-                    raise RuntimeError('memcached did not start: %s' % err)
-                time.sleep(0.05)
+        wait_for_port(self.port, self.proc, 'memcached')
 
     @property
     def address(self):
@@ -67,295 +38,28 @@ class MemcachedServer:
 
 
 @unittest.skipUnless(os.path.exists(MEMCACHED), 'memcached is not installed')
-class MemcacheTests(unittest.TestCase):
+class MemcacheTests(SharedCacheTests):
 
     def setUp(self):
-        self.server = MemcachedServer()
-        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_mc_')
-        self._closables = []
+        super().setUp()
+        self.server = self.private_server()
+        self.servers = self.server.address
 
-    def tearDown(self):
-        transaction.abort()
-        for thing in reversed(self._closables):
-            thing.close()
-        self.server.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    def private_server(self):
+        server = MemcachedServer()
+        self.addCleanup(server.stop)
+        return server
 
-    def storage(self, **kw):
-        kw.setdefault('cache_servers', self.server.address)
-        kw.setdefault('cache_prefix', 'test')
-        options = Options(**kw)
-        storage = RelStorage(Sqlite3Adapter(os.path.join(self.tmp, 'data'), options=options),
-                             options=options)
-        self._closables.append(storage)
-        return storage
+    def dead_servers(self):
+        return '127.0.0.1:%d' % free_port()
 
-    def commit(self, storage, values, serials=None):
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        for oid, value in values.items():
-            storage.store(oid, (serials or {}).get(oid, z64),
-                          zodb_pickle(MinPO(value)), '', txn)
-        storage.tpc_vote(txn)
-        return storage.tpc_finish(txn)
-
-    def test_client_round_trip_and_keys(self):
-        client = MemcacheStateCache(self.server.address, None, 'pfx')
-        self._closables.append(client)
-        self.assertEqual(client.key(0x1f, 0xabc), 'pfx:s:1f:abc')
-        client.set_many({(1, 10): b'one', (2, 10): b'two'})
-        self.assertEqual(client.get(1, 10), b'one')
-        self.assertIsNone(client.get(1, 11))               # another revision
-        self.assertEqual(client.get_many([(1, 10), (2, 10), (3, 10)]),
-                         {(1, 10): b'one', (2, 10): b'two'})
-        other = MemcacheStateCache(self.server.address, None, 'other')
-        self._closables.append(other)
-        self.assertIsNone(other.get(1, 10))                # another prefix
-        self.assertEqual(parse_servers('a:1 b:2'), [('a', 1), ('b', 2)])
-
-    def test_other_process_reads_what_one_committed(self):
-        writer, reader = self.storage(), self.storage()
-        oids = [writer.new_oid() for _ in range(20)]
-        inst = reader.new_instance()
-        inst.poll_invalidations()
-        tid = self.commit(writer, {oid: i for i, oid in enumerate(oids)})
-        # The reader learns the new tids from its poll; the states come from
-        # memcached (the writer put them there when it committed).
-        self.assertEqual(sorted(inst.poll_invalidations()), sorted(oids))
-        for i, oid in enumerate(oids):
-            state, serial = inst.load(oid)
-            self.assertEqual((zodb_unpickle(state).value, serial), (i, tid))
-        stats = reader.cache_stats()
-        self.assertEqual(stats['db_loads'], 0)
-        self.assertEqual(stats['memcache']['hits'], 20)
-        inst.release()
-
-    def test_committed_states_are_in_memcached_when_commit_returns(self):
-        # Regression: committed states used to be sent without waiting for
-        # memcached's reply, so a process that polled right after the commit
-        # could ask memcached before the set had been processed, and read
-        # from the database (seen once in CI).
-        writer, reader = self.storage(), self.storage()
-        oids = [writer.new_oid() for _ in range(10)]
-        inst = reader.new_instance()
-        inst.poll_invalidations()
-        for rnd in range(40):
-            tid = self.commit(writer, {oid: rnd for oid in oids},
-                              serials=None if rnd == 0 else {oid: last for oid in oids})
-            last = tid
-            self.assertEqual(sorted(inst.poll_invalidations()), sorted(oids))
-            for oid in oids:
-                self.assertEqual(inst.load(oid)[1], tid)
-        self.assertEqual(reader.cache_stats()['db_loads'], 0)
-        inst.release()
-
-    def test_states_read_from_the_database_are_shared(self):
-        plain = self.storage(cache_servers=None)         # commits without memcached
-        first, second = self.storage(), self.storage()
-        oids = [plain.new_oid() for _ in range(5)]
-        inst2 = second.new_instance()
-        inst2.poll_invalidations()
-        tid = self.commit(plain, {oid: 'v' for oid in oids})
-        inst1 = first.new_instance()
-        inst1.poll_invalidations()
-        for oid in oids:
-            self.assertEqual(inst1.load(oid)[1], tid)
-        self.assertEqual(first.cache_stats()['db_loads'], 5)
-        inst1.poll_invalidations()                         # sends the batch
-        # Sets do not wait for replies: let the server catch up.
-        client = first._cache.memcache
-        deadline = time.time() + 5
-        while client.get(u64(oids[-1]), u64(tid)) is None and time.time() < deadline:
-            time.sleep(0.01)
-        inst2.poll_invalidations()                         # learns the tids
-        for oid in oids:
-            self.assertEqual(inst2.load(oid)[1], tid)
-        self.assertEqual(second.cache_stats()['db_loads'], 0)
-        self.assertEqual(second.cache_stats()['memcache']['hits'], 5)
-        inst1.release()
-        inst2.release()
-
-    def wait_for_hint(self, storage, oid):
-        # Hints of database loads are sent without waiting for replies.
-        client = storage._cache.memcache
-        deadline = time.time() + 5
-        while not client.get_hints([u64(oid)]) and time.time() < deadline:
-            time.sleep(0.01)
-
-    def read_all(self, storage, oids):
-        inst = storage.new_instance()
-        inst.poll_invalidations()
-        result = []
-        for oid in oids:
-            state, serial = inst.load(oid)
-            result.append((zodb_unpickle(state).value, serial))
-        inst.release()
-        return result
-
-    def test_fresh_process_reads_what_another_process_loaded(self):
-        # A fresh process knows no tids.  Its change log starts with the
-        # newest changes (here at most 200: cache-delta-size-limit 400, and
-        # the newest transaction alone changed 250 objects, so none), which
-        # do not include the 30 objects; what another process left
-        # in memcached tells it which revisions are current, so the states
-        # come from memcached without asking the database.
-        plain = self.storage(cache_servers=None)
-        oids = [plain.new_oid() for _ in range(30)]
-        others = [plain.new_oid() for _ in range(250)]
-        tid = self.commit(plain, {oid: i for i, oid in enumerate(oids)})
-        self.commit(plain, {other: 'x' for other in others})
-        first = self.storage()
-        expected = [(i, tid) for i in range(len(oids))]
-        self.assertEqual(self.read_all(first, oids), expected)
-        self.assertGreaterEqual(first.cache_stats()['db_loads'], 30)
-        first.close()              # sends what it read, and its hot list
-        self.wait_for_hint(self.storage(), oids[-1])
-
-        # 1. The hot list: the fresh process warms its local cache at its
-        #    first poll, in a few requests.
-        fresh = self.storage(cache_delta_size_limit=400)
-        self.assertEqual(self.read_all(fresh, list(reversed(oids))), expected[::-1])
-        stats = fresh.cache_stats()
-        self.assertEqual(stats['db_loads'], 0)
-        self.assertGreaterEqual(stats['warmed_from_memcache'], 30)
-        self.assertEqual(stats['index_mismatches'], 0)
-        self.assertEqual(stats['log_entries'], 0)
-
-        # 2. Without a hot list, read-ahead in OID order asks memcached for
-        #    the hints and states of the next objects, two requests per
-        #    batch.
-        fresh._cache.memcache._set_keys({fresh._cache.memcache.hot_key(): b''}, True)
-        fresh = self.storage(cache_delta_size_limit=400)
-        self.assertEqual(self.read_all(fresh, oids), expected)
-        stats = fresh.cache_stats()
-        self.assertEqual(stats['warmed_from_memcache'], 0)
-        # The three loads before read-ahead starts ask the database: for a
-        # single load a hint would cost a round trip more than the query.
-        self.assertEqual(stats['db_loads'], 3)
-        self.assertGreaterEqual(stats['tids_from_hints'], 27)
-        self.assertEqual(stats['index_mismatches'], 0)
-
-    def test_fresh_process_after_pack_ignores_what_memcached_knew(self):
-        # Objects removed by a pack leave no change for the change log to
-        # see; a fresh process must not take them from memcached (hot list,
-        # hints, states).  After a pack, processes use a new namespace.
-        writer = self.storage()
-        oids = [writer.new_oid() for _ in range(3)]
-        tid = self.commit(writer, {oid: 'v' for oid in oids})
-        first = self.storage()
-        self.read_all(first, oids)
-        first.close()                             # publishes its hot list
-        self.wait_for_hint(self.storage(), oids[-1])
-        # Nothing references these objects: a pack with GC removes them.
-        from ZODB.serialize import referencesf
-        packer = self.storage()
-        packer.pack(time.time() + 1, referencesf)
-        fresh = self.storage()
-        inst = fresh.new_instance()
-        inst.poll_invalidations()
-        for oid in oids:
-            self.assertRaises(POSKeyError, inst.load, oid)
-        inst.release()
-        self.assertEqual(fresh.cache_stats()['warmed_from_memcache'], 0)
-        self.assertIn(':p1', fresh._cache.memcache.prefix)
-        self.assertTrue(tid)
-
-    def test_hot_list_of_a_short_lived_process_keeps_the_busy_ones(self):
-        writer = self.storage()
-        oids = [writer.new_oid() for _ in range(40)]
-        self.commit(writer, {oid: 'v' for oid in oids})
-        busy = self.storage()
-        self.read_all(busy, oids)
-        self.assertEqual(busy._cache.publish_hot(), 40)
-        brief = self.storage()
-        self.read_all(brief, oids[:2])
-        brief.close()
-        _, pairs = self.storage()._cache.memcache.get_hot()
-        self.assertEqual(len(pairs), 40)
-        self.assertEqual([u64(o) for o in oids[:2]], sorted(p[0] for p in pairs[:2]))
-
-    def test_fresh_process_knows_the_newest_changes(self):
-        # Objects changed recently are in the change log a fresh process
-        # starts with: their tids are known without hints or queries.
-        writer = self.storage()
-        oids = [writer.new_oid() for _ in range(20)]
-        tid = self.commit(writer, {oid: i for i, oid in enumerate(oids)})
-        fresh = self.storage()
-        self.assertEqual(self.read_all(fresh, oids), [(i, tid) for i in range(20)])
-        stats = fresh.cache_stats()
-        self.assertEqual((stats['db_loads'], stats['tids_from_hints']), (0, 0))
-        self.assertEqual(stats['memcache']['hits'], 20)
-
-    def object_hinted_by_another_process(self):
-        """(storage without memcached, oid, tid): an object committed
-        without memcached, then read by another process, which left its
-        state and a hint in memcached."""
-        plain = self.storage(cache_servers=None)       # writes leave no hints
-        oid = plain.new_oid()
-        tid = self.commit(plain, {oid: 'old'})
-        first = self.storage()
-        self.assertEqual(self.read_all(first, [oid]), [('old', tid)])
-        first.close()
-        self.wait_for_hint(self.storage(), oid)
-        return plain, oid, tid
-
-    def test_hint_of_an_object_changed_since_is_not_served(self):
-        plain, oid, tid1 = self.object_hinted_by_another_process()
-        tid2 = self.commit(plain, {oid: 'new'}, {oid: tid1})
-        fresh = self.storage()
-        self.assertEqual(self.read_all(fresh, [oid]), [('new', tid2)])
-        self.assertEqual(fresh.cache_stats()['index_mismatches'], 0)
-
-    def test_hint_older_than_the_change_log_is_not_used(self):
-        # cache-delta-size-limit 10: a fresh process's log holds the 5
-        # newest changes, so the change of ``oid`` after its hint was
-        # written falls outside the log; the hint must then be ignored.
-        plain, oid, tid1 = self.object_hinted_by_another_process()
-        others = [plain.new_oid() for _ in range(8)]
-        tid2 = self.commit(plain, {oid: 'new'}, {oid: tid1})
-        for other in others:
-            self.commit(plain, {other: 'x'})
-        fresh = self.storage(cache_delta_size_limit=10)
-        self.assertEqual(self.read_all(fresh, [oid]), [('new', tid2)])
-        stats = fresh.cache_stats()
-        self.assertEqual((stats['db_loads'], stats['tids_from_hints']), (1, 0))
-        self.assertEqual(stats['index_mismatches'], 0)
-        # With a log long enough, the same hint is refuted by the log.
-        roomy = self.storage()
-        self.assertEqual(self.read_all(roomy, [oid]), [('new', tid2)])
-
-    def test_memcached_stopped_mid_run(self):
-        writer, reader = self.storage(), self.storage()
-        oids = [writer.new_oid() for _ in range(10)]
-        inst = reader.new_instance()
-        inst.poll_invalidations()
-        tid = self.commit(writer, {oid: 'a' for oid in oids})
-        inst.poll_invalidations()
-        self.assertEqual(inst.load(oids[0])[1], tid)
-        self.server.stop()
-        tid2 = self.commit(writer, {oid: 'b' for oid in oids}, {oid: tid for oid in oids})
-        logger = logging.getLogger('relstorage.cache.memcache')
-        with self.assertLogs(logger, logging.WARNING) as logs:
-            inst.poll_invalidations()
-            for oid in oids:
-                state, serial = inst.load(oid)
-                self.assertEqual((zodb_unpickle(state).value, serial), ('b', tid2))
-            reader._cache.local.clear()
-            for oid in oids:
-                self.assertEqual(zodb_unpickle(inst.load(oid)[0]).value, 'b')
-        warnings = [r for r in logs.records if r.levelno >= logging.WARNING]
-        self.assertEqual(len(warnings), 1, logs.output)
-        self.assertIn('unavailable', warnings[0].getMessage())
-        self.assertTrue(reader.cache_stats()['memcache']['errors'] >= 1)
-        inst.release()
-
-    def test_memcached_never_running(self):
-        port = free_port()
-        storage = self.storage(cache_servers='127.0.0.1:%d' % port)
-        oid = storage.new_oid()
-        tid = self.commit(storage, {oid: 1})
-        storage._cache.local.clear()
-        self.assertEqual(storage.load(oid)[1], tid)
+    def test_parse_servers(self):
+        self.assertEqual(parse_servers('a:1 b:2 [::1]:3 c'),
+                         [('a', 1), ('b', 2), ('::1', 3), ('c', 11211)])
+        with self.assertRaisesRegex(ValueError, "'a:b' is not host:port"):
+            parse_servers('a:b')
+        with self.assertRaisesRegex(ValueError, 'cache-module-name'):
+            open_shared_cache('a:1', 'memcache_client_of_the_future')
 
 
 def test_suite():
