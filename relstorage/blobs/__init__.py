@@ -13,6 +13,7 @@ for the transaction being committed.
 """
 import os
 
+from ..directories import ensure_directory
 from ..interfaces import RelStorageError
 
 
@@ -20,7 +21,7 @@ def make_blobs(options, adapter):
     """The blob mode object for these options, or None without blob-dir."""
     if not options.blob_dir:
         return None
-    blob_dir = os.path.abspath(options.blob_dir)
+    blob_dir = ensure_directory('blob-dir', options.blob_dir)
     try:
         os.makedirs(os.path.join(blob_dir, 'tmp'), exist_ok=True)
         probe = os.path.join(blob_dir, 'tmp', '.writable-%d' % os.getpid())

@@ -20,6 +20,7 @@ import re
 import threading
 import time
 
+from ..directories import ensure_directory
 from .local import LocalStateCache
 from .memcache import HOT_MAX
 from .mvcc import ChangeIndex
@@ -82,6 +83,9 @@ class StorageCache:
         self._last_stats_log = time.monotonic()
         self._closed = False
         if adapter is not None and self.persistent_path:
+            # Created like blob-dir: a missing directory would otherwise
+            # only show as a failed write at every close.
+            ensure_directory('cache-local-dir', options.cache_local_dir)
             self._load_persistent(adapter)
 
     # ------------------------------------------------------------------

@@ -130,6 +130,15 @@ class MySQLFactory(suite.NamedDatabases):
             "WHERE db = %s AND id <> CONNECTION_ID()", (self.db_name,))
         return [row[0] for row in rows]
 
+    def open_transactions(self):
+        """InnoDB transactions (read views hold back purge) of the sessions
+        on our database but ours."""
+        return list(self.admin_query(
+            "SELECT t.trx_mysql_thread_id, t.trx_state, t.trx_started, p.info "
+            "FROM information_schema.innodb_trx t JOIN information_schema.processlist p "
+            "ON p.id = t.trx_mysql_thread_id WHERE p.db = %s AND p.id <> CONNECTION_ID()",
+            (self.db_name,)))
+
     def kill_sessions(self):
         """Kill every session on our database (left over by a test that
         did not close its storage, or on purpose)."""
