@@ -12,6 +12,7 @@ import ZConfig
 import ZConfig.datatypes
 from ZODB.config import BaseConfig
 
+from relstorage.directories import not_a_directory
 from relstorage.options import Options
 from relstorage.options import redact_secrets
 
@@ -31,6 +32,10 @@ def _named_datatype(key, datatype, option=None):
         try:
             result = convert(value)
         except ValueError as e:
+            # ZConfig says "does not exist" also when a file is in the way.
+            problem = datatype == 'existing-dirpath' and not_a_directory(value)
+            if problem:
+                e = '%s: %s' % (value, problem)
             raise ValueError('%s: %s' % (key, e)) from None
         if option is not None:
             result = option.convert(result)

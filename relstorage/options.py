@@ -101,7 +101,8 @@ OPTIONS = (
            'Create the tables on first use if they are missing.', active=True),
     # Blobs.
     Option('blob-dir', None, 'existing-dirpath',
-           'Directory for blob files; blobs are disabled when unset.', active=True),
+           'Directory for blob files, created if missing (its parent must '
+           'exist); blobs are disabled when unset.', active=True),
     Option('shared-blob-dir', False, 'boolean',
            'True if blob-dir is the only blob store (shared by all clients); '
            'false if it is a local cache of blobs kept in the database.', active=True),
@@ -157,7 +158,8 @@ OPTIONS = (
            'Megabytes of pickles to keep in the in-process cache; 0 '
            'disables it.', active=True),
     Option('cache-local-dir', None, 'existing-dirpath',
-           'Directory to save the local cache to and load it from.',
+           'Directory to save the local cache to and load it from; created '
+           'at open if missing (its parent must exist).',
            active=True),
     Option('cache-local-object-max', 16384, 'byte-size',
            'Largest pickle kept in the local cache.', active=True),

@@ -13,6 +13,7 @@ for the transaction being committed.
 """
 import os
 
+from ..directories import ensure_directory
 from ..interfaces import RelStorageError
 
 
@@ -22,7 +23,7 @@ def make_blobs(options, adapter, shared=None):
     also holds small blobs read from the database."""
     if not options.blob_dir:
         return None
-    blob_dir = os.path.abspath(options.blob_dir)
+    blob_dir = ensure_directory('blob-dir', options.blob_dir)
     try:
         os.makedirs(os.path.join(blob_dir, 'tmp'), exist_ok=True)
         probe = os.path.join(blob_dir, 'tmp', '.writable-%d' % os.getpid())

@@ -21,6 +21,7 @@ import re
 import threading
 import time
 
+from ..directories import ensure_directory
 from .local import LocalStateCache
 from .shared import HOT_MAX
 from .shared import open_shared_cache
@@ -83,6 +84,9 @@ class StorageCache:
         self._last_stats_log = time.monotonic()
         self._closed = False
         if adapter is not None and self.persistent_path:
+            # Created like blob-dir: a missing directory would otherwise
+            # only show as a failed write at every close.
+            ensure_directory('cache-local-dir', options.cache_local_dir)
             self._load_persistent(adapter)
 
     # ------------------------------------------------------------------

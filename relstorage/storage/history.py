@@ -153,26 +153,40 @@ def record_iternext(storage, conn, next_oid):
 class TransactionIterator:
     """Iterates transactions in [start, stop] over one snapshot.
 
-    The iterator opens a load connection of its own and keeps its snapshot
-    until it is exhausted or closed, so concurrent commits never show up
-    half way through.
+    The iterator reads on a load connection of its own, in one snapshot
+    from its first ``next()`` until it is exhausted, closed or collected,
+    so that concurrent commits (in a history-free database they move
+    records between transactions) never show up half way through.  Nothing
+    is opened before the first ``next()``, and nothing stays open after
+    the last.
     """
 
     _conn = None
+    _txns = None
 
     def __init__(self, adapter, start, stop):
         self._adapter = adapter
-        self._conn = adapter.open_load()
-        adapter.begin_snapshot(self._conn)
-        last = adapter.get_last_tid(self._conn)
-        start = u64(start) if start is not None else 0
-        stop = min(u64(stop), last) if stop is not None else last
-        self._txns = iter(adapter.transactions_in_range(self._conn, start, stop))
+        self._start = u64(start) if start is not None else 0
+        self._stop = u64(stop) if stop is not None else None
 
     def __iter__(self):
         return self
 
+    def _open(self):
+        adapter = self._adapter
+        self._conn = conn = adapter.open_load()
+        try:
+            adapter.begin_snapshot(conn)
+            last = adapter.get_last_tid(conn)
+            stop = last if self._stop is None else min(self._stop, last)
+            self._txns = iter(adapter.transactions_in_range(conn, self._start, stop))
+        except BaseException:
+            self.close()
+            raise
+
     def __next__(self):
+        if self._txns is None:
+            self._open()
         if self._conn is None:
             raise StopIteration
         try:
@@ -192,6 +206,7 @@ class TransactionIterator:
     next = __next__
 
     def close(self):
+        self._txns = iter(())
         if self._conn is not None:
             self._conn.rollback()
             self._conn.close()

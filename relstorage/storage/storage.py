@@ -130,10 +130,14 @@ class RelStorage(ConflictResolvingStorage):
         self._own_tids = set()          # committed here since the last poll
         # The storage object made from the configuration is used directly by
         # ZODB.DB (undoLog, pack, lastTransaction, ...) and by tools; until
-        # somebody polls it, each of its reads sees the latest commits.
+        # somebody polls it, each of its read calls runs in a snapshot of
+        # its own, ended when the call returns: it sees the latest commits
+        # and leaves no database transaction open (an idle one would hold
+        # back VACUUM / purge for as long as the process runs).
         # Instances (one per ZODB connection) keep their snapshot until
         # afterCompletion/poll, as MVCC requires.
         self._autorefresh = _parent is None
+        self._reads = 0                 # read calls in progress (see _Read)
         self._closed = False
         self._instances = weakref.WeakSet()
         self._commit = None             # commit.Commit from tpc_begin to its end
@@ -185,9 +189,11 @@ class RelStorage(ConflictResolvingStorage):
             self._load_conn = self._adapter.open_load()
         return self._load_conn
 
+    def _read(self):
+        """``with self._read() as conn``: a read call on the load connection."""
+        return _Read(self)
+
     def _ensure_snapshot(self):
-        if self._snapshot_open and self._autorefresh and self._commit is None:
-            self._end_snapshot()
         if self._snapshot_open:
             return self._load_conn
         for attempt in (1, 2):
@@ -215,6 +221,9 @@ class RelStorage(ConflictResolvingStorage):
 
     def _end_snapshot(self):
         self._ra_until = -1
+        self._close_snapshot()
+
+    def _close_snapshot(self):
         # A later snapshot may carry the same tid yet differ (a pack does
         # not change the last tid).
         self._last_load = None
@@ -282,8 +291,7 @@ class RelStorage(ConflictResolvingStorage):
             if result is None:
                 raise POSException.POSKeyError(oid)
             return result[:2]
-        with self._lock:
-            conn = self._ensure_snapshot()
+        with self._read() as conn:
             snapshot = self._snapshot_tid
             last = self._last_load
             if last is not None and last[0] == oid and last[1] == snapshot:
@@ -331,10 +339,12 @@ class RelStorage(ConflictResolvingStorage):
 
     def loadBefore(self, oid, tid):
         oid_int = u64(oid)
-        with self._lock:
-            result = self._adapter.load_before(self._ensure_snapshot(), oid_int, u64(tid))
+        with self._read() as conn:
+            result = self._adapter.load_before(conn, oid_int, u64(tid))
+            # Whether the object has any revision in the snapshot.
+            exists = result is not None or self._adapter.load_current(conn, oid_int) is not None
         if result is None:
-            if not self._exists(oid_int):
+            if not exists:
                 raise POSException.POSKeyError(oid)
             return None
         if result[0] is None:
@@ -345,11 +355,6 @@ class RelStorage(ConflictResolvingStorage):
         self._cache.put(oid_int, start, state)
         return state, p64(start), (p64(end) if end is not None else None)
 
-    def _exists(self, oid_int):
-        """Whether the object has any revision in the snapshot."""
-        with self._lock:
-            return self._adapter.load_current(self._ensure_snapshot(), oid_int) is not None
-
     def getTid(self, oid):
         """The tid of the current revision; POSKeyError when there is none."""
         return self.load(oid)[1]
@@ -359,8 +364,8 @@ class RelStorage(ConflictResolvingStorage):
         state = self._cache.get(oid_int, tid_int)
         if state is not None:
             return state
-        with self._lock:
-            found, state = self._adapter.load_revision(self._ensure_snapshot(), oid_int, tid_int)
+        with self._read() as conn:
+            found, state = self._adapter.load_revision(conn, oid_int, tid_int)
             if not found:
                 # A revision committed after our snapshot began: revisions
                 # never change, so reading it outside the snapshot is safe.
@@ -378,16 +383,13 @@ class RelStorage(ConflictResolvingStorage):
         oid_ints = [u64(oid) for oid in oids]
         if not oid_ints or self._before is not None:
             return
-        with self._lock:
-            conn = self._ensure_snapshot()
+        with self._read() as conn:
             self._cache.prefetch(self._adapter, conn, oid_ints, self._snapshot_tid)
 
     def lastTransaction(self):
-        with self._lock:
-            if self._before is not None:
-                return p64(self._before - 1)
-            if not self._snapshot_open:
-                self._ensure_snapshot()
+        if self._before is not None:
+            return p64(self._before - 1)
+        with self._read():
             return p64(max(self._snapshot_tid, self._last_commit_tid))
 
     # ------------------------------------------------------------------
@@ -569,8 +571,7 @@ class RelStorage(ConflictResolvingStorage):
     def _read_blob_chunks(self, oid_int, tid_int, write):
         """Stream a blob's chunks to ``write``; its size, or None if absent."""
         adapter = self._adapter
-        with self._lock:
-            conn = self._ensure_snapshot()
+        with self._read() as conn:
             count = adapter.blob_chunk_count(conn, oid_int, tid_int)
             fresh = False
             if not count:
@@ -604,14 +605,14 @@ class RelStorage(ConflictResolvingStorage):
         return self._adapter.keep_history
 
     def history(self, oid, size=1):
-        with self._lock:
-            return history.object_history(self, self._ensure_snapshot(), oid, size)
+        with self._read() as conn:
+            return history.object_history(self, conn, oid, size)
 
     def undoLog(self, first=0, last=-20, filter=None):
         if not self._adapter.keep_history:
             return []
-        with self._lock:
-            return history.undo_log(self, self._ensure_snapshot(), first, last, filter)
+        with self._read() as conn:
+            return history.undo_log(self, conn, first, last, filter)
 
     def undoInfo(self, first=0, last=-20, specification=None):
         if specification:
@@ -627,8 +628,8 @@ class RelStorage(ConflictResolvingStorage):
         pending = self._check_txn(txn)
         if not self._adapter.keep_history:
             raise POSException.UndoError("Undo is not supported by history-free storages")
-        with self._lock:
-            oids = history.undo(self._adapter, self._ensure_snapshot(), u64(transaction_id),
+        with self._read() as conn:
+            oids = history.undo(self._adapter, conn, u64(transaction_id),
                                 pending, self.tryToResolveConflict)
         return None, [p64(oid) for oid in oids]
 
@@ -636,8 +637,8 @@ class RelStorage(ConflictResolvingStorage):
         return history.TransactionIterator(self._adapter, start, stop)
 
     def record_iternext(self, next=None):
-        with self._lock:
-            return history.record_iternext(self, self._ensure_snapshot(), next)
+        with self._read() as conn:
+            return history.record_iternext(self, conn, next)
 
     def copyTransactionsFrom(self, other, verbose=False):
         """Copy every transaction of ``other`` (any IStorageIteration),
@@ -669,12 +670,12 @@ class RelStorage(ConflictResolvingStorage):
         return self._is_read_only
 
     def getSize(self):
-        with self._lock:
-            return self._adapter.database_size(self._ensure_snapshot())
+        with self._read() as conn:
+            return self._adapter.database_size(conn)
 
     def __len__(self):
-        with self._lock:
-            return self._adapter.count_objects(self._ensure_snapshot())
+        with self._read() as conn:
+            return self._adapter.count_objects(conn)
 
     def cache_stats(self):
         """Hit/miss statistics of the storage-wide state cache."""
@@ -682,6 +683,39 @@ class RelStorage(ConflictResolvingStorage):
 
     def __repr__(self):
         return '<%s %r at 0x%x>' % (type(self).__name__, self._name, id(self))
+
+
+class _Read:
+    """One read call: holds the instance's lock and its snapshot.
+
+    The root storage (``_autorefresh``) ends the snapshot when the
+    outermost read call returns (conflict resolution and undo read inside
+    other calls); instances keep it until afterCompletion or the next poll.
+    """
+
+    __slots__ = ('storage',)
+
+    def __init__(self, storage):
+        self.storage = storage
+
+    def __enter__(self):
+        storage = self.storage
+        storage._lock.acquire()
+        storage._reads += 1
+        try:
+            return storage._ensure_snapshot()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc_info):
+        storage = self.storage
+        storage._reads -= 1
+        try:
+            if storage._autorefresh and not storage._reads:
+                storage._close_snapshot()
+        finally:
+            storage._lock.release()
 
 
 def _tid_int(serial):

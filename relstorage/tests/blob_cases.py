@@ -48,6 +48,7 @@ class BlobCacheTests(BlobCase):
         with self.assertRaises(RelStorageError) as cm:
             self.blob_storage(blob_dir=os.path.join(not_a_dir, 'blobs'))
         self.assertIn('blob-dir', str(cm.exception))
+        self.assertIn('%s is a file, not a directory' % not_a_dir, str(cm.exception))
 
     def test_pruning_under_concurrent_readers(self):
         # 40 blobs of 256 KB with a cache limit of 1 MB: every reader keeps

@@ -611,8 +611,152 @@ class LifecycleTests(FactoryCase):
         self.assertIsNone(inst._store_conn)
 
 
+COMMIT_ONE = r"""
+import sys, transaction, ZODB
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+sys.path.insert(0, sys.argv[1])
+import factory_for_subprocess as f
+options = Options(keep_history=f.KEEP_HISTORY, commit_lock_timeout=30)
+db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
+with db.transaction() as conn:
+    conn.root()['from_process'] = sys.argv[2]
+    conn.root()._p_changed = True
+with db.transaction() as conn:
+    print(conn.root()._p_serial.hex())
+db.close()
+"""
+
+
+class RootStorageTests(FactoryCase):
+    """The storage made from the configuration, as ZODB.DB uses it: every
+    read sees the latest commits and leaves no database transaction open."""
+
+    def db(self, **kw):
+        db = ZODB.DB(self.storage(**kw))
+        self.addCleanup(db.close)
+        return db
+
+    def test_last_transaction_after_each_commit(self):
+        db = self.db()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        for i in range(5):
+            conn.root()['n'] = i
+            tm.commit()
+            self.assertEqual(db.lastTransaction(), conn.root()._p_serial, i)
+        conn.close()
+        # Commits made by another storage on the same database ...
+        other = ZODB.DB(self.storage())
+        self.addCleanup(other.close)
+        for i in range(5):
+            with other.transaction() as c:
+                c.root()['other'] = i
+            with other.transaction() as c:
+                serial = c.root()._p_serial
+            self.assertEqual(db.lastTransaction(), serial, i)
+        self.assertEqual(db.storage.load(z64)[1], serial)
+        # ... and by another process.
+        serial = bytes.fromhex(self.run_committer('process'))
+        self.assertEqual(db.lastTransaction(), serial)
+        self.assertEqual(db.storage.load(z64)[1], serial)
+        with db.transaction() as c:
+            self.assertEqual(c.root()['from_process'], 'process')
+
+    def run_committer(self, value):
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_root_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.factory.write_subprocess_factory(tmp, self.keep_history)
+        proc = subprocess.run([sys.executable, '-c', COMMIT_ONE, tmp, value],
+                              capture_output=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode()[-3000:])
+        return proc.stdout.decode().strip()
+
+    def test_no_transaction_left_open(self):
+        lister = getattr(self.factory, 'open_transactions', None)
+        if lister is None:
+            self.skipTest('%s has no server sessions to list' % self.factory.name)
+        import tempfile
+        import shutil
+        from ZODB.blob import Blob
+        blob_dir = tempfile.mkdtemp(prefix='relstoragetest_root_blobs_')
+        self.addCleanup(shutil.rmtree, blob_dir, True)
+        db = self.db(blob_dir=blob_dir)
+        storage = db.storage
+        with db.transaction() as conn:
+            conn.root()['m'] = PersistentMapping(a=1)
+            conn.root()['blob'] = Blob(b'blob data')
+        # An aborted change, a conflict, a commit by another storage.
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['m']['b'] = 2
+        tm.abort()
+        other = ZODB.DB(self.storage())
+        self.addCleanup(other.close)
+        with other.transaction() as c:
+            c.root()['m']['c'] = 3
+        conn.root()['m']['d'] = 4
+        with self.assertRaises(ConflictError):
+            tm.commit()
+        tm.abort()
+        with conn.root()['blob'].open() as f:
+            self.assertEqual(f.read(), b'blob data')
+        serial = conn.root()._p_serial
+        conn.close()
+        # A connection with explicit transactions stays open, idle.
+        explicit = transaction.TransactionManager(explicit=True)
+        idle = db.open(explicit)
+        self.addCleanup(idle.close)
+        with explicit:
+            idle.root()['m']['e'] = 5
+        # tpc_abort after vote on an instance, loadSerial of a revision
+        # newer than an instance's snapshot (read on the store connection).
+        inst = storage.new_instance()
+        inst.poll_invalidations()
+        with other.transaction() as c:
+            c.root()['m']['f'] = 6
+            oid = c.root()['m']._p_oid
+        with other.transaction() as c:
+            newest = c.root()['m']._p_serial
+        inst.loadSerial(oid, newest)
+        txn = TransactionMetaData()
+        inst.tpc_begin(txn)
+        inst.store(inst.new_oid(), z64, zodb_pickle(MinPO(1)), '', txn)
+        inst.tpc_vote(txn)
+        inst.tpc_abort(txn)
+        inst.afterCompletion()
+        # Reads through the root storage.
+        self.assertEqual(db.lastTransaction(), newest)
+        storage.load(z64)
+        storage.loadSerial(z64, serial)
+        storage.loadBefore(oid, p64(u64(newest) + 1))
+        storage.getTid(oid)
+        storage.prefetch([z64, oid])
+        db.history(oid, 5)
+        db.undoLog(0, 10)
+        len(storage)
+        storage.getSize()
+        storage.record_iternext()
+        for txn in storage.iterator():
+            list(txn)
+        half_read = storage.iterator()
+        next(half_read)
+        half_read.close()
+        unused = storage.iterator()
+        with db.transaction() as c:
+            with c.root()['blob'].open() as f:
+                f.read()
+        self.assertEqual(lister(), [])
+        del unused
+
+
 ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests,
-       PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests, LifecycleTests)
+       PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests, LifecycleTests,
+       RootStorageTests)
 
 
 def hf_variants():

@@ -131,6 +131,15 @@ class MySQLFactory(suite.NamedDatabases):
             "WHERE db = %s AND id <> CONNECTION_ID()", (self.db_name,))
         return [row[0] for row in rows]
 
+    def open_transactions(self):
+        """InnoDB transactions (read views hold back purge) of the sessions
+        on our database but ours."""
+        return list(self.admin_query(
+            "SELECT t.trx_mysql_thread_id, t.trx_state, t.trx_started, p.info "
+            "FROM information_schema.innodb_trx t JOIN information_schema.processlist p "
+            "ON p.id = t.trx_mysql_thread_id WHERE p.db = %s AND p.id <> CONNECTION_ID()",
+            (self.db_name,)))
+
     def kill_sessions(self):
         """Kill every session on our database (left over by a test that
         did not close its storage, or on purpose)."""
@@ -258,10 +267,14 @@ class MySQLTestCase(unittest.TestCase):
         return txn
 
     def locked_transactions(self):
-        """InnoDB transactions (other than the admin's) holding row locks."""
+        """InnoDB transactions on our database (other than the admin's)
+        holding row locks; other databases on the server are not ours."""
         return self.factory.admin_query(
-            "SELECT trx_mysql_thread_id, trx_rows_locked FROM information_schema.innodb_trx "
-            "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_rows_locked > 0")
+            "SELECT t.trx_mysql_thread_id, t.trx_rows_locked "
+            "FROM information_schema.innodb_trx t JOIN information_schema.processlist p "
+            "ON p.id = t.trx_mysql_thread_id WHERE p.db = %s "
+            "AND t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_rows_locked > 0",
+            (self.factory.db_name,))
 
     def assert_no_locks_held(self, but=(), wait=3.0):
         """No transaction (except the sessions in ``but``) holds row locks.

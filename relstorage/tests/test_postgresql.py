@@ -172,6 +172,15 @@ class PostgreSQLFactory(suite.NamedDatabases):
             f.write(SUBPROCESS_FACTORY % (keep_history, self.dsn, self.driver))
         return directory
 
+    def open_transactions(self):
+        """The client sessions on our database (but ours) inside a
+        transaction or holding a snapshot (backend_xmin holds back VACUUM)."""
+        return ADMIN.execute(
+            "SELECT pid, state, now() - xact_start, backend_xmin, query "
+            "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend' "
+            "AND (xact_start IS NOT NULL OR backend_xmin IS NOT NULL)", (self.dbname,))
+
     def cleanup(self):
         pass
 

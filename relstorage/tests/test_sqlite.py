@@ -182,6 +182,48 @@ class SqliteConfigTests(unittest.TestCase):
                             for m in messages),
                         messages)
 
+    def test_missing_cache_local_dir_is_created(self):
+        data_dir = os.path.join(self.tmp, 'data')
+        cache_dir = os.path.join(self.tmp, 'cache')
+        text = zconfig(data_dir, 'cache-local-dir %s\ncache-prefix t' % cache_dir)
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logging.getLogger('relstorage').addHandler(handler)
+        try:
+            db = ZODB.config.databaseFromString(text)
+            self.assertTrue(os.path.isdir(cache_dir))
+            with db.transaction() as conn:
+                conn.root()['x'] = PersistentMapping(v=1)
+            with db.transaction() as conn:
+                conn.cacheMinimize()
+                conn.root()['x']['v']
+            db.close()
+        finally:
+            logging.getLogger('relstorage').removeHandler(handler)
+        self.assertEqual([r.getMessage() for r in records if r.levelno >= logging.WARNING], [])
+        self.assertIn('t.rscache', os.listdir(cache_dir))
+        db = ZODB.config.databaseFromString(text)
+        try:
+            self.assertGreater(db.storage.cache_stats()['persistent_loaded'], 0)
+        finally:
+            db.close()
+
+    def test_file_in_the_way_of_a_directory_is_named(self):
+        data_dir = os.path.join(self.tmp, 'data')
+        a_file = os.path.join(self.tmp, 'file')
+        with open(a_file, 'w') as f:
+            f.write('x')
+        for key in ('blob-dir', 'cache-local-dir'):
+            for path in (os.path.join(a_file, 'sub'), a_file):
+                text = zconfig(data_dir, '%s %s' % (key, path))
+                with self.assertRaises((ZConfig.ConfigurationError, RelStorageError)) as cm:
+                    ZODB.config.databaseFromString(text).close()
+                message = str(cm.exception)
+                self.assertIn(key, message)
+                self.assertIn('%s is a file, not a directory' % a_file, message)
+                self.assertNotIn('does not exist', message)
+
 
 WORKER = r'''
 import sys, time, transaction, ZODB
