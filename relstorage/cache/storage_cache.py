@@ -73,6 +73,7 @@ class StorageCache:
         self.hinted = 0             # tids learned from memcached hints
         self._mark_lock = threading.Lock()
         self._pack_mark = None      # None until the first snapshot
+        self._newest_snapshot = 0   # the newest snapshot tid any instance began
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
         self.warmed = 0             # states copied from memcached at start
         self._hot_published = time.monotonic()
@@ -368,6 +369,9 @@ class StorageCache:
         grow; an older snapshot still showing the previous mark changes
         nothing."""
         with self._mark_lock:
+            newest = self._newest_snapshot
+            if snapshot > newest:
+                self._newest_snapshot = snapshot
             first = self._pack_mark is None
             if not first and mark <= self._pack_mark:
                 return
@@ -378,12 +382,25 @@ class StorageCache:
                 return
             # Hints must describe post-pack snapshots: an instance still
             # reading an older snapshot may load a removed object.
-            self._hints_from = snapshot
+            self._hints_from = max(snapshot, newest + 1)
             with self._to_memcache_lock:
                 self._to_memcache.clear()
                 self._hints_to_memcache.clear()
             self.clear()
-            log.info("The database was packed (pack mark %d): cleared the cache.", mark)
+            if snapshot < newest:
+                # zap_all: the last tid went back.  What instances still in
+                # a snapshot from before learn must never be taken for the
+                # new history (their snapshots' tids lie above ours).
+                self.index.rolled_back(snapshot, newest)
+            log.info("The database was packed or zapped (pack mark %d): cleared the cache.",
+                     mark)
+
+    def zapped(self, mark, old_last):
+        """This process emptied the database (zap_all) whose last tid was
+        ``old_last``; the new pack mark is ``mark``."""
+        with self._mark_lock:
+            self._newest_snapshot = max(self._newest_snapshot, old_last)
+        self.note_pack_mark(mark, 0)
 
     # ------------------------------------------------------------------
     # Statistics
