@@ -57,13 +57,21 @@ def classify(short_name):
 
 
 def run(config_path, out_path, log_path, concurrency, objects, object_size,
-        processes, values, warmups, phases=PHASE_KEYS, timeout=900):
+        processes, values, warmups, phases=PHASE_KEYS, timeout=900,
+        python=None, cwd=None, env=None):
     """Run zodbshootout; return ``{phase: result}`` where a result is a dict
-    with ``values`` (seconds per phase) or ``status`` and ``error``."""
+    with ``values`` (seconds per phase) or ``status`` and ``error``.
+
+    ``python`` is the interpreter of the virtualenv to benchmark (default:
+    ours); ``cwd`` and ``env`` those of the zodbshootout process.  pyperf
+    starts its workers with ``python -m``, which puts the working directory
+    first on ``sys.path``: whoever benchmarks another installation than the
+    checkout must pass a directory where no ``relstorage`` package lies.
+    """
     if os.path.exists(out_path):
         os.remove(out_path)
     names = [dict((p[0], p[1]) for p in PHASES)[k] for k in phases]
-    cmd = [sys.executable, '-m', 'zodbshootout',
+    cmd = [python or sys.executable, '-m', 'zodbshootout',
            '--include-mapping', 'false',
            '--concurrency', str(concurrency),
            '--object-counts', str(objects),
@@ -81,7 +89,7 @@ def run(config_path, out_path, log_path, concurrency, objects, object_size,
         log.flush()
         # Own process group, so a hung run is stopped with all its workers.
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, cwd=cwd, env=env)
         try:
             returncode = process.wait(timeout)
         except subprocess.TimeoutExpired:
