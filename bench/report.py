@@ -328,7 +328,8 @@ def peer_markdown(peer, meta):
     out = ['## Side by side with RelStorage 4.3', '']
     w = out.append
     if not peer:
-        w('Not run (the harness was started without `--peer-python`; '
+        w('Not in the run this report comes from (the harness was started '
+          'without `--peer-python`; '
           '`make bench` passes it).')
         w('')
         return out

@@ -150,6 +150,19 @@ class ZapAllTests(FactoryCase):
             finally:
                 db.close()
 
+    def test_persistent_cache_file_from_before_the_zap_is_not_used(self):
+        cache_dir = tempfile.mkdtemp(prefix='relstoragetest_zapcache_')
+        self.addCleanup(shutil.rmtree, cache_dir, True)
+        db = ZODB.DB(self.storage(cache_local_dir=cache_dir))
+        oids = self.fill(db)
+        with db.transaction() as conn:
+            self.assertEqual(conn.get(oids[2])['v'], 2)
+        db.close()                                # writes the cache file
+        self.storage().zap_all()                  # another process zaps
+        storage = self.storage(cache_local_dir=cache_dir)
+        self.assertEqual(storage.cache_stats()['persistent_loaded'], 0)
+        self.assertRaises(POSKeyError, storage.load, oids[2])
+
     def test_read_only_storage_refuses(self):
         self.storage()                            # creates the schema
         self.assertRaises(ReadOnlyError, self.storage(read_only=True).zap_all)
