@@ -381,7 +381,10 @@ class StorageCache:
             if first:
                 return
             # Hints must describe post-pack snapshots: an instance still
-            # reading an older snapshot may load a removed object.
+            # reading an older snapshot may load a removed object.  Such a
+            # snapshot may carry the same tid as ours (a pack does not
+            # change it) or a greater one (zap_all resets it), hence
+            # beyond the newest snapshot seen so far.
             self._hints_from = max(snapshot, newest + 1)
             with self._to_memcache_lock:
                 self._to_memcache.clear()
