@@ -100,9 +100,10 @@ def sides(peer_python):
 def probe(side, cwd):
     """Ask the side's interpreter which relstorage it has (a subprocess:
     the harness itself never imports the peer)."""
-    code = ('import json, relstorage, importlib.metadata as m; '
+    code = ('import json, relstorage, importlib.metadata as m, importlib.util as u; '
             'print(json.dumps({"relstorage_file": relstorage.__file__, '
-            '"relstorage_version": m.version("relstorage")}))')
+            '"relstorage_version": m.version("relstorage"), '
+            '"mariadb_shim": u.find_spec("peer_mariadb_compat") is not None}))')
     proc = subprocess.run([side.python, '-c', code], cwd=cwd, capture_output=True,
                           text=True, env=side.env(None, os.devnull), timeout=120)
     if proc.returncode:

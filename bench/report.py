@@ -377,14 +377,20 @@ def peer_markdown(peer, meta):
     w('- ours: relstorage %s from `%s` (%s), %d processes checked;'
       % (sides['ours']['relstorage_version'], sides['ours']['relstorage_file'],
          peer.get('revision', '?'), checked['ours']))
+    if not any(peer['targets'][n]['database'] == 'mysql' for n in names):
+        shim = ''
+    elif sides['peer'].get('mariadb_shim'):
+        shim = ('; on MariaDB with the compatibility shim of `shared/bench/` '
+                '(`RS_PEER_MARIADB_COMPAT=1`: RelStorage 4.3 reads MariaDB 10.11 '
+                'as MySQL 8 and sends it MySQL-8-only SQL otherwise)')
+    else:
+        shim = ('; **on MariaDB without the compatibility shim** of '
+                '`shared/bench/` (not found in its virtualenv; `make bench-peer` '
+                'copies it from `../shared/bench/`): RelStorage 4.3 reads MariaDB '
+                '10.11 as MySQL 8 and sends it MySQL-8-only SQL')
     w('- RelStorage 4.3: relstorage %s from `%s`, %d processes checked%s.'
       % (sides['peer']['relstorage_version'], sides['peer']['relstorage_file'],
-         checked['peer'],
-         '; on MariaDB with the compatibility shim of `shared/bench/` '
-         '(`RS_PEER_MARIADB_COMPAT=1`: RelStorage 4.3 reads MariaDB 10.11 '
-         'as MySQL 8 and sends it MySQL-8-only SQL otherwise)'
-         if any(peer['targets'][n]['database'] == 'mysql' for n in names)
-         else ''))
+         checked['peer'], shim))
     for f in failed:
         w('- **not counted**: %s' % f)
     w('')

@@ -109,8 +109,8 @@ def run(config_path, out_path, log_path, concurrency, objects, object_size,
             continue
         results[key] = {
             'status': 'failed',
-            'error': errors.get(key) or ('zodbshootout exited %s; see %s'
-                                         % (returncode, log_path)),
+            'error': errors.get(key) or ('zodbshootout exited %s%s; see %s' % (
+                returncode, ': ' + errors['*'] if '*' in errors else '', log_path)),
         }
     return results, elapsed, returncode
 
@@ -150,7 +150,8 @@ _BENCH_FUNC = {
 
 def scan_log(log_path):
     """Find zodbshootout's "When running <bench_x>" tracebacks in the log;
-    return ``{phase: last line of the first traceback}``."""
+    return ``{phase: last line of the first traceback}``, and under ``'*'``
+    that of the first traceback of all."""
     errors = {}
     try:
         with open(log_path, errors='replace') as f:
@@ -159,6 +160,13 @@ def scan_log(log_path):
         return errors
     current = None
     for i, line in enumerate(lines):
+        if line.startswith('Traceback') and '*' not in errors:
+            # Whatever failed outside a benchmark (opening the storage,
+            # populating it): the first one explains the exit status.
+            for follow in lines[i + 1:i + 400]:
+                if follow and not follow.startswith(' '):
+                    errors['*'] = safe_message_text(follow)
+                    break
         m = re.search(r'When running .*?\b(bench_[A-Za-z_]+)', line)
         if m:
             current = _BENCH_FUNC.get(m.group(1))
