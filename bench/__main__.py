@@ -417,8 +417,9 @@ def main(argv=None):
     if not args.no_convert and not args.peer_only:
         run_convert(results, args)
     if args.peer_python:
+        ours_revision = revision()
         results['peer'] = peer.run(args, say)
-        results['peer'].update(date=time.strftime('%Y-%m-%d'), revision=revision(),
+        results['peer'].update(date=time.strftime('%Y-%m-%d'), revision=ours_revision,
                                load=round(os.getloadavg()[0], 2))
     if not args.no_roundtrips:
         measured = [TARGETS[n] for n in args.targets

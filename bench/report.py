@@ -379,7 +379,7 @@ def peer_markdown(peer, meta):
          peer.get('revision', '?'), checked['ours']))
     if not any(peer['targets'][n]['database'] == 'mysql' for n in names):
         shim = ''
-    elif sides['peer'].get('mariadb_shim'):
+    elif sides['peer'].get('mariadb_shim', True):
         shim = ('; on MariaDB with the compatibility shim of `shared/bench/` '
                 '(`RS_PEER_MARIADB_COMPAT=1`: RelStorage 4.3 reads MariaDB 10.11 '
                 'as MySQL 8 and sends it MySQL-8-only SQL otherwise)')
