@@ -131,7 +131,12 @@ def markdown(results):
       'shim from `../shared/bench/`). It is a black box: the harness runs its '
       'zodbshootout and never imports it. `make bench` passes '
       '`--peer-python .venv-peer/bin/python`; without that option the '
-      'comparison is left out.')
+      'comparison is left out. For each database and phase the two sides '
+      'run alternately on fresh databases (`--peer-repeat` pairs), and '
+      'the report gives the ratio *RelStorage 4.3 time ÷ our time* (above '
+      '1: we are faster) with its lowest and highest value over the pairs, '
+      'and which `relstorage` every benchmark process of each side really '
+      'imported.')
     w('')
     w('## How these numbers were made')
     w('')
