@@ -79,7 +79,7 @@ class TestBenchSmoke(unittest.TestCase):
         self.assertIn('SQLite', text)
         self.assertIn('## Round trips per commit', text)
         # No figures of another day: without --peer-python, no comparison.
-        self.assertIn('## Side by side with RelStorage 4.3\n\nNot run', text)
+        self.assertIn('## Side by side with RelStorage 4.3\n\nNot in the run', text)
 
     def test_side_by_side_refuses_a_run_of_the_wrong_implementation(self):
         # The guard of the side-by-side comparison (bench/peer.py): every
