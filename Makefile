@@ -1,8 +1,10 @@
 # make demo   - .venv with RelStorage, then a short run on SQLite (no server)
 # make test   - .venv with the test extras, then the whole suite
-# make bench  - benchmark harness (bench/, docs/benchmarks.md); needs servers
+# make bench  - benchmark harness (bench/, docs/benchmarks.md); needs servers;
+#               runs RelStorage 4.3 (installed into .venv-peer) side by side
 # make bench-smoke - the harness on SQLite only, tiny sizes (under a minute)
 # make bench-deps  - install the harness's own dependencies into .venv
+# make bench-peer  - install RelStorage 4.3 and its drivers into .venv-peer
 #
 # Only python3 is assumed. Build requirements missing from the machine
 # (venv support, a C compiler, Python headers and libmariadb-dev for the
@@ -13,9 +15,12 @@ PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
 PIP    := $(VPY) -m pip
+# RelStorage 4.3 for "make bench" (see bench-peer below).
+PEER   := .venv-peer
+PEER_SHIM := ../shared/bench
 
 .PHONY: all demo test .venv venv sysdeps sysdeps-venv clean \
-	bench bench-smoke bench-deps
+	bench bench-smoke bench-deps bench-peer
 
 all: test
 
@@ -34,22 +39,50 @@ test: $(VENV)/.installed-test $(VENV)/.installed-bench
 # Benchmarks (see docs/benchmarks.md). BENCH_ARGS is passed to
 # "python -m bench", e.g. BENCH_ARGS="--targets sqlite,pg-psycopg2 -p 2".
 BENCH_ARGS ?=
-bench: $(VENV)/.installed-bench
-	$(VPY) -m bench $(BENCH_ARGS)
+bench: $(VENV)/.installed-bench $(PEER)/.installed
+	$(VPY) -m bench --peer-python $(PEER)/bin/python $(BENCH_ARGS)
 
 bench-smoke: $(VENV)/.installed-bench
 	$(VPY) -m bench --smoke $(BENCH_ARGS)
 
 bench-deps: $(VENV)/.installed-bench
 
+bench-peer: $(PEER)/.installed
+
+# The site-packages directory of the virtualenv whose python is $(1).
+site_packages = $$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+# RelStorage 4.3 from PyPI, the incumbent "make bench" compares with, in a
+# virtualenv of its own: a black box that the harness only runs (from a
+# neutral directory), never imports. bench/hooks/ lets every benchmark
+# process of either side record which relstorage it imported. On MariaDB
+# 10.11, RelStorage 4.3 needs the shim in ../shared/bench/ (see its
+# README.md; it acts only when RS_PEER_MARIADB_COMPAT=1, which the harness
+# sets for the peer's MariaDB runs); without it, the report says why the
+# peer cannot run there.
+$(PEER)/.installed: bench/peer-requirements.txt bench/hooks/rs_bench_whoami.py | sysdeps
+	test -x $(PEER)/bin/python || $(PYTHON) -m venv $(PEER)
+	$(PEER)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	$(PEER)/bin/python -m pip install -q -r bench/peer-requirements.txt
+	cp bench/hooks/rs_bench_whoami.py bench/hooks/rs_bench_whoami.pth \
+		$(call site_packages,$(PEER)/bin/python)/
+	if [ -f $(PEER_SHIM)/peer_mariadb_compat.py ]; then \
+		cp $(PEER_SHIM)/peer_mariadb_compat.py $(PEER_SHIM)/peer_mariadb_compat.pth \
+			$(call site_packages,$(PEER)/bin/python)/; \
+	else echo "$(PEER_SHIM)/peer_mariadb_compat.py not found:" \
+		"RelStorage 4.3 will not run on MariaDB"; fi
+	touch $@
+
 # zodbshootout is installed without its dependencies: its extras name the
 # PyPI "relstorage", which must never replace this checkout. Its real
 # imports are installed explicitly; pyperf is pinned (newer versions clash
 # with zodbshootout's --profile option). The last step fails if anything
 # moved the relstorage distribution away from this checkout.
-$(VENV)/.installed-bench: bench/requirements.txt | $(VENV)/.installed
+$(VENV)/.installed-bench: bench/requirements.txt bench/hooks/rs_bench_whoami.py | $(VENV)/.installed
 	$(PIP) install -q --no-deps 'zodbshootout==0.8.0'
 	$(PIP) install -q -r bench/requirements.txt
+	cp bench/hooks/rs_bench_whoami.py bench/hooks/rs_bench_whoami.pth \
+		$(call site_packages,$(VPY))/
 	$(VPY) -m bench.checkenv
 	touch $@
 
@@ -98,5 +131,5 @@ sysdeps:
 	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)) $(NEED_CC) $(NEED_HEADERS) $(NEED_MARIADB) $(NEED_MEMCACHED) $(NEED_REDIS))
 
 clean:
-	rm -rf $(VENV) build *.egg-info bin parts develop-eggs .installed.cfg
+	rm -rf $(VENV) $(PEER) build *.egg-info bin parts develop-eggs .installed.cfg
 	find . -name __pycache__ -prune -exec rm -rf {} +

@@ -1,15 +1,18 @@
 """Benchmark harness: ``python -m bench`` (``make bench``).
 
 Runs zodbshootout against each selected storage (see bench/targets.py),
-a bare-driver baseline for each SQL database and driver, and zodbconvert
-of a generated FileStorage into each RelStorage database; writes
-``docs/benchmarks.md``, ``docs/benchmarks.png`` and ``docs/benchmarks.json``.
+a bare-driver baseline for each SQL database and driver, zodbconvert of a
+generated FileStorage into each RelStorage database, RelStorage 4.3 side
+by side with ours (bench/peer.py, with --peer-python) and counts the round
+trips of one commit (bench/roundtrips.py); writes ``docs/benchmarks.md``,
+``docs/benchmarks.png`` and ``docs/benchmarks.json``.
 
 Examples::
 
-    python -m bench                                # everything available
+    python -m bench --peer-python .venv-peer/bin/python   # make bench
     python -m bench --targets sqlite,filestorage -p 2
     python -m bench --targets pg-psycopg --merge   # add to existing results
+    python -m bench --peer-only --peer-python .venv-peer/bin/python
     python -m bench --smoke                        # SQLite, tiny, < 1 min
     python -m bench --report-only                  # redraw from the JSON
     python -m bench --list                         # targets and availability
@@ -29,7 +32,9 @@ import time
 
 from . import baseline
 from . import convert
+from . import peer
 from . import report
+from . import roundtrips
 from . import shootout
 from .targets import (ALL_TARGETS, DEFAULT_TARGETS, TARGETS, Unavailable,
                       safe_message)
@@ -74,6 +79,27 @@ def parse_args(argv):
                         'benchmark, tiny zodbconvert source')
     p.add_argument('--list', action='store_true',
                    help='list targets and whether they can run here')
+    g = p.add_argument_group(
+        'side by side with RelStorage 4.3 (bench/peer.py)',
+        'Targets %s, when selected, are also run interleaved with '
+        'RelStorage 4.3 installed in its own virtualenv (make bench-peer).'
+        % ', '.join(n for n, _ in peer.COMPARED))
+    g.add_argument('--peer-python', default=None,
+                   help='python of the RelStorage 4.3 virtualenv, e.g. '
+                        '.venv-peer/bin/python (default: no comparison)')
+    g.add_argument('--peer-only', action='store_true',
+                   help='run only the comparison and the round trips; keep '
+                        'the other results of an existing benchmarks.json')
+    g.add_argument('--peer-repeat', type=int, default=5,
+                   help='pairs of runs (ours, 4.3) per phase (default 5)')
+    g.add_argument('--peer-processes', type=int, default=1,
+                   help='pyperf processes per run (default 1)')
+    g.add_argument('--peer-values', type=int, default=3,
+                   help='timed values per process (default 3)')
+    g.add_argument('--peer-phases', default=','.join(shootout.PHASE_KEYS),
+                   help='phases compared (default: all)')
+    p.add_argument('--no-roundtrips', action='store_true',
+                   help='do not count the round trips of a commit')
     args = p.parse_args(argv)
     if args.smoke:
         if args.targets == p.get_default('targets'):
@@ -93,7 +119,11 @@ def parse_args(argv):
                 % (', '.join(unknown), ', '.join(TARGETS)))
     args.concurrency = [int(c) for c in args.concurrency.split(',')]
     args.phases = [ph for ph in args.phases.split(',') if ph]
-    bad = [ph for ph in args.phases if ph not in shootout.PHASE_KEYS]
+    args.peer_phases = [ph for ph in args.peer_phases.split(',') if ph]
+    if args.peer_only and not args.peer_python:
+        p.error('--peer-only needs --peer-python')
+    bad = [ph for ph in args.phases + args.peer_phases
+           if ph not in shootout.PHASE_KEYS]
     if bad:
         p.error('unknown phases: %s' % ', '.join(bad))
     return args
@@ -239,7 +269,8 @@ def run_target(target, args):
             say('%s: zodbshootout c=%d ...' % (target.name, c))
             results, elapsed, rc = shootout.run(
                 config, out, log, c, args.objects, args.object_size,
-                args.processes, args.values, args.warmups, args.phases)
+                args.processes, args.values, args.warmups, args.phases,
+                cwd=args.neutral)
         finally:
             target.drop(handle)
         report.add_summaries(results)
@@ -352,6 +383,7 @@ def main(argv=None):
         return 0
 
     os.makedirs(args.scratch, exist_ok=True)
+    args.neutral = peer.neutral_dir(args.scratch)
     started = time.time()
     meta = dict(objects=args.objects, object_size=args.object_size,
                 concurrency=args.concurrency, processes=args.processes,
@@ -362,24 +394,46 @@ def main(argv=None):
                 load_start=round(os.getloadavg()[0], 2), cores=os.cpu_count(),
                 **versions())
     results = {'meta': meta, 'targets': {}, 'order': []}
-    if args.merge and os.path.exists(json_path):
+    if (args.merge or args.peer_only) and os.path.exists(json_path):
         with open(json_path) as f:
             old = json.load(f)
         for name in old.get('order', []):
-            if name not in args.targets:
+            if args.peer_only or name not in args.targets:
                 results['targets'][name] = old['targets'][name]
                 results['order'].append(name)
-    for name in args.targets:
-        results['order'].append(name)
-        results['targets'][name] = run_target(TARGETS[name], args)
+        if args.peer_only:
+            # The targets' figures are those of the earlier run.
+            for key in ('date', 'revision', 'processes', 'values', 'warmups',
+                        'concurrency', 'load_start', 'load_end', 'seconds',
+                        'convert_source', 'convert_note'):
+                if key in old.get('meta', {}):
+                    meta[key] = old['meta'][key]
+    if not args.peer_only:
+        for name in args.targets:
+            results['order'].append(name)
+            results['targets'][name] = run_target(TARGETS[name], args)
     # Keep the canonical order in the report.
     results['order'].sort(key=lambda n: [t.name for t in ALL_TARGETS].index(n))
-    if not args.no_convert:
+    if not args.no_convert and not args.peer_only:
         run_convert(results, args)
+    if args.peer_python:
+        ours_revision = revision()
+        results['peer'] = peer.run(args, say)
+        results['peer'].update(date=time.strftime('%Y-%m-%d'), revision=ours_revision,
+                               load=round(os.getloadavg()[0], 2))
+    if not args.no_roundtrips:
+        measured = [TARGETS[n] for n in args.targets
+                    if TARGETS[n].relstorage and (
+                        args.peer_only or
+                        results['targets'][n].get('status') == 'ok')]
+        results['roundtrips'] = roundtrips.run(
+            measured, args.scratch, args.objects, args.object_size, say)
     meta['seconds'] = round(time.time() - started)
     meta['load_end'] = round(os.getloadavg()[0], 2)
     write_outputs(results, args.output_dir)
     say('done in %.0f s' % (time.time() - started))
+    if args.peer_only:
+        return 0 if results['peer'].get('status') == 'ok' else 1
     ran = [n for n in args.targets
            if results['targets'][n].get('status') == 'ok']
     return 0 if ran else 1

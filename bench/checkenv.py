@@ -25,7 +25,8 @@ def problems():
         found.append('relstorage is imported from %s, not from this '
                      'checkout (%s); reinstall with "pip install -e ."'
                      % (location, ROOT))
-    for name in ('zodbshootout', 'pyperf', 'six', 'ZEO', 'matplotlib'):
+    for name in ('zodbshootout', 'pyperf', 'six', 'ZEO', 'matplotlib',
+                 'rs_bench_whoami'):
         try:
             __import__(name)
         except ImportError as e:

@@ -7,10 +7,12 @@ the odd value disturbed by other work on the machine).
 """
 import statistics
 
-from . import reference
 from .shootout import PHASE_KEYS, PHASE_TITLES
+from .targets import TARGETS
 
 BASELINE_PHASES = ('add', 'update', 'cold', 'prefetch_cold', 'tpc')
+DATABASE_LABELS = {'postgresql': 'PostgreSQL', 'mysql': 'MariaDB',
+                   'sqlite': 'SQLite'}
 
 
 def summarize(values):
@@ -98,9 +100,13 @@ def markdown(results):
     w('```')
     w('make bench-deps   # zodbshootout (--no-deps), pyperf==2.3.1, six, '
       'objgraph, ZEO, matplotlib')
-    w('make bench        # every target that can run here; rewrites '
-      'docs/benchmarks.{md,png,json}')
+    w('make bench-peer   # RelStorage 4.3 + its drivers + zodbshootout '
+      'into .venv-peer (make bench does it too)')
+    w('make bench        # every target that can run here, RelStorage 4.3 '
+      'side by side, round trips; rewrites docs/benchmarks.{md,png,json}')
     w('make bench BENCH_ARGS="--targets sqlite,pg-psycopg2 -p 2"')
+    w('make bench BENCH_ARGS="--peer-only --peer-repeat 3"  # only the '
+      'side-by-side comparison and the round trips')
     w('make bench BENCH_ARGS="--targets mysql-mysqldb --merge"  '
       '# add to the existing results')
     w('make bench-smoke  # SQLite only, 100 objects, about 10 s; writes '
@@ -117,6 +123,20 @@ def markdown(results):
       '`RS_MYSQL_HOST`/`_PORT`/`_USER`/`_PASSWD`; the harness creates and '
       'drops its own databases, all named `relstoragebench_*`. Generated '
       'ZConfig files, logs and SQLite/FileStorage data go to `var/bench/`.')
+    w('')
+    w('The side-by-side comparison needs RelStorage 4.3 in a virtualenv of '
+      'its own, `.venv-peer` (`make bench-peer` installs `relstorage==4.3.*`, '
+      'psycopg2, mysqlclient, zodbshootout 0.8 and pyperf 2.3.1 from '
+      '`bench/peer-requirements.txt`, plus, for MariaDB, the compatibility '
+      'shim from `../shared/bench/`). It is a black box: the harness runs its '
+      'zodbshootout and never imports it. `make bench` passes '
+      '`--peer-python .venv-peer/bin/python`; without that option the '
+      'comparison is left out. For each database and phase the two sides '
+      'run alternately on fresh databases (`--peer-repeat` pairs), and '
+      'the report gives the ratio *RelStorage 4.3 time ÷ our time* (above '
+      '1: we are faster) with its lowest and highest value over the pairs, '
+      'and which `relstorage` every benchmark process of each side really '
+      'imported.')
     w('')
     w('## How these numbers were made')
     w('')
@@ -158,17 +178,10 @@ def markdown(results):
       'UPDATE + COMMIT for the empty commit); *ratio* = RelStorage median ÷ '
       'bare-driver median: what the storage costs on top of the database. '
       'See `bench/baseline.py`.' % objects)
-    w('- *%s* figures were measured on machines of this kind (one '
-      'process, history-free; PostgreSQL with psycopg2, MariaDB with '
-      'mysqlclient). *Target* = %s ÷ %.1f. These are comparisons, not '
-      'tests: nothing fails on a number.'
-      % (reference.INCUMBENT, reference.INCUMBENT, reference.PHASE_SPEEDUP))
+    w('- Every comparison with RelStorage 4.3 below was measured in this '
+      'same run, side by side (see the next section). These are '
+      'comparisons, not tests: nothing fails on a number.')
     w('')
-    if objects != reference.OBJECTS:
-        w('The %s figures are for %d objects, so they are not shown for '
-          'this run of %d.' % (reference.INCUMBENT, reference.OBJECTS,
-                                objects))
-        w('')
     w('¹ n/a: zodbshootout disables this benchmark for this storage with '
       'several processes (FileStorage cannot be opened by two processes; '
       'ZEO readCurrent/conflicts). ² failed: the phase raised; the error is '
@@ -176,7 +189,8 @@ def markdown(results):
     w('')
 
     ran = [n for n in results['order'] if targets[n].get('status') == 'ok']
-    skipped = [n for n in results['order'] if targets[n].get('status') != 'ok']
+    out.extend(peer_markdown(results.get('peer'), meta))
+    out.extend(roundtrips_markdown(results.get('roundtrips'), targets, objects))
     w('## What ran')
     w('')
     for name in results['order']:
@@ -192,19 +206,13 @@ def markdown(results):
     if ran:
         w('## Overview (concurrency 1, ms per %d objects, median)' % objects)
         w('')
-        refs = [(db, mode) for (db, mode) in reference.PHASES
-                if mode == 'history-free' and objects == reference.OBJECTS]
-        head = ['phase'] + [targets[n]['label'] for n in ran] + [
-            '%s %s' % (reference.INCUMBENT,
-                       reference.DATABASE_LABELS[db]) for db, _ in refs]
+        head = ['phase'] + [targets[n]['label'] for n in ran]
         w('| ' + ' | '.join(head) + ' |')
         w('|' + '---|' * len(head))
         for phase in PHASE_KEYS:
             row = [PHASE_TITLES[phase]]
             for n in ran:
                 row.append(cell(_phase(targets[n], 1, phase)))
-            for key in refs:
-                row.append(fmt_ms(reference.PHASES[key].get(phase)))
             w('| ' + ' | '.join(row) + ' |')
         w('')
 
@@ -212,16 +220,9 @@ def markdown(results):
         t = targets[name]
         w('## %s, %s' % (t['label'], t['mode']))
         w('')
-        ref_db = t['database'] if t.get('relstorage') else None
-        has_ref = (ref_db and (ref_db, t['mode']) in reference.PHASES
-                   and objects == reference.OBJECTS)
         head = ['phase'] + ['c=%s' % c for c in meta['concurrency']]
         if t.get('baseline'):
             head += ['bare driver', 'ratio']
-        if has_ref:
-            head += ['%s (%s)' % (reference.INCUMBENT,
-                                  reference.DRIVERS[ref_db]),
-                     'target', 'c=1 vs target']
         w('| ' + ' | '.join(head) + ' |')
         w('|' + '---|' * len(head))
         for phase in PHASE_KEYS:
@@ -236,17 +237,6 @@ def markdown(results):
                 row.append(cell(base) if base else '')
                 row.append('%.1f×' % (ours / base_med)
                            if ours and base_med else '')
-            if has_ref:
-                ref = reference.phase_reference(ref_db, t['mode'], phase)
-                goal = reference.phase_target(ref_db, t['mode'], phase)
-                row.append(fmt_ms(ref))
-                row.append(fmt_ms(goal))
-                if ours is not None and goal:
-                    ratio = ours * 1000 / goal
-                    row.append('%s (%.2f×)' % (
-                        'meets' if ratio <= 1 else 'misses', ratio))
-                else:
-                    row.append('')
             w('| ' + ' | '.join(row) + ' |')
         base = t.get('baseline') or {}
         if base.get('empty_commit'):
@@ -274,15 +264,11 @@ def markdown(results):
         w('')
     if conv:
         head = ['database', 'records', 'seconds', 'records/s', 'MB/s',
-                'blobs', 'verified', '%s records/s' % reference.INCUMBENT,
-                'target (×%.0f)' % reference.CONVERT_SPEEDUP]
+                'blobs', 'verified']
         w('| ' + ' | '.join(head) + ' |')
         w('|' + '---|' * len(head))
         for name, c in conv:
             t = targets[name]
-            ref = (None if meta.get('smoke') else
-                   reference.convert_reference(t['database'], t['mode']))
-            goal = ref * reference.CONVERT_SPEEDUP if ref else None
             if c.get('status') == 'ok':
                 row = [t['label'], '%d' % c['records'],
                        '%.1f' % c['seconds'], '%.0f' % c['records_per_s'],
@@ -294,7 +280,6 @@ def markdown(results):
                        % c.get('error', '')]
             else:
                 row = [t['label'], '', '', '', '', '', 'failed²']
-            row += ['%d' % ref if ref else '', '%d' % goal if goal else '']
             w('| ' + ' | '.join(row) + ' |')
         w('')
 
@@ -325,6 +310,177 @@ def markdown(results):
     return '\n'.join(out)
 
 
+def _ratio_cell(summary):
+    if not summary:
+        return '–'
+    if summary.get('ratio') is None:
+        return 'n/a³'
+    text = '%.2f' % summary['ratio']
+    if len(summary['ratios']) > 1:
+        text += ' (%.2f–%.2f)' % (summary['ratio_min'], summary['ratio_max'])
+    return text
+
+
+def _pair_cell(summary):
+    if not summary:
+        return '–'
+    return '%s / %s' % (ms(summary.get('ours_median')) or '–',
+                        ms(summary.get('peer_median')) or '–')
+
+
+def peer_markdown(peer, meta):
+    """The side-by-side section (bench/peer.py), as a list of lines."""
+    out = ['## Side by side with RelStorage 4.3', '']
+    w = out.append
+    if not peer:
+        w('Not in the run this report comes from (the harness was started '
+          'without `--peer-python`; '
+          '`make bench` passes it).')
+        w('')
+        return out
+    if peer.get('status') != 'ok':
+        w('Not run: %s' % peer.get('reason', '?'))
+        w('')
+        return out
+    sides = peer['sides']
+    names = [n for n in peer['order']
+             if peer['targets'][n].get('status') == 'ok']
+    w('Run on %s (1-minute load average %s at its end, on %s cores). '
+      'zodbshootout, %d objects of %d bytes, one process (concurrency 1). '
+      'For every database and phase the two implementations ran '
+      'alternately, ours then RelStorage 4.3, %d times each, every run on '
+      'a database created for it on the same server, each run %d pyperf '
+      'process%s × %d values (after %d warm-up), from an empty working '
+      'directory, with the same configuration (default options, '
+      '`cache-local-mb 10`) and the same driver on both sides.'
+      % (peer.get('date', '?'), peer.get('load', '?'), meta.get('cores', '?'),
+         peer['objects'], peer['object_size'], peer['repeat'],
+         peer['processes'], '' if peer['processes'] == 1 else 'es',
+         peer['values'], peer['warmups']))
+    w('')
+    w('**Ratio = RelStorage 4.3 time ÷ our time** for the same phase: above '
+      '1 we are faster, below 1 (in bold) RelStorage 4.3 is. Each pair of '
+      'runs gives one ratio (of the medians of their values); the table '
+      'shows the median ratio and, in brackets, the lowest and highest of '
+      'the %d pairs.' % peer['repeat'])
+    w('')
+    checked = {'ours': 0, 'peer': 0}
+    failed = []
+    for n in names:
+        for phase, summary in peer['targets'][n]['phases'].items():
+            for key in ('ours', 'peer'):
+                for r in summary['runs'][key]:
+                    checked[key] += r.get('processes_checked', 0)
+                    if r.get('provenance') == 'failed':
+                        failed.append('%s, %s, %s: %s' % (
+                            peer['targets'][n]['column'], PHASE_TITLES[phase],
+                            key, r.get('provenance_error')))
+    w('What each side ran, as reported by every benchmark process at exit '
+      '(`bench/hooks/rs_bench_whoami.py`; a run whose processes do not all '
+      'report the expected package is not counted):')
+    w('')
+    w('- ours: relstorage %s from `%s` (%s), %d processes checked;'
+      % (sides['ours']['relstorage_version'], sides['ours']['relstorage_file'],
+         peer.get('revision', '?'), checked['ours']))
+    if not any(peer['targets'][n]['database'] == 'mysql' for n in names):
+        shim = ''
+    elif sides['peer'].get('mariadb_shim', True):
+        shim = ('; on MariaDB with the compatibility shim of `shared/bench/` '
+                '(`RS_PEER_MARIADB_COMPAT=1`: RelStorage 4.3 reads MariaDB 10.11 '
+                'as MySQL 8 and sends it MySQL-8-only SQL otherwise)')
+    else:
+        shim = ('; **on MariaDB without the compatibility shim** of '
+                '`shared/bench/` (not found in its virtualenv; `make bench-peer` '
+                'copies it from `../shared/bench/`): RelStorage 4.3 reads MariaDB '
+                '10.11 as MySQL 8 and sends it MySQL-8-only SQL')
+    w('- RelStorage 4.3: relstorage %s from `%s`, %d processes checked%s.'
+      % (sides['peer']['relstorage_version'], sides['peer']['relstorage_file'],
+         checked['peer'], shim))
+    for f in failed:
+        w('- **not counted**: %s' % f)
+    w('')
+    if names:
+        columns = [peer['targets'][n]['column'] for n in names]
+        w('| phase | ' + ' | '.join(columns) + ' |')
+        w('|---|' + '---|' * len(names))
+        for phase in peer['phases']:
+            row = [PHASE_TITLES[phase]]
+            for n in names:
+                summary = peer['targets'][n]['phases'].get(phase)
+                text = _ratio_cell(summary)
+                if summary and summary.get('ratio') is not None \
+                        and summary['ratio'] < 1:
+                    text = '**%s**' % text
+                row.append(text)
+            w('| ' + ' | '.join(row) + ' |')
+        w('')
+        w('Medians, ms per phase on %d objects, ours / RelStorage 4.3 (%s):'
+          % (peer['objects'], ', '.join(
+              '%s with %s' % (peer['targets'][n]['column'],
+                              peer['targets'][n]['driver']) for n in names)))
+        w('')
+        w('| phase | ' + ' | '.join(columns) + ' |')
+        w('|---|' + '---|' * len(names))
+        for phase in peer['phases']:
+            w('| ' + ' | '.join([PHASE_TITLES[phase]] + [
+                _pair_cell(peer['targets'][n]['phases'].get(phase))
+                for n in names]) + ' |')
+        w('')
+    cannot = []
+    for n in peer['order']:
+        t = peer['targets'][n]
+        if t.get('status') != 'ok':
+            cannot.append('%s: not run: %s' % (t['column'], t.get('reason')))
+            continue
+        for phase, summary in t['phases'].items():
+            for key, who in (('peer', 'RelStorage 4.3'), ('ours', 'ours')):
+                if summary.get(key + '_error'):
+                    cannot.append('%s, %s, %s: %s' % (
+                        t['column'], PHASE_TITLES[phase], who,
+                        summary[key + '_error']))
+    w('³ n/a: no pair of runs where both sides produced values. Where a side '
+      'could not run:%s' % ('' if cannot else ' nowhere in this run.'))
+    w('')
+    for c in cannot:
+        w('- ' + c)
+    if cannot:
+        w('')
+    return out
+
+
+def roundtrips_markdown(roundtrips, targets, objects):
+    out = ['## Round trips per commit', '']
+    w = out.append
+    if not roundtrips:
+        w('Not measured in this run.')
+        w('')
+        return out
+    w('Requests our storage sends to the database server during one '
+      '`transaction.commit()` through `ZODB.DB`, counted in the harness\'s '
+      'process by wrapping the DB-API connections (`bench/roundtrips.py`): '
+      'statements, COPY, COMMIT/ROLLBACK and the BEGIN psycopg sends by '
+      'itself, on all the storage\'s connections (load, store, OID). *add*: '
+      '%d new objects; *update*: the same objects changed; *empty*: a '
+      'two-phase commit with nothing to write. SQLite runs in the process: '
+      'its figures are calls into the library.' % objects)
+    w('')
+    w('| storage | add | update | empty | add, by connection | add, by statement |')
+    w('|---|---|---|---|---|---|')
+    for name, r in roundtrips.items():
+        label = TARGETS[name].label if name in TARGETS else name
+        if r.get('error'):
+            w('| %s | failed: %s | | | | |' % (label, r['error']))
+            continue
+        add = r['add']
+        w('| %s | %d | %d | %d | %s | %s |' % (
+            label, add['total'], r['update']['total'], r['empty']['total'],
+            ', '.join('%s %d' % kv for kv in sorted(add['by_purpose'].items())),
+            ', '.join('%s %d' % kv for kv in sorted(add['by_verb'].items(),
+                                                     key=lambda kv: -kv[1]))))
+    w('')
+    return out
+
+
 def chart(results, path):
     """Bar chart of the concurrency-1 medians, one panel per database."""
     import matplotlib
@@ -334,15 +490,21 @@ def chart(results, path):
     targets = results['targets']
     ran = [n for n in results['order'] if targets[n].get('status') == 'ok']
     groups = []
-    with_refs = results['meta']['objects'] == reference.OBJECTS
     for db in ('sqlite', 'postgresql', 'mysql'):
         names = [n for n in ran if targets[n]['database'] == db]
-        if names or with_refs:
-            groups.append((reference.DATABASE_LABELS[db], db, names))
+        if names:
+            groups.append((DATABASE_LABELS[db], db, names))
     others = [n for n in ran if not targets[n].get('relstorage')]
     if others:
         groups.append(('ZODB reference points', None, others))
 
+    if not groups:
+        fig = plt.figure(figsize=(6, 1))
+        fig.text(0.5, 0.5, 'No storage was benchmarked in this run',
+                 ha='center', va='center')
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        return
     phases = list(PHASE_KEYS)
     fig, axes = plt.subplots(len(groups), 1,
                              figsize=(12, 3.4 * len(groups)), squeeze=False)
@@ -353,14 +515,7 @@ def chart(results, path):
             series.append((targets[n]['label'],
                            [_median(_phase(targets[n], 1, p)) for p in phases],
                            dict(color=colors[i % len(colors)])))
-        if db and results['meta']['objects'] == reference.OBJECTS:
-            ref = reference.PHASES.get((db, 'history-free'), {})
-            series.append(('%s (%s)' % (reference.INCUMBENT,
-                                        reference.DRIVERS[db]),
-                           [ref[p] / 1000 if p in ref else None
-                            for p in phases],
-                           dict(color='white', edgecolor='black',
-                                hatch='//')))
+        if db:
             # Bare driver: from the first target of this database that has
             # a baseline.
             for n in names:

@@ -57,13 +57,21 @@ def classify(short_name):
 
 
 def run(config_path, out_path, log_path, concurrency, objects, object_size,
-        processes, values, warmups, phases=PHASE_KEYS, timeout=900):
+        processes, values, warmups, phases=PHASE_KEYS, timeout=900,
+        python=None, cwd=None, env=None):
     """Run zodbshootout; return ``{phase: result}`` where a result is a dict
-    with ``values`` (seconds per phase) or ``status`` and ``error``."""
+    with ``values`` (seconds per phase) or ``status`` and ``error``.
+
+    ``python`` is the interpreter of the virtualenv to benchmark (default:
+    ours); ``cwd`` and ``env`` those of the zodbshootout process.  pyperf
+    starts its workers with ``python -m``, which puts the working directory
+    first on ``sys.path``: whoever benchmarks another installation than the
+    checkout must pass a directory where no ``relstorage`` package lies.
+    """
     if os.path.exists(out_path):
         os.remove(out_path)
     names = [dict((p[0], p[1]) for p in PHASES)[k] for k in phases]
-    cmd = [sys.executable, '-m', 'zodbshootout',
+    cmd = [python or sys.executable, '-m', 'zodbshootout',
            '--include-mapping', 'false',
            '--concurrency', str(concurrency),
            '--object-counts', str(objects),
@@ -81,7 +89,7 @@ def run(config_path, out_path, log_path, concurrency, objects, object_size,
         log.flush()
         # Own process group, so a hung run is stopped with all its workers.
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, cwd=cwd, env=env)
         try:
             returncode = process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -101,8 +109,8 @@ def run(config_path, out_path, log_path, concurrency, objects, object_size,
             continue
         results[key] = {
             'status': 'failed',
-            'error': errors.get(key) or ('zodbshootout exited %s; see %s'
-                                         % (returncode, log_path)),
+            'error': errors.get(key) or ('zodbshootout exited %s%s; see %s' % (
+                returncode, ': ' + errors['*'] if '*' in errors else '', log_path)),
         }
     return results, elapsed, returncode
 
@@ -142,7 +150,8 @@ _BENCH_FUNC = {
 
 def scan_log(log_path):
     """Find zodbshootout's "When running <bench_x>" tracebacks in the log;
-    return ``{phase: last line of the first traceback}``."""
+    return ``{phase: last line of the first traceback}``, and under ``'*'``
+    that of the first traceback of all."""
     errors = {}
     try:
         with open(log_path, errors='replace') as f:
@@ -151,6 +160,13 @@ def scan_log(log_path):
         return errors
     current = None
     for i, line in enumerate(lines):
+        if line.startswith('Traceback') and '*' not in errors:
+            # Whatever failed outside a benchmark (opening the storage,
+            # populating it): the first one explains the exit status.
+            for follow in lines[i + 1:i + 400]:
+                if follow and not follow.startswith(' '):
+                    errors['*'] = safe_message_text(follow)
+                    break
         m = re.search(r'When running .*?\b(bench_[A-Za-z_]+)', line)
         if m:
             current = _BENCH_FUNC.get(m.group(1))

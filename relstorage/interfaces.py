@@ -116,6 +116,11 @@ class IRelStorageAdapter(Interface):
     def drop_all():
         """Remove every table: tests and ``zodbconvert --clear``."""
 
+    def zap_all():
+        """Remove every object and transaction, keeping the schema, in one
+        transaction under the commit lock; the last tid goes back to 0 and
+        the pack mark moves on.  Returns (last tid before, new pack mark)."""
+
     # --- snapshots -------------------------------------------------------
 
     def begin_snapshot(conn):

@@ -590,6 +590,39 @@ class Adapter:
             conn.execute(self.q(self.sql.MARK_PACKED), (True, pack_tid))
             conn.execute(self.q(self.sql.DELETE_TRANSACTIONS_WITHOUT_STATES), (pack_tid, True))
 
+    # ------------------------------------------------------------------
+    # zap_all.
+
+    def zap_all(self):
+        """Remove every object and transaction, keeping the schema.
+
+        One store transaction holding the commit lock: no commit lands half
+        way.  The last tid goes back to 0 (the database is as new, so that
+        history with any tids can be copied in again), and the pack mark
+        moves on in the same transaction, so that every process learns with
+        its next snapshot that what it cached is gone (see
+        StorageCache.note_pack_mark).  DELETE rather than TRUNCATE: readers
+        in older snapshots keep seeing their rows and are never waited for.
+        Returns (the last tid before, the new pack mark).
+        """
+        conn = self.open_store()
+        try:
+            self.begin_store_checked(conn)
+            old_last = self.lock_commit_checked(conn)
+            for stmt in self.sql.ZAP_ALL:
+                conn.execute(stmt)
+            if self.has_blob_chunk:
+                conn.execute(self.sql.ZAP_BLOBS)
+            self.set_last_tid(conn, 0)
+            mark = self.bump_pack_mark(conn)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+        return old_last, mark
+
 
 def lock_runs(oids, read_current_oids):
     """Split the rows to lock into runs of one lock mode, in OID order.

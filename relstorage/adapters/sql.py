@@ -279,6 +279,17 @@ class Statements:
 
     DELETE_OLDER_BLOBS = "DELETE FROM blob_chunk WHERE zoid = %s AND tid < %s"
 
+    # --- zap_all: every object and transaction goes, the schema stays ----
+    # (The OID counter stays too: other processes may hold blocks of it.)
+
+    ZAP_ALL = (
+        "DELETE FROM current_object",
+        "DELETE FROM object_state",
+        "DELETE FROM transaction_log",
+    )
+    ZAP_ALL_HF = ("DELETE FROM object_state",)
+    ZAP_BLOBS = "DELETE FROM blob_chunk"
+
     # --- pack -------------------------------------------------------------
 
     ALL_STATES = "SELECT zoid, tid, state FROM object_state"

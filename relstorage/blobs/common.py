@@ -63,6 +63,15 @@ class BlobMode:
                     if tid_int < keep_tid:
                         _remove(os.path.join(path, name))
 
+    def forget_all(self):
+        """zap_all: drop every object's files (the layout marker and the
+        temporary directory stay)."""
+        base = self.fshelper.base_dir
+        for name in os.listdir(base):
+            path = os.path.join(base, name)
+            if name.startswith('0x') and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+
     def missing(self, oid_int, tid_int):
         return POSKeyError("No blob for object %x at transaction %x" % (oid_int, tid_int),
                            p64(oid_int), p64(tid_int))

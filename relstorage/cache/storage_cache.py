@@ -75,6 +75,7 @@ class StorageCache:
         self.hinted = 0             # tids learned from shared-cache hints
         self._mark_lock = threading.Lock()
         self._pack_mark = None      # None until the first snapshot
+        self._newest_snapshot = 0   # the newest snapshot tid any instance began
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
         self.warmed = 0             # states copied from the shared cache at start
         self._hot_published = time.monotonic()
@@ -379,6 +380,9 @@ class StorageCache:
         grow; an older snapshot still showing the previous mark changes
         nothing."""
         with self._mark_lock:
+            newest = self._newest_snapshot
+            if snapshot > newest:
+                self._newest_snapshot = snapshot
             first = self._pack_mark is None
             if not first and mark <= self._pack_mark:
                 return
@@ -388,13 +392,29 @@ class StorageCache:
             if first:
                 return
             # Hints must describe post-pack snapshots: an instance still
-            # reading an older snapshot may load a removed object.
-            self._hints_from = snapshot
+            # reading an older snapshot may load a removed object.  Such a
+            # snapshot may carry the same tid as ours (a pack does not
+            # change it) or a greater one (zap_all resets it), hence
+            # beyond the newest snapshot seen so far.
+            self._hints_from = max(snapshot, newest + 1)
             with self._to_shared_lock:
                 self._to_shared.clear()
                 self._hints_to_shared.clear()
             self.clear()
-            log.info("The database was packed (pack mark %d): cleared the cache.", mark)
+            if snapshot < newest:
+                # zap_all: the last tid went back.  What instances still in
+                # a snapshot from before learn must never be taken for the
+                # new history (their snapshots' tids lie above ours).
+                self.index.rolled_back(snapshot, newest)
+            log.info("The database was packed or zapped (pack mark %d): cleared the cache.",
+                     mark)
+
+    def zapped(self, mark, old_last):
+        """This process emptied the database (zap_all) whose last tid was
+        ``old_last``; the new pack mark is ``mark``."""
+        with self._mark_lock:
+            self._newest_snapshot = max(self._newest_snapshot, old_last)
+        self.note_pack_mark(mark, 0)
 
     # ------------------------------------------------------------------
     # Statistics

@@ -250,6 +250,8 @@ class RelStorage(ConflictResolvingStorage):
                 # caches may be gone, so it must drop everything.  The
                 # shared change log restarts at this (post-pack) snapshot.
                 self._own_tids = set()
+                # After zap_all our commits are history that is gone.
+                self._last_commit_tid = 0
                 self._cache.poll(self._adapter, conn, None, current)
                 return None
             if previous is None or current == previous:
@@ -656,6 +658,25 @@ class RelStorage(ConflictResolvingStorage):
         pack.pack(self, t, referencesf, gc)
         with self._lock:
             self._end_snapshot()
+
+    def zap_all(self, **kwargs):
+        """Remove every object and transaction, leaving an empty, usable
+        database with its schema (zodbshootout's ``--zap``, test tools).
+
+        Afterwards ``lastTransaction()`` is z64 again, so history with any
+        tids can be copied in.  Every process, this one included, drops what
+        it cached with its next snapshot: the zap moves the pack mark on.
+        ``kwargs`` are accepted for callers written for older versions.
+        """
+        if self._is_read_only:
+            raise POSException.ReadOnlyError()
+        with self._lock:
+            self._end_snapshot()
+            old_last, mark = self._adapter.zap_all()
+            self._last_commit_tid = 0
+        self._cache.zapped(mark, old_last)
+        if self._blobs is not None:
+            self._blobs.forget_all()
 
     # ------------------------------------------------------------------
     # Small IStorage methods

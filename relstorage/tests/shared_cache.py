@@ -17,6 +17,7 @@ import time
 from ZODB.POSException import POSKeyError
 from ZODB.tests.StorageTestBase import zodb_unpickle
 from ZODB.utils import u64
+from ZODB.utils import z64
 
 from relstorage.cache.shared import open_shared_cache
 from relstorage.tests.test_cache import SqliteCacheCase
@@ -229,6 +230,32 @@ class SharedCacheTests(SqliteCacheCase):
         self.assertEqual(fresh.cache_stats()['warmed_from_shared'], 0)
         self.assertIn(':p1', fresh._cache.shared.prefix)
         self.assertTrue(tid)
+
+    def test_after_zap_all_no_process_takes_objects_from_the_shared_cache(self):
+        # zap_all moves the pack mark on like a pack: a process that read
+        # the objects before, and a fresh one, must not find them again in
+        # the shared cache (hot list, hints, states) although the last tid
+        # went back and new commits follow.
+        writer = self.storage()
+        oids = [writer.new_oid() for _ in range(3)]
+        self.commit(writer, {oid: 'v' for oid in oids})
+        first = self.storage()
+        self.read_all(first, oids)
+        first.close()                             # publishes its hot list
+        self.wait_for_hint(self.storage(), oids[-1])
+        reader = self.storage()
+        self.read_all(reader, oids)
+        zapper = self.storage()
+        zapper.zap_all()
+        self.assertEqual(zapper.lastTransaction(), z64)
+        self.commit(zapper, {zapper.new_oid(): 'after'})
+        for storage in (reader, self.storage()):
+            inst = storage.new_instance()
+            inst.poll_invalidations()
+            for oid in oids:
+                self.assertRaises(POSKeyError, inst.load, oid)
+            inst.release()
+            self.assertIn(':p1', storage._cache.shared.prefix)
 
     def test_hot_list_of_a_short_lived_process_keeps_the_busy_ones(self):
         writer = self.storage()

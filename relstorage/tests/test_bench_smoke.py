@@ -70,8 +70,48 @@ class TestBenchSmoke(unittest.TestCase):
             self.assertTrue(result.get('values') or result.get('error'),
                             phase)
         self.assertTrue(sqlite['baseline']['add']['values'])
+        # Round trips of one commit were counted on the client.
+        counts = results['roundtrips']['sqlite']
+        self.assertGreater(counts['add']['total'], 0, counts)
+        self.assertGreater(counts['empty']['total'], 0, counts)
         with open(os.path.join(out_dir, 'benchmarks.md')) as f:
-            self.assertIn('SQLite', f.read())
+            text = f.read()
+        self.assertIn('SQLite', text)
+        self.assertIn('## Round trips per commit', text)
+        # No figures of another day: without --peer-python, no comparison.
+        self.assertIn('## Side by side with RelStorage 4.3\n\nNot in the run', text)
+
+    def test_side_by_side_refuses_a_run_of_the_wrong_implementation(self):
+        # The guard of the side-by-side comparison (bench/peer.py): every
+        # benchmark process reports which relstorage it imported, and a
+        # run whose processes did not run the expected side is not
+        # counted.  Here the "peer" is our own interpreter, so its workers
+        # import this checkout instead of RelStorage 4.3.
+        import argparse
+        import importlib.util
+        sys.path.insert(0, ROOT)
+        try:
+            from bench import peer
+            from bench.targets import TARGETS
+        finally:
+            sys.path.remove(ROOT)
+        impostor = peer.Side('peer', 'RelStorage 4.3', sys.executable,
+                             os.path.join(self.scratch, 'no-such-venv'), '4.3.')
+        args = argparse.Namespace(scratch=self.scratch, objects=10, object_size=16,
+                                  peer_processes=1, peer_values=1, warmups=0)
+        os.makedirs(os.path.join(self.scratch, 'peer'))
+        result = peer.run_one(impostor, TARGETS['sqlite'], 'tpc', 'impostor', args,
+                              peer.neutral_dir(self.scratch))
+        self.assertEqual(result['provenance'], 'failed', result)
+        self.assertEqual(result['status'], 'failed', result)
+        if importlib.util.find_spec('rs_bench_whoami') is not None:
+            self.assertIn('imported relstorage from %s' % ROOT,
+                          result['provenance_error'])
+        ours = peer.Side('ours', 'this checkout', sys.executable,
+                         os.path.join(ROOT, 'relstorage'), '')
+        self.assertIsNone(ours.check_record(
+            {'relstorage_file': os.path.join(ROOT, 'relstorage', '__init__.py'),
+             'relstorage_version': '5'}))
 
 
 def test_suite():

@@ -312,6 +312,7 @@ def drive_every_verb(adapter, recorder):
     adapter.new_oid()
     adapter.note_oids_used(10 * sql.OID_BLOCK + 3)
     adapter.note_oids_used(5)                  # below what we drew: no query
+    adapter.zap_all()
     adapter.drop_all()
 
 
