@@ -32,9 +32,12 @@ demo: $(VENV)/.installed
 RS_PG_BIG_BLOB ?= 1
 export RS_PG_BIG_BLOB
 
+# The second run: the level-2 tests (the deep crash-point sweep, ten runs
+# per fault point, and the 200,000-object transaction) on SQLite only.
 test: $(VENV)/.installed-test $(VENV)/.installed-bench
 	$(VPY) -m relstorage.tests.servers
 	$(VENV)/bin/zope-testrunner --test-path=. -v
+	$(VENV)/bin/zope-testrunner --test-path=. -v -m test_sqlite --only-level 2
 
 # Benchmarks (see docs/benchmarks.md). BENCH_ARGS is passed to
 # "python -m bench", e.g. BENCH_ARGS="--targets sqlite,pg-psycopg2 -p 2".
