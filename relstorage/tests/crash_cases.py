@@ -208,6 +208,8 @@ class CrashPointSweep(WritersCase):
         finally:
             forker.stdin.close()
             forker.wait(60)
+            forker.stdout.close()
+            forker.stderr.close()
 
     def _kill_at(self, forker, point, run):
         name = 'victim-%s-%d' % (point.replace('.', '-'), run)
