@@ -212,11 +212,18 @@ def _close(storage):
 
 
 def _thresholds_text():
-    t = copy.FAST_PATH_THRESHOLDS
-    return ('from a FileStorage %g (%g into SQLite), from ZEO %g, from a '
-            'history-preserving RelStorage %g (%g into SQLite)' % (
-                t[('file', None)], t[('file', 'sqlite')], t[('zeo', None)],
-                t[('relstorage', None)], t[('relstorage', 'sqlite')]))
+    from .adapters.base import Adapter
+    from .adapters.sqlite.adapter import Sqlite3Adapter
+    parts = []
+    for kind, label in (('file', 'a FileStorage'), ('zeo', 'ZEO'),
+                        ('relstorage', 'a history-preserving RelStorage')):
+        text = 'from %s %g' % (label, Adapter.copy_fast_path_thresholds[kind])
+        for other in (Sqlite3Adapter,):
+            value = other.copy_fast_path_thresholds[kind]
+            if value != Adapter.copy_fast_path_thresholds[kind]:
+                text += ' (%g into %s)' % (value, other.display_name)
+        parts.append(text)
+    return ', '.join(parts)
 
 
 def parse_args(argv):

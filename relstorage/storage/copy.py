@@ -36,7 +36,7 @@ is an error, never skipped.
 Into an empty history-free RelStorage either reader will do; ``choose_strategy``
 picks one from a cheap estimate of the source's records per object
 (``estimate_history``) and thresholds measured per kind of source and
-destination (``FAST_PATH_THRESHOLDS``).
+destination (``Adapter.copy_fast_path_thresholds``).
 
 ``verify_history`` and ``verify_current`` re-read both sides and raise
 ``VerifyError`` naming the first differences (up to ``MAX_DIFFERENCES``).
@@ -523,26 +523,11 @@ def is_history_free(storage):
 #: Replaying transactions writes every record of the source; the fast path
 #: writes only the current ones but must find them first, one
 #: ``record_iternext`` per object.  So the fast path pays off when the source
-#: holds enough records per object (as estimated by ``estimate_history``),
-#: from these thresholds on, by kind of source and destination.  Measured on
-#: the 2-core development machine with sources of 100,000 objects (see "How
-#: the copy works" in docs/zodbconvert.rst):
-#:
-#: - a FileStorage: a record_iternext is a random read (about 8 us) where
-#:   replaying reads sequentially (about 3 us a record); PostgreSQL and
-#:   MariaDB spend 10 to 20 us writing a record, SQLite about 3, so the
-#:   scan weighs more there;
-#: - ZEO: both ways cost about a round trip (200 us) per record or object;
-#: - a history-preserving RelStorage: record_iternext is a query per object
-#:   (about 360 us) where its transaction iterator reads a whole transaction
-#:   per query.
-FAST_PATH_THRESHOLDS = {
-    ('file', 'sqlite'): 2.1,
-    ('file', None): 1.5,
-    ('zeo', None): 1.2,
-    ('relstorage', 'sqlite'): 90.0,
-    ('relstorage', None): 30.0,
-}
+#: holds enough records per object (as estimated by ``estimate_history``);
+#: from how many on depends on the kind of source and on the destination's
+#: database, so each adapter class carries its thresholds
+#: (``Adapter.copy_fast_path_thresholds``, measured as explained there and
+#: in "How the copy works" in docs/zodbconvert.rst).
 SOURCE_KINDS = {'file': 'a FileStorage', 'zeo': 'a ZEO', 'relstorage': 'a RelStorage'}
 
 #: How many current records the estimate reads from the source.
@@ -701,14 +686,13 @@ def source_kind(source):
 
 def fast_path_threshold(source, dest):
     """(records per object from which the fast path is chosen, description)."""
+    from ..adapters.base import Adapter
     kind = source_kind(source)
-    vendor = getattr(getattr(dest, '_adapter', None), 'vendor', None)
-    threshold = FAST_PATH_THRESHOLDS.get((kind, vendor))
-    if threshold is None:
-        threshold, vendor = FAST_PATH_THRESHOLDS[(kind, None)], None
+    adapter = getattr(dest, '_adapter', None) or Adapter
+    threshold = adapter.copy_fast_path_thresholds[kind]
     text = 'the threshold for %s source' % SOURCE_KINDS[kind]
-    if vendor is not None:
-        text += ' into %s' % {'sqlite': 'SQLite'}.get(vendor, vendor)
+    if threshold != Adapter.copy_fast_path_thresholds[kind]:
+        text += ' into %s' % adapter.display_name
     return threshold, text
 
 
@@ -947,4 +931,4 @@ __all__ = ['CopyError', 'VerifyError', 'Stats', 'Txn', 'history_txns', 'current_
            'current_tids', 'copy_transactions', 'copy_current', 'verify_history',
            'verify_current', 'make_writer', 'is_relstorage', 'is_history_free', 'z64',
            'HistoryEstimate', 'estimate_history', 'choose_strategy', 'REPLAY', 'CURRENT',
-           'FAST_PATH_THRESHOLDS', 'fast_path_threshold', 'source_kind']
+           'fast_path_threshold', 'source_kind']
