@@ -12,6 +12,10 @@ import ZConfig
 import ZConfig.datatypes
 from ZODB.config import BaseConfig
 
+from relstorage.adapters.mysql import drivers as mysql_drivers
+from relstorage.adapters.oracle import drivers as oracle_drivers
+from relstorage.adapters.postgresql import drivers as postgresql_drivers
+from relstorage.adapters.sqlite import drivers as sqlite_drivers
 from relstorage.directories import not_a_directory
 from relstorage.options import Options
 from relstorage.options import redact_secrets
@@ -93,12 +97,12 @@ LEGACY_DRIVER_NAMES = {
 
 #: Driver names accepted by each adapter section: canonical name (the
 #: importable module) -> other accepted spellings. Matching ignores case.
+#: (Each vendor's drivers module owns its table; none imports a driver.)
 DRIVER_NAMES = {
-    'sqlite3': {'auto': (), 'sqlite3': ()},
-    'postgresql': {'auto': (), 'psycopg': ('psycopg3',), 'psycopg2': ()},
-    'mysql': {'auto': (), 'MySQLdb': ('mysqlclient',), 'pymysql': ()},
-    'oracle': {'auto': (), 'oracledb': ('python-oracledb',),
-               'cx_Oracle': ()},
+    'sqlite3': sqlite_drivers.DRIVER_NAMES,
+    'postgresql': postgresql_drivers.DRIVER_NAMES,
+    'mysql': mysql_drivers.DRIVER_NAMES,
+    'oracle': oracle_drivers.DRIVER_NAMES,
 }
 
 

@@ -10,7 +10,6 @@ from ...interfaces import RelStorageError
 from .. import drivers
 
 #: Canonical driver name -> other accepted spellings (case is ignored).
-#: Keep in step with relstorage.config.DRIVER_NAMES['mysql'].
 DRIVER_NAMES = {
     'auto': (),
     'MySQLdb': ('mysqlclient',),

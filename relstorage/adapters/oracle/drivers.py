@@ -17,7 +17,6 @@ from ...interfaces import RelStorageError
 from .. import drivers
 
 #: Canonical driver name -> other accepted spellings (case is ignored).
-#: Keep in step with relstorage.config.DRIVER_NAMES['oracle'].
 DRIVER_NAMES = {
     'auto': (),
     'oracledb': ('python-oracledb',),

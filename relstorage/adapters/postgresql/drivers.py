@@ -9,8 +9,10 @@ import binascii
 import importlib
 
 from ...interfaces import RelStorageError
+from .. import drivers
 
-DRIVER_NAMES = ('auto', 'psycopg', 'psycopg2')
+#: Canonical driver name -> other accepted spellings (case is ignored).
+DRIVER_NAMES = {'auto': (), 'psycopg': ('psycopg3',), 'psycopg2': ()}
 
 # SQLSTATEs (PostgreSQL manual, appendix A "Error Codes").
 LOCK_NOT_AVAILABLE = '55P03'      # lock_timeout expired, or NOWAIT
@@ -51,13 +53,7 @@ def select_driver(name):
     'auto' prefers psycopg 3.  A driver named explicitly but not importable
     is an error that says so, rather than a silent fallback.
     """
-    name = (name or 'auto').strip().lower()
-    if name == 'psycopg3':
-        name = 'psycopg'
-    if name not in DRIVER_NAMES:
-        raise RelStorageError(
-            "Unknown PostgreSQL driver %r; choose one of: %s"
-            % (name, ', '.join(DRIVER_NAMES)))
+    name = drivers.canonical_name(DRIVER_NAMES, name, 'PostgreSQL')
     if name == 'auto':
         problems = []
         for cls in (Psycopg3Driver, Psycopg2Driver):

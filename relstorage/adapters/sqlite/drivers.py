@@ -1,14 +1,12 @@
 """SQLite driver selection (the standard library's sqlite3 is the only one)."""
-from ...interfaces import RelStorageError
+from .. import drivers
 
-DRIVER_NAMES = ('auto', 'sqlite3')
+#: Canonical driver name -> other accepted spellings (case is ignored).
+DRIVER_NAMES = {'auto': (), 'sqlite3': ()}
 
 
 def select_driver(name):
-    name = name or 'auto'
-    if name not in DRIVER_NAMES:
-        raise RelStorageError(
-            "Unknown SQLite driver %r; choose one of: %s" % (name, ', '.join(DRIVER_NAMES)))
+    drivers.canonical_name(DRIVER_NAMES, name, 'SQLite')
     import sqlite3
     return sqlite3
 
