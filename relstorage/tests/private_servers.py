@@ -22,10 +22,13 @@ system users (initdb refuses root), which then own the temporary directory.
 import atexit
 import glob
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 #: Names in the replication databases (both pairs).
@@ -145,6 +148,7 @@ class PostgreSQLPair(_Servers):
         super().__init__()
         self.bindir = _pg_bindir()
         self.ports = {}
+        self._settings = {}
 
     def _bin(self, name):
         return os.path.join(self.bindir, name)
@@ -169,8 +173,9 @@ class PostgreSQLPair(_Servers):
         self._start_server('standby', log_statement='all')
 
     def _start_server(self, name, **settings):
-        port = spare_port()
+        port = self.ports.get(name) or spare_port()
         self.ports[name] = port
+        self._settings[name] = settings
         base = {'port': str(port), 'listen_addresses': '127.0.0.1',
                 'unix_socket_directories': self.root, 'fsync': 'off',
                 'full_page_writes': 'off', 'shared_buffers': '32MB',
@@ -182,12 +187,25 @@ class PostgreSQLPair(_Servers):
                   '-o', options, '-w', '-t', '60', 'start'])
         self._started.append(lambda: self.stop_server(name))
 
+    def start_server(self, name):
+        """Start a server stopped by stop_server again, on its port."""
+        self._start_server(name, **self._settings[name])
+
     def logfile(self, name):
         return os.path.join(self.root, name + '.log')
+
+    @staticmethod
+    def client_statements(text):
+        """The statements in log ``text`` (a standby logs no replayed WAL)."""
+        return text
 
     def stop_server(self, name, mode='fast'):
         self.run([self._bin('pg_ctl'), '-D', self.datadir(name), '-m', mode, '-w', 'stop'],
                  check=False)
+
+    def kill_server(self, name):
+        """Stop the server at once, as a crash would."""
+        self.stop_server(name, mode='immediate')
 
     def restart_server(self, name):
         # (-l: the server must not inherit our pipes, or run() waits on them.)
@@ -238,6 +256,10 @@ def _quote(text):
 # ----------------------------------------------------------------------
 # MariaDB
 
+#: "[date time]<TAB>  thread Command<TAB>argument" in a general log.
+_GENERAL_LOG_LINE = re.compile(r'\s(\d+) (Connect|Query|Quit|Init DB)\t(.*)$')
+
+
 class MariaDBPair(_Servers):
     """A private MariaDB primary and a read-only replica of it."""
 
@@ -262,7 +284,8 @@ class MariaDBPair(_Servers):
                  % (MYSQL_USER, MYSQL_PASSWORD))
         self.sql('primary', "GRANT ALL ON `%s`.* TO '%s'@'%%'" % (DBNAME, MYSQL_USER))
         self.sql('replica', "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%d, "
-                 "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos"
+                 "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos, "
+                 "MASTER_CONNECT_RETRY=1"
                  % self.ports['primary'])
         self.sql('replica', 'START SLAVE')
         self.wait_caught_up()
@@ -316,18 +339,42 @@ class MariaDBPair(_Servers):
     def logfile(self, name):
         return os.path.join(self.root, name + '.general.log')
 
+    @staticmethod
+    def client_statements(text, user=MYSQL_USER):
+        """The statements in general-log ``text`` sent by sessions of
+        ``user`` (not the replication threads, whose applied events the
+        replica logs too)."""
+        sessions = set()
+        statements = []
+        for line in text.splitlines():
+            match = _GENERAL_LOG_LINE.search(line)
+            if match is None:
+                continue            # the next line of a statement
+            thread, command, argument = match.groups()
+            if command == 'Connect' and argument.startswith(user + '@'):
+                sessions.add(thread)
+            elif command == 'Query' and thread in sessions:
+                statements.append(argument)
+        return '\n'.join(statements)
+
     def kill_server(self, name):
         """Stop the server at once (SIGKILL), as a crash would."""
         proc = self.procs[name]
-        proc.kill()
-        proc.wait()
+        # The pid of mariadbd itself (runuser, when used, stands between).
+        with open(os.path.join(self.root, name + '.pid')) as f:
+            os.kill(int(f.read().strip()), signal.SIGKILL)
+        proc.wait(30)
 
     def stop_server(self, name):
         self._stop_process(self.procs[name])
 
+    def start_server(self, name):
+        """Start a server stopped by stop_server again, on its port."""
+        self._start_server(name, 1 if name == 'primary' else 2, self.ports[name])
+
     def restart_server(self, name):
         self.stop_server(name)
-        self._start_server(name, 1 if name == 'primary' else 2, self.ports[name])
+        self.start_server(name)
 
     def params(self, name, user=MYSQL_USER, db=DBNAME):
         params = {'host': '127.0.0.1', 'port': self.ports[name], 'user': user,
@@ -377,6 +424,76 @@ class MariaDBPair(_Servers):
 
 
 # ----------------------------------------------------------------------
+# A server that comes and goes
+
+class Forwarder:
+    """A TCP forwarder on a spare loopback port to ``target_port``, that a
+    test stops (cutting every connection through it) and starts again:
+    a second address of the same server, which can go away on its own."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.port = spare_port()
+        self._listener = None
+        self._sockets = []
+        self._lock = threading.Lock()
+
+    def start(self):
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(('127.0.0.1', self.port))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def _accept(self, listener):
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(('127.0.0.1', self.target_port), 10)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self):
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+
+# ----------------------------------------------------------------------
 # zope.testrunner layers: start once for every test using them.
 
 def _pair_layer(name, pair_class, label):
@@ -402,6 +519,11 @@ def _pair_layer(name, pair_class, label):
             cls.pair.stop()
             cls.pair = None
 
+    def rebuild(cls):
+        """New servers in place of ones a test broke (failover)."""
+        cls.tearDown()
+        cls.setUp()
+
     def require(cls, test):
         """The pair, or skip ``test`` saying why there is none."""
         if cls.pair is None:
@@ -411,7 +533,7 @@ def _pair_layer(name, pair_class, label):
     return type(name, (), {
         '__module__': __name__, 'pair': None, 'reason': None,
         'setUp': classmethod(setUp), 'tearDown': classmethod(tearDown),
-        'require': classmethod(require)})
+        'rebuild': classmethod(rebuild), 'require': classmethod(require)})
 
 
 PostgreSQLReplicationLayer = _pair_layer('PostgreSQLReplicationLayer', PostgreSQLPair,

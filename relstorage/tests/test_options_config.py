@@ -275,11 +275,11 @@ class TestOptions(unittest.TestCase):
     def test_log_inactive(self):
         logger = logging.getLogger('relstorage.tests.inactive')
         options = Options(blob_dir='/tmp', keep_history=False,
-                          pack_gc=True, replica_timeout=1.0)
+                          pack_gc=True, poll_interval=5)
         with self.assertLogs(logger, logging.INFO) as logs:
             options.log_inactive(logger)
         self.assertEqual(logs.output, [
-            'INFO:relstorage.tests.inactive:option replica-timeout is '
+            'INFO:relstorage.tests.inactive:option poll-interval is '
             'accepted but not yet active',
         ])
         with mock.patch.object(logger, 'info') as info:
