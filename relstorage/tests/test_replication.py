@@ -463,6 +463,17 @@ class ReplicaConfigTests(unittest.TestCase):
             self.assertIn(key, str(cm.exception))
             self.assertIn(problem, str(cm.exception))
 
+    def test_server_lines(self):
+        from relstorage.adapters.servers import read_server_file
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, 'servers.conf')
+        with open(path, 'w') as f:
+            f.write('# primary first\n\n  db1:5433  # the primary\ndb2\n[::1]:5434\n')
+        servers = read_server_file(path, 'replica-conf')
+        self.assertEqual([(s.host, s.port) for s in servers],
+                         [('db1', 5433), ('db2', None), ('::1', 5434)])
+
     def test_sqlite_refuses_replicas(self):
         tmp = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, tmp)
