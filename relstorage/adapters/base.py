@@ -173,8 +173,9 @@ class Adapter:
         if kind == 'disconnect':
             from ..interfaces import DisconnectedError
             conn.broken = True
+            where = self.describe() if conn.server is None else self.describe(conn.server)
             return DisconnectedError('Lost the %s connection to %s: %s'
-                                     % (conn.purpose, self.describe(), _one_line(exc)))
+                                     % (conn.purpose, where, _one_line(exc)))
         return None
 
     # ------------------------------------------------------------------
@@ -202,7 +203,8 @@ class Adapter:
         """Between transactions: move ``conn`` to the server chosen now if
         that changed since it connected (a failover elsewhere, a replica
         file edited, replica-timeout over).  Nothing is in flight on it."""
-        if self.servers is None or self.servers.current(conn):
+        servers = self.servers
+        if servers is None or not servers.configured or servers.current(conn):
             return
         if conn.purpose == 'store':
             fresh = self.open_store()
@@ -300,7 +302,7 @@ class Adapter:
 
     def _get_oid_conn(self):
         if (self._oid_conn is not None and self.servers is not None
-                and not self.servers.current(self._oid_conn)):
+                and self.servers.configured and not self.servers.current(self._oid_conn)):
             self._drop_oid_conn()
         if self._oid_conn is None or self._oid_conn.broken:
             self._oid_conn = self.open_connection('oid')
