@@ -62,6 +62,20 @@ class Server:
     __repr__ = __str__
 
 
+def with_server(params, server, drop=(), port_type=int):
+    """Connection parameters ``params`` (a dict) pointed at ``server``
+    instead (None: unchanged); the keys in ``drop`` (another way to name
+    a host) removed."""
+    if server is None:
+        return params
+    params = dict(params, host=server.host)
+    for key in drop:
+        params.pop(key, None)
+    if server.port:
+        params['port'] = port_type(server.port)
+    return params
+
+
 def read_server_file(path, option):
     """The servers listed in ``path`` (``#`` comments and blank lines
     skipped); a RelStorageError naming the option and the file when it

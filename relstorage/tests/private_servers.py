@@ -223,13 +223,8 @@ class PostgreSQLPair(_Servers):
         """Run ``stmt`` in autocommit; the rows, if any."""
         from relstorage.adapters.postgresql import drivers
         driver = drivers.select_driver('auto')
-        conn = driver.connect(self.dsn(name, dbname) + ' connect_timeout=10', 'oid')
-        try:
-            cur = conn.cursor()
-            cur.execute(stmt)
-            return cur.fetchall() if cur.description else None
-        finally:
-            conn.close()
+        return _run_sql(driver.connect(self.dsn(name, dbname) + ' connect_timeout=10', 'oid'),
+                        stmt)
 
     def pause_replay(self):
         self.sql('standby', 'SELECT pg_wal_replay_pause()')
@@ -247,6 +242,17 @@ class PostgreSQLPair(_Servers):
             if not done:
                 raise AssertionError('standby not at %s yet' % target)
         wait_for(check, timeout, 'PostgreSQL standby catching up')
+
+
+def _run_sql(conn, stmt):
+    """Run ``stmt`` on the autocommit connection ``conn``, then close it;
+    the rows, if any."""
+    try:
+        cur = conn.cursor()
+        cur.execute(stmt)
+        return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
 
 
 def _quote(text):
@@ -392,13 +398,7 @@ class MariaDBPair(_Servers):
         return conn
 
     def sql(self, name, stmt, db=None):
-        conn = self.connect(name, db=db)
-        try:
-            cur = conn.cursor()
-            cur.execute(stmt)
-            return cur.fetchall() if cur.description else None
-        finally:
-            conn.close()
+        return _run_sql(self.connect(name, db=db), stmt)
 
     def pause_replay(self):
         self.sql('replica', 'STOP SLAVE SQL_THREAD')

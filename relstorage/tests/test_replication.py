@@ -445,9 +445,13 @@ class ReplicaConfigTests(unittest.TestCase):
         import ZODB.config
         return ZODB.config.storageFromString(text)
 
-    def test_missing_and_empty_files(self):
+    def tmpdir(self):
         tmp = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, tmp)
+        return tmp
+
+    def test_missing_and_empty_files(self):
+        tmp = self.tmpdir()
         empty = os.path.join(tmp, 'empty.conf')
         with open(empty, 'w') as f:
             f.write('# nothing but a comment\n\n')
@@ -465,8 +469,7 @@ class ReplicaConfigTests(unittest.TestCase):
 
     def test_server_lines(self):
         from relstorage.adapters.servers import read_server_file
-        tmp = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, tmp)
+        tmp = self.tmpdir()
         path = os.path.join(tmp, 'servers.conf')
         with open(path, 'w') as f:
             f.write('# primary first\n\n  db1:5433  # the primary\ndb2\n[::1]:5434\n')
@@ -475,8 +478,7 @@ class ReplicaConfigTests(unittest.TestCase):
                          [('db1', 5433), ('db2', None), ('::1', 5434)])
 
     def test_sqlite_refuses_replicas(self):
-        tmp = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, tmp)
+        tmp = self.tmpdir()
         text = ('%%import relstorage\n<relstorage>\n replica-conf %s/r.conf\n'
                 ' <sqlite3>\n  data-dir %s\n </sqlite3>\n</relstorage>\n' % (tmp, tmp))
         with self.assertRaises(RelStorageError) as cm:

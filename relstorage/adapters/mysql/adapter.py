@@ -38,6 +38,7 @@ from ...interfaces import StateTooLargeError
 from ..base import Adapter
 from ..base import _one_line
 from ..base import chunks
+from ..servers import with_server
 from . import drivers
 from . import sql
 
@@ -141,13 +142,7 @@ class MySQLAdapter(Adapter):
         return text
 
     def _server_params(self, server):
-        if server is None:
-            return self._params
-        params = dict(self._params, host=server.host)
-        params.pop('unix_socket', None)
-        if server.port:
-            params['port'] = server.port
-        return params
+        return with_server(self._params, server, drop=('unix_socket',), port_type=int)
 
     def connect_to(self, server, purpose):
         try:

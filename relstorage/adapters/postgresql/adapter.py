@@ -29,6 +29,7 @@ from ...interfaces import RelStorageError
 from ...options import redact_secrets
 from ..base import Adapter
 from ..base import _one_line
+from ..servers import with_server
 from . import drivers
 from . import sql
 
@@ -106,13 +107,7 @@ class PostgreSQLAdapter(Adapter):
     # --- connections ------------------------------------------------------
 
     def _server_params(self, server):
-        if server is None:
-            return self._params
-        params = dict(self._params, host=server.host)
-        params.pop('hostaddr', None)
-        if server.port:
-            params['port'] = str(server.port)
-        return params
+        return with_server(self._params, server, drop=('hostaddr',), port_type=str)
 
     def connect_to(self, server, purpose):
         if server is None:
