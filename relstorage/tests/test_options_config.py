@@ -210,7 +210,8 @@ class TestOptions(unittest.TestCase):
             'cache_servers', 'cache_module_name', 'cache_prefix',
             'cache_delta_size_limit', 'driver',
             'blob_dir', 'shared_blob_dir', 'blob_cache_size', 'blob_cache_size_check',
-            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc'})
+            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc',
+            'replica_conf', 'ro_replica_conf', 'replica_timeout', 'revert_when_stale'})
 
     def test_option_fields(self):
         option = Options.option('keep-history')
@@ -603,7 +604,7 @@ class TestCreateAndOpen(_ParsingTests):
                                        'options': factory.options})])
 
     def test_open(self):
-        factory = self.load('name main\nrevert-when-stale true')
+        factory = self.load('name main\npoll-interval 5')
         adapter_class, adapter_calls = self._fake_module(
             'relstorage.adapters.sqlite.adapter', 'Sqlite3Adapter')
         storage_class, storage_calls = self._fake_module(
@@ -618,7 +619,7 @@ class TestCreateAndOpen(_ParsingTests):
         self.assertEqual(kwargs, {'name': 'main',
                                   'options': factory.options})
         self.assertEqual(logs.output, [
-            'INFO:relstorage.config:option revert-when-stale is accepted but '
+            'INFO:relstorage.config:option poll-interval is accepted but '
             'not yet active'])
 
 

@@ -16,6 +16,8 @@ import time
 import unittest
 
 import transaction
+from ZODB.utils import p64
+from ZODB.utils import u64
 import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
@@ -404,6 +406,7 @@ import os, signal, sys, transaction
 from ZODB.Connection import TransactionMetaData
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.utils import p64
 from relstorage.options import Options
 from relstorage.storage import RelStorage
 sys.path.insert(0, sys.argv[1])
