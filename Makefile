@@ -126,12 +126,17 @@ NEED_HEADERS = $(shell $(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.
 NEED_MARIADB = $(shell (command -v mysql_config >/dev/null 2>&1 || pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null) && command -v pkg-config >/dev/null 2>&1 || echo libmariadb-dev pkg-config)
 NEED_MEMCACHED = $(shell command -v memcached >/dev/null 2>&1 || echo memcached)
 NEED_REDIS     = $(shell command -v redis-server >/dev/null 2>&1 || echo redis-server)
+# The private servers of test_replication (initdb, pg_basebackup, mariadbd,
+# mariadb-install-db): the tests restart, pause and promote only these.
+NEED_PG_SERVER = $(shell ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 || echo postgresql)
+NEED_MARIADB_SERVER = $(shell (command -v mariadb-install-db && test -x /usr/sbin/mariadbd) >/dev/null 2>&1 || echo mariadb-server)
 
 sysdeps-venv:
 	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)))
 
 sysdeps:
-	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)) $(NEED_CC) $(NEED_HEADERS) $(NEED_MARIADB) $(NEED_MEMCACHED) $(NEED_REDIS))
+	$(call install_or_tell,$(if $(wildcard $(VPY)),,$(NEED_VENV)) $(NEED_CC) $(NEED_HEADERS) $(NEED_MARIADB) $(NEED_MEMCACHED) $(NEED_REDIS) \
+		$(NEED_PG_SERVER) $(NEED_MARIADB_SERVER))
 
 clean:
 	rm -rf $(VENV) $(PEER) build *.egg-info bin parts develop-eggs .installed.cfg

@@ -117,15 +117,20 @@ OPTIONS = (
            'Size of the pieces a blob is split into in the database.', active=True),
     # Replicas.
     Option('replica-conf', None, 'string',
-           'File listing database replicas to use, one per line.'),
+           'File listing the database servers to use (host[:port] per line, '
+           '# comments), first that answers; the next on a connection '
+           'failure. Re-read when it changes.', active=True),
     Option('ro-replica-conf', None, 'string',
-           'File listing read-only replicas for loading objects.'),
+           'File listing read-only replicas (host[:port] per line) for load '
+           'connections only; loads fall back to the primary when none '
+           'answers.', active=True),
     Option('replica-timeout', 600.0, 'float',
-           'Seconds to stay on a fallback replica before trying the '
-           'primary again.'),
+           'Seconds to stay on a fallback server before trying the first '
+           'of the list again.', active=True),
     Option('revert-when-stale', False, 'boolean',
-           'On a stale replica, revert to its older state instead of '
-           'raising ReadConflictError.'),
+           'On a read-only replica behind what a connection has seen, clear '
+           'its caches and serve the older state instead of raising '
+           'ReadConflictError.', active=True),
     # Packing.
     Option('pack-gc', True, 'boolean',
            'Remove unreachable objects when packing.', active=True),

@@ -14,12 +14,14 @@ import threading
 import zope.interface
 
 from ..interfaces import IRelStorageAdapter
+from ..interfaces import RelStorageError
 from ..interfaces import SchemaMismatchError
 from ..interfaces import UnableToAcquireCommitLockError
 from ..interfaces import UnableToLockRowsError
 from ..interfaces import describe_oids
 from ..options import Options
 from .connections import DBConnection
+from .servers import ServerChooser
 from .sql import Statements
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,9 @@ class Adapter:
     temp_rows_survive_commit = True
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
+    #: The database lives on a server (not in a file): replica-conf and
+    #: ro-replica-conf apply, and the vendor implements ``connect_to``.
+    has_host = False
 
     def __init__(self, options=None):
         self.options = options if options is not None else Options()
@@ -77,18 +82,42 @@ class Adapter:
         self._oid_lock = threading.Lock()
         self._oid_conn = None
         self._oid_block = []          # preallocated, descending (pop() gives lowest)
+        if self.has_host:
+            # Reads the replica files now: a missing or empty one fails the open.
+            self.servers = ServerChooser(self.options, self.describe)
+        else:
+            for option in ('replica_conf', 'ro_replica_conf'):
+                if getattr(self.options, option, None):
+                    raise RelStorageError("%s is not supported by the %s adapter"
+                                          % (option.replace('_', '-'), self.vendor))
+            self.servers = None
 
     # ------------------------------------------------------------------
     # What a vendor must provide.
 
-    def connect(self, purpose):
-        """Return a new raw driver connection for ``purpose``.
+    def connect_to(self, server, purpose):
+        """Return a new raw driver connection for ``purpose`` to ``server``
+        (a ``servers.Server``; None: the configured one).
 
         'load' connections must give one consistent read-only snapshot
         per transaction; 'store' connections commit at READ COMMITTED (or
-        the vendor's equivalent); 'oid' connections autocommit-ish.
+        the vendor's equivalent); 'oid' connections autocommit-ish.  A
+        server that does not answer raises DisconnectedError (the next
+        one is tried), a refusal (password, unknown database) another
+        RelStorageError.  Vendors with ``has_host``; others override
+        ``connect`` instead.
         """
         raise NotImplementedError
+
+    def connect(self, purpose):
+        """A new raw driver connection for ``purpose``, to the server
+        chosen for it (see servers.py)."""
+        return self._choose(purpose)[0]
+
+    def _choose(self, purpose):
+        if self.servers is None:
+            return self.connect_to(None, purpose), None, False, 0
+        return self.servers.connect(purpose, self.connect_to)
 
     def describe(self):
         """Where we connect, for messages (never including a password)."""
@@ -136,7 +165,13 @@ class Adapter:
     # Hooks with a generic default.
 
     def begin_snapshot(self, conn):
-        """Start the read-only snapshot transaction on a load connection."""
+        """Start the read-only snapshot transaction on a load connection
+        (on the server chosen now: see ``follow_server``)."""
+        self.follow_server(conn)
+        self.start_snapshot(conn)
+
+    def start_snapshot(self, conn):
+        """Vendor hook of ``begin_snapshot``."""
 
     def begin_store(self, conn):
         """Start the write transaction on a store connection."""
@@ -158,21 +193,44 @@ class Adapter:
         if kind == 'disconnect':
             from ..interfaces import DisconnectedError
             conn.broken = True
+            where = self.describe() if conn.server is None else self.describe(conn.server)
             return DisconnectedError('Lost the %s connection to %s: %s'
-                                     % (conn.purpose, self.describe(), _one_line(exc)))
+                                     % (conn.purpose, where, _one_line(exc)))
         return None
 
     # ------------------------------------------------------------------
     # Connections and schema.
 
+    def open_connection(self, purpose):
+        """A new DBConnection for ``purpose`` on the server chosen for it."""
+        if self.servers is None:
+            return DBConnection(self, self.connect(purpose), purpose)
+        raw, server, replica, generation = self._choose(purpose)
+        conn = DBConnection(self, raw, purpose)
+        conn.server, conn.replica, conn.server_generation = server, replica, generation
+        return conn
+
     def open_load(self):
-        return DBConnection(self, self.connect('load'), 'load')
+        return self.open_connection('load')
 
     def open_store(self):
-        conn = DBConnection(self, self.connect('store'), 'store')
+        conn = self.open_connection('store')
         self.ensure_temp_table(conn)
         conn.commit()
         return conn
+
+    def follow_server(self, conn):
+        """Between transactions: move ``conn`` to the server chosen now if
+        that changed since it connected (a failover elsewhere, a replica
+        file edited, replica-timeout over).  Nothing is in flight on it."""
+        servers = self.servers
+        if servers is None or not servers.configured or servers.current(conn):
+            return
+        if conn.purpose == 'store':
+            fresh = self.open_store()
+        else:
+            fresh = self.open_connection(conn.purpose)
+        conn.adopt(fresh)
 
     def prepare_schema(self, create=True, read_only=False):
         """Create the schema (when allowed) or verify it; refuse a mode mismatch.
@@ -180,7 +238,7 @@ class Adapter:
         A mismatch is detected before anything is written, so the database is
         left exactly as it was.
         """
-        conn = DBConnection(self, self.connect('store'), 'store')
+        conn = self.open_connection('store')
         try:
             tables = self.list_tables(conn)
             if 'object_state' in tables:
@@ -263,8 +321,11 @@ class Adapter:
                 raise
 
     def _get_oid_conn(self):
+        if (self._oid_conn is not None and self.servers is not None
+                and self.servers.configured and not self.servers.current(self._oid_conn)):
+            self._drop_oid_conn()
         if self._oid_conn is None or self._oid_conn.broken:
-            self._oid_conn = DBConnection(self, self.connect('oid'), 'oid')
+            self._oid_conn = self.open_connection('oid')
         return self._oid_conn
 
     def _drop_oid_conn(self):
@@ -465,7 +526,9 @@ class Adapter:
             conn.close()
 
     def begin_store_checked(self, conn):
-        """``begin_store``; on single-writer databases this waits for the lock."""
+        """``begin_store`` (on the server chosen now: see
+        ``follow_server``); on single-writer databases this waits for the lock."""
+        self.follow_server(conn)
         try:
             self.begin_store(conn)
         except Exception as exc:

@@ -25,6 +25,21 @@ class DBConnection:
         # rolled back too), so we remember that state.
         self.temp_dirty = False
         self._temp_dirty_at_commit = False
+        # Which server (see servers.py): None for the configured one.
+        self.server = None
+        self.replica = False            # a read-only replica (ro-replica-conf)
+        self.server_generation = 0
+
+    def adopt(self, other):
+        """Take over the driver connection of ``other`` (a new connection
+        for the same purpose), closing ours: used to move to another
+        server between transactions."""
+        self.close()
+        self.raw, self.cursor = other.raw, other.cursor
+        self.server, self.replica = other.server, other.replica
+        self.server_generation = other.server_generation
+        self.in_transaction = self.broken = False
+        self.temp_dirty = self._temp_dirty_at_commit = False
 
     def _run(self, func, *args):
         try:

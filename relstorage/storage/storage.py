@@ -124,6 +124,12 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_pack_mark = 0    # the pack mark in our snapshot
         self._poll_pack_mark = None     # ... when the ZODB connection last polled
         self._last_commit_tid = 0
+        # Read-only replicas (ro-replica-conf) may be behind what this
+        # instance has seen: the highest tid seen, see _replica_behind.
+        self._seen_tid = 0
+        self._commits_reverted = 0      # _last_commit_tid when reverted
+        self._stale_snapshot = False    # behind: loads raise ReadConflictError
+        self._reverted = False          # behind, revert-when-stale: poll drops all
         self._ra_next = self._ra_run = 0      # read-ahead state (see _read_ahead)
         self._ra_until = -1
         self._last_load = None          # (oid, snapshot, (state, serial)), see load
@@ -193,8 +199,10 @@ class RelStorage(ConflictResolvingStorage):
         """``with self._read() as conn``: a read call on the load connection."""
         return _Read(self)
 
-    def _ensure_snapshot(self):
+    def _ensure_snapshot(self, polling=False):
         if self._snapshot_open:
+            if self._stale_snapshot:
+                raise self._stale_error()
             return self._load_conn
         for attempt in (1, 2):
             conn = self._get_load_conn()
@@ -212,6 +220,10 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = True
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
+        if conn.replica and tid < self._high_water():
+            self._replica_behind(tid, polling)
+        else:
+            self._seen_tid = max(self._seen_tid, tid)
         # A pack happened since the cache last looked: it drops what
         # may be gone (see StorageCache.note_pack_mark).
         self._cache.note_pack_mark(pack_mark, tid)
@@ -219,7 +231,38 @@ class RelStorage(ConflictResolvingStorage):
             self._poll_tid = tid
         return conn
 
+    def _high_water(self):
+        """The newest tid this instance has seen or committed (commits
+        before a revert to an older replica state excepted)."""
+        if self._last_commit_tid > self._commits_reverted:
+            return max(self._seen_tid, self._last_commit_tid)
+        return self._seen_tid
+
+    def _replica_behind(self, tid, polling):
+        """The snapshot just begun on a read-only replica is older than
+        what this instance already saw: replication lag, not a restore
+        from backup (the primary's history is intact)."""
+        server = self._load_conn.server
+        if self._options.revert_when_stale:
+            log.info("The read-only replica %s is behind (its last transaction %x, "
+                     "already seen %x); serving its older state (revert-when-stale).",
+                     server, tid, self._high_water())
+            self._seen_tid = tid
+            self._commits_reverted = self._last_commit_tid
+            self._reverted = True
+            return
+        self._stale_snapshot = True
+        if not polling:
+            raise self._stale_error()
+
+    def _stale_error(self):
+        return POSException.ReadConflictError(
+            "The read-only replica %s is behind this connection's snapshot (its last "
+            "transaction %x, already seen %x); retry the transaction"
+            % (self._load_conn.server, self._snapshot_tid, self._high_water()))
+
     def _end_snapshot(self):
+        self._stale_snapshot = self._reverted = False
         self._ra_until = -1
         self._close_snapshot()
 
@@ -241,9 +284,20 @@ class RelStorage(ConflictResolvingStorage):
             self._autorefresh = False
             previous = self._poll_tid
             self._end_snapshot()
-            conn = self._ensure_snapshot()
+            conn = self._ensure_snapshot(polling=True)
             current = self._snapshot_tid
+            if self._stale_snapshot:
+                # Nothing to invalidate: the connection keeps what it has,
+                # and its loads raise ReadConflictError until the replica
+                # catches up.
+                return []
             self._poll_tid = current
+            if self._reverted:
+                # revert-when-stale: back to the replica's older state;
+                # what the connection caches may be newer.
+                self._poll_pack_mark = self._snapshot_pack_mark
+                self._own_tids = set()
+                return None
             mark, self._poll_pack_mark = self._poll_pack_mark, self._snapshot_pack_mark
             if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
                 # Packed since our last poll: objects our ZODB connection

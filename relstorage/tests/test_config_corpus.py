@@ -292,14 +292,14 @@ class TestNoticePath(CorpusTestCase):
         messages = [(r.levelno, r.getMessage()) for r in logs.records
                     if r.name == 'relstorage.options']
         self.assertEqual(messages, [
-            (logging.INFO, 'option replica-timeout is accepted but not yet active'),
+            (logging.INFO, 'option pack-batch-timeout is accepted but not yet active'),
             (logging.WARNING, 'option cache-local-dir-count is from an earlier release '
                               'and no longer used; replaced by: cache-local-dir, which '
                               'keeps one file per storage'),
         ])
 
     def test_zconfig(self):
-        text = ('%%import relstorage\n<zodb>\n<relstorage>\n replica_timeout 5\n'
+        text = ('%%import relstorage\n<zodb>\n<relstorage>\n pack_batch_timeout 5\n'
                 ' cache_local_dir_count 3\n<sqlite3>\n data-dir %s\n</sqlite3>\n'
                 '</relstorage>\n</zodb>\n' % os.path.join(self.tmp, 'db'))
         with self.assertLogs('relstorage', logging.INFO) as logs:
@@ -308,7 +308,7 @@ class TestNoticePath(CorpusTestCase):
 
     def test_zodburi(self):
         from zodburi import resolve_uri
-        factory, dbkw = resolve_uri('sqlite://%s?replica-timeout=5&cache_local_dir_count=3'
+        factory, dbkw = resolve_uri('sqlite://%s?pack-batch-timeout=5&cache_local_dir_count=3'
                                     % os.path.join(self.tmp, 'db'))
         with self.assertLogs('relstorage', logging.INFO) as logs:
             db = ZODB.DB(factory(), **dbkw)
@@ -318,7 +318,7 @@ class TestNoticePath(CorpusTestCase):
     def test_python(self):
         from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
         from relstorage.storage import RelStorage
-        options = Options(replica_timeout=5.0, cache_local_dir_count=3)
+        options = Options(pack_batch_timeout=5.0, cache_local_dir_count=3)
         with self.assertLogs('relstorage', logging.INFO) as logs:
             storage = RelStorage(Sqlite3Adapter(os.path.join(self.tmp, 'db'), options=options),
                                  options=options)

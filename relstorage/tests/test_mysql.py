@@ -734,78 +734,8 @@ class ConnectionSettingsTests(MySQLTestCase):
             self.make_storage(keep_history=False)
 
 
-class ServerRestartTests(MySQLTestCase):
-    """The server itself restarts mid-session (shutdown, then started the
-    way the machine's package does); needs a local mariadbd."""
-
-    def restart_server(self):
-        import shutil
-        import subprocess
-        params = server_params()
-        daemon = '/usr/sbin/mariadbd'
-        if (params['host'] not in ('127.0.0.1', 'localhost') or not os.path.exists(daemon)
-                or not shutil.which('mysqladmin') or not shutil.which('start-stop-daemon')):
-            self.skipTest('no local mariadbd to restart')
-        args = ['mysqladmin', '-h', params['host'], '-P', str(params['port']),
-                '-u', params['user']]
-        if params['passwd']:
-            args.append('-p' + params['passwd'])
-        self.factory._admin = None
-        subprocess.run(args + ['shutdown'], check=True, capture_output=True, timeout=120)
-        # Start it again only once the old process is gone: start-stop-daemon
-        # --oknodo would take a server still shutting down for a running one.
-        deadline = time.time() + 60
-        while subprocess.run(['pidof', 'mariadbd'], capture_output=True).returncode == 0:
-            if time.time() > deadline:
-                break
-            time.sleep(0.2)
-        subprocess.run(['start-stop-daemon', '--start', '--oknodo', '--background',
-                        '--exec', daemon], check=True, capture_output=True, timeout=60)
-        deadline = time.time() + 60
-        while True:
-            try:
-                self.factory.admin_query('SELECT 1')
-                return
-            except Exception:  # pylint:disable=broad-except
-                self.factory._admin = None
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def test_server_restart_mid_session(self):
-        db = self.make_db()
-        tm = transaction.TransactionManager()
-        conn = db.open(tm)
-        with tm:
-            conn.root()['a'] = PersistentMapping(n=1)
-        storage = self.make_storage()
-        [(x, tid0)] = self.create_objects(storage, 1)
-        in_flight = self.begin_store(storage, [(x, tid0, 99)])
-        storage.tpc_vote(in_flight)
-
-        self.restart_server()
-
-        # The voted transaction died with the server: a retryable error,
-        # and nothing of it committed.
-        with self.assertRaises(transaction.interfaces.TransientError):
-            storage.tpc_finish(in_flight)
-        storage.tpc_abort(in_flight)
-        self.assertEqual(storage.loadBefore(x, p64(u64(storage.lastTransaction()) + 1))[1],
-                         tid0)
-        # The same process carries on: loads, new OIDs and commits work.
-        with tm:
-            root = conn.root()
-            self.assertEqual(root['a']['n'], 1)
-            root['a']['n'] = 2
-            root['b'] = PersistentMapping(n=3)
-        conn.close()
-        with db.transaction() as conn2:
-            self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
-
-
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
-               DisconnectTests, LargeStateTests, ConnectionSettingsTests,
-               ServerRestartTests)
+               DisconnectTests, LargeStateTests, ConnectionSettingsTests)
 
 
 # ----------------------------------------------------------------------

@@ -181,7 +181,8 @@ class TestOptions(unittest.TestCase):
             'cache_servers', 'cache_module_name', 'cache_prefix',
             'cache_delta_size_limit', 'driver',
             'blob_dir', 'shared_blob_dir', 'blob_cache_size', 'blob_cache_size_check',
-            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc'})
+            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc',
+            'replica_conf', 'ro_replica_conf', 'replica_timeout', 'revert_when_stale'})
 
     def test_option_fields(self):
         option = Options.option('keep-history')
@@ -246,12 +247,12 @@ class TestOptions(unittest.TestCase):
     def test_log_notices(self):
         logger = logging.getLogger('relstorage.tests.inactive')
         options = Options(blob_dir='/tmp', keep_history=False,
-                          pack_gc=True, replica_timeout=1.0,
+                          pack_gc=True, pack_batch_timeout=7.0,
                           cache_local_dir_count=20)
         with self.assertLogs(logger, logging.INFO) as logs:
             options.log_notices(logger)
         self.assertEqual(logs.output, [
-            'INFO:relstorage.tests.inactive:option replica-timeout is '
+            'INFO:relstorage.tests.inactive:option pack-batch-timeout is '
             'accepted but not yet active',
             'WARNING:relstorage.tests.inactive:option cache-local-dir-count '
             'is from an earlier release and no longer used; replaced by: '
@@ -742,7 +743,7 @@ class TestCreateAndOpen(_ParsingTests):
         self.assertNotIn('pw', adapter.describe())
 
     def test_open(self):
-        factory = self.load('name main\nrevert-when-stale true')
+        factory = self.load('name main\npoll-interval 5')
         adapter_class, adapter_calls = self._fake_module(
             'relstorage.adapters.sqlite.adapter', 'Sqlite3Adapter')
         storage_class, storage_calls = self._fake_module(

@@ -621,66 +621,11 @@ class ReadOnlySnapshotTests(PGCase):
             store.close()
 
 
-class ServerRestartTests(PGCase):
-    """The PostgreSQL server itself restarts mid-session (pg_ctlcluster
-    restart), as operators do; needs a local cluster and root."""
-
-    def restart_server(self):
-        import shutil
-        import subprocess
-        if not shutil.which('pg_ctlcluster') or not os.path.isdir('/etc/postgresql'):
-            self.skipTest('no local PostgreSQL cluster to restart (pg_ctlcluster)')
-        version = sorted(os.listdir('/etc/postgresql'))[-1]
-        ADMIN.close()
-        subprocess.run(['pg_ctlcluster', '--skip-systemctl-redirect', version, 'main',
-                        'restart'], check=True, capture_output=True, timeout=120)
-        deadline = time.time() + 60
-        while True:
-            try:
-                ADMIN.execute('SELECT 1')
-                return
-            except Exception:  # pylint:disable=broad-except
-                ADMIN.close()
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def test_server_restart_mid_session(self):
-        db = self.db()
-        conn = db.open()
-        conn.root()['a'] = PersistentMapping(n=1)
-        transaction.commit()
-        storage = self.storage()
-        (x,), tid0 = self.make_objects(storage, 1)
-        in_flight = self.begin_store(storage, x, tid0, 'in flight')
-        storage.tpc_vote(in_flight)
-
-        self.restart_server()
-
-        # The voted transaction was lost with the server: a retryable error,
-        # and nothing of it committed.
-        with self.assertRaises(transaction.interfaces.TransientError):
-            storage.tpc_finish(in_flight)
-        storage.tpc_abort(in_flight)
-        self.assertEqual(storage.loadBefore(x, p64(u64(storage.lastTransaction()) + 1))[1],
-                         tid0)
-        # The same process carries on: loads, new OIDs and commits work.
-        transaction.begin()
-        root = conn.root()
-        self.assertEqual(root['a']['n'], 1)
-        root['a']['n'] = 2
-        root['b'] = PersistentMapping(n=3)
-        transaction.commit()
-        conn.close()
-        with db.transaction() as conn2:
-            self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
-
-
 PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeoutTestsHF,
             ConcurrentIncrementTests,
             KilledClientTests, KilledClientTestsHF,
             ServerDisconnectTests, ServerDisconnectTestsHF,
-            ConnectionErrorTests, ReadOnlySnapshotTests, ServerRestartTests)
+            ConnectionErrorTests, ReadOnlySnapshotTests)
 
 
 def _big_blob_wanted():

@@ -172,13 +172,13 @@ class SqliteConfigTests(unittest.TestCase):
         logger.addHandler(handler)
         try:
             db = ZODB.config.databaseFromString(
-                zconfig(data_dir, 'revert-when-stale true'))
+                zconfig(data_dir, 'pack-batch-timeout 5'))
             db.close()
         finally:
             logger.removeHandler(handler)
             logger.setLevel(old_level)
         messages = [r.getMessage() for r in records]
-        self.assertTrue(any('revert-when-stale' in m and 'not yet active' in m
+        self.assertTrue(any('pack-batch-timeout' in m and 'not yet active' in m
                             for m in messages),
                         messages)
 

@@ -39,7 +39,7 @@ from ...interfaces import StateTooLargeError
 from ..base import Adapter
 from ..base import _one_line
 from ..base import chunks
-from ..connections import DBConnection
+from ..servers import with_server
 from . import drivers
 from . import sql
 
@@ -103,6 +103,7 @@ class ServerInfo:
 
 class MySQLAdapter(Adapter):
     vendor = 'mysql'
+    has_host = True
     max_in_list = 1000
     #: Most rows in one multi-row INSERT (the byte size is bounded by
     #: max_allowed_packet as well).
@@ -110,6 +111,8 @@ class MySQLAdapter(Adapter):
     statements_class = sql.MySQLStatements
 
     def __init__(self, options=None, driver=None, **connect_kwargs):
+        self._params = {}
+        self.server = None
         super().__init__(options)
         unknown = set(connect_kwargs) - set(CONNECT_KEYS)
         if unknown:
@@ -126,8 +129,8 @@ class MySQLAdapter(Adapter):
     # ------------------------------------------------------------------
     # Description and connections.
 
-    def describe(self):
-        params = self._params
+    def describe(self, server=None):
+        params = self._server_params(server)
         flavor = self.server.flavor if self.server is not None else 'MySQL'
         if params.get('unix_socket'):
             where = 'socket %s' % params['unix_socket']
@@ -139,11 +142,14 @@ class MySQLAdapter(Adapter):
             text += ' (defaults from %s)' % params['read_default_file']
         return text
 
-    def connect(self, purpose):
+    def _server_params(self, server):
+        return with_server(self._params, server, drop=('unix_socket',), port_type=int)
+
+    def connect_to(self, server, purpose):
         try:
-            raw = self.driver.connect(self._params)
+            raw = self.driver.connect(self._server_params(server))
         except self.driver.Error as exc:
-            message = "Cannot connect to %s: %s" % (self.describe(), _one_line(exc))
+            message = "Cannot connect to %s: %s" % (self.describe(server), _one_line(exc))
             if self.driver.errno(exc) in drivers.CONFIG_ERRORS:
                 raise RelStorageError(message) from exc
             raise DisconnectedError(message) from exc
@@ -156,7 +162,8 @@ class MySQLAdapter(Adapter):
                 pass
             if isinstance(exc, self.driver.Error):
                 raise DisconnectedError("Cannot set up a %s connection to %s: %s"
-                                        % (purpose, self.describe(), _one_line(exc))) from exc
+                                        % (purpose, self.describe(server),
+                                           _one_line(exc))) from exc
             raise
         return raw
 
@@ -194,17 +201,10 @@ class MySQLAdapter(Adapter):
 
     def _reconnect(self, conn):
         """Replace the dead driver connection inside ``conn``."""
-        conn.close()
-        raw = self.connect(conn.purpose)
-        conn.raw = raw
-        conn.cursor = raw.cursor()
-        conn.broken = False
-        conn.in_transaction = False
-        if conn.purpose == 'store':
-            self.ensure_temp_table(conn)
-            conn.commit()
+        conn.adopt(self.open_store() if conn.purpose == 'store'
+                   else self.open_connection(conn.purpose))
 
-    def begin_snapshot(self, conn):
+    def start_snapshot(self, conn):
         conn.execute('START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY')
 
     def begin_store(self, conn):
@@ -281,7 +281,7 @@ class MySQLAdapter(Adapter):
             garbage[name] = garbage.get(name, 0) + max(conn.cursor.rowcount or 0, 0)
 
     def drop_all(self):
-        conn = DBConnection(self, self.connect('store'), 'store')
+        conn = self.open_connection('store')
         try:
             # Never wait forever for another session's metadata lock.
             conn.execute('SET SESSION lock_wait_timeout = %d' % self._lock_timeout_seconds())

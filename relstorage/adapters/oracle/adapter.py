@@ -144,7 +144,7 @@ class OracleAdapter(Adapter):
             # Not chained: the driver's text is summarised (redacted) in ours.
             raise self._connect_error(exc) from None
 
-    def begin_snapshot(self, conn):
+    def start_snapshot(self, conn):
         # SET TRANSACTION must be the first statement of a transaction
         # (ORA-01453): end one a failed earlier attempt may have left open.
         if conn.in_transaction:

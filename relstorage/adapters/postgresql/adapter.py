@@ -30,6 +30,7 @@ from ...interfaces import RelStorageError
 from ...options import redact_secrets
 from ..base import Adapter
 from ..base import _one_line
+from ..servers import with_server
 from . import drivers
 from . import sql
 
@@ -45,6 +46,7 @@ class PostgreSQLConnectError(DisconnectedError):
 
 class PostgreSQLAdapter(Adapter):
     vendor = 'postgresql'
+    has_host = True
     # temp_store and temp_blob_chunk are ON COMMIT DELETE ROWS.
     temp_rows_survive_commit = False
     placeholder = '%s'
@@ -53,6 +55,7 @@ class PostgreSQLAdapter(Adapter):
     statements_class = sql.PostgreSQLStatements
 
     def __init__(self, dsn='', options=None, driver=None):
+        self._params = {}
         super().__init__(options)
         self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
         self._password = None
@@ -67,12 +70,13 @@ class PostgreSQLAdapter(Adapter):
             params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
         self._params = params
         self._dsn = self.driver.make_dsn(params)
+        self._server_dsns = {}       # servers.Server -> DSN naming that host
         self._oid_floor_seen = 0
 
     # --- description and errors ------------------------------------------
 
-    def describe(self):
-        params = self._params
+    def describe(self, server=None):
+        params = self._server_params(server)
         host = params.get('host') or params.get('hostaddr') or os.environ.get('PGHOST')
         port = params.get('port') or os.environ.get('PGPORT')
         user = params.get('user') or os.environ.get('PGUSER') or _os_user()
@@ -90,9 +94,9 @@ class PostgreSQLAdapter(Adapter):
     def classify_error(self, exc):
         return self.driver.classify_error(exc)
 
-    def _connect_error(self, exc):
+    def _connect_error(self, exc, server=None):
         message = "Cannot connect to %s (driver %s): %s" % (
-            self.describe(), self.driver.name, self._redact(_one_line(exc)))
+            self.describe(server), self.driver.name, self._redact(_one_line(exc)))
         if drivers.connect_error_is_transient(self.driver, exc):
             # Unreachable, refused, timed out, starting up, shutting down,
             # too many clients: worth retrying later.
@@ -102,13 +106,23 @@ class PostgreSQLAdapter(Adapter):
 
     # --- connections ------------------------------------------------------
 
-    def connect(self, purpose):
+    def _server_params(self, server):
+        return with_server(self._params, server, drop=('hostaddr',), port_type=str)
+
+    def connect_to(self, server, purpose):
+        if server is None:
+            dsn = self._dsn
+        else:
+            dsn = self._server_dsns.get(server)
+            if dsn is None:
+                dsn = self._server_dsns[server] = self.driver.make_dsn(
+                    self._server_params(server))
         try:
-            raw = self.driver.connect(self._dsn, purpose)
+            raw = self.driver.connect(dsn, purpose)
         except self.driver.Error as exc:
             # Not chained: the driver's own text is already summarised (and
             # redacted) in ours.
-            raise self._connect_error(exc) from None
+            raise self._connect_error(exc, server) from None
         setup = []
         if purpose == 'store':
             setup.append("SET lock_timeout = %d" % self._lock_timeout_ms())
@@ -125,7 +139,7 @@ class PostgreSQLAdapter(Adapter):
                 raw.commit()
             except self.driver.Error as exc:
                 raw.close()
-                raise self._connect_error(exc) from None
+                raise self._connect_error(exc, server) from None
             finally:
                 cur.close()
         return raw

@@ -17,6 +17,7 @@ DRIVER_NAMES = {'auto': (), 'psycopg': ('psycopg3',), 'psycopg2': ()}
 # SQLSTATEs (PostgreSQL manual, appendix A "Error Codes").
 LOCK_NOT_AVAILABLE = '55P03'      # lock_timeout expired, or NOWAIT
 DEADLOCK_DETECTED = '40P01'
+READ_ONLY_TRANSACTION = '25006'
 LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 #: admin_shutdown, crash_shutdown, cannot_connect_now; class 08 is added below.
 DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03'))
@@ -38,7 +39,10 @@ def connect_error_is_transient(driver, exc):
     """
     state = driver.sqlstate(exc)
     if state is not None:
-        return state.startswith('08') or state in DISCONNECT_STATES or state == '53300'
+        # 25006: a store connection to a standby still in recovery, which
+        # may be promoted in a moment (failover in progress).
+        return (state.startswith('08') or state in DISCONNECT_STATES
+                or state in ('53300', READ_ONLY_TRANSACTION))
     if not isinstance(exc, driver.OperationalError):
         return False
     text = str(exc)

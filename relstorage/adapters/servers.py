@@ -1,0 +1,274 @@
+"""Which database server a connection goes to.
+
+Every adapter that has a host shares this: the adapter knows how to
+connect to one given server (``Adapter.connect_to(server, purpose)``);
+``ServerChooser`` knows the lists and picks the server for each purpose:
+
+- ``replica-conf`` lists the servers to use, in order of preference (the
+  configured host is then not used).  Connections go to the first that
+  answers; when the current one stops answering, to the next.  After
+  ``replica-timeout`` seconds on a fallback the first is tried again.
+- ``ro-replica-conf`` lists servers for load (read-only snapshot)
+  connections only; store, OID and pack connections always go to the
+  server chosen above.  When no replica answers, loads use that server.
+
+Both files are re-read when they change, checked when a transaction
+begins (``current``), so an operator can edit them while clients run.
+A connection made before a change of server (another connection failed
+over, the file changed, the timeout elapsed) is replaced when its next
+transaction begins, so every connection of a process follows the switch.
+"""
+import logging
+import os
+import threading
+import time
+
+from ..interfaces import DisconnectedError
+from ..interfaces import RelStorageError
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    """One line of a replica file: ``host[:port]`` (or a vendor's own text,
+    such as an Oracle DSN, kept whole in ``text``)."""
+
+    __slots__ = ('text', 'host', 'port')
+
+    def __init__(self, text):
+        self.text = text
+        host, port = text, None
+        if text.startswith('['):                    # [::1]:5432
+            end = text.find(']')
+            host, rest = text[1:end], text[end + 1:]
+            if rest.startswith(':') and rest[1:].isdigit():
+                port = int(rest[1:])
+        elif text.count(':') == 1:
+            name, _, number = text.partition(':')
+            if number.isdigit():
+                host, port = name, int(number)
+        self.host = host
+        self.port = port
+
+    def __eq__(self, other):
+        return isinstance(other, Server) and other.text == self.text
+
+    def __hash__(self):
+        return hash(self.text)
+
+    def __str__(self):
+        return self.text
+
+    __repr__ = __str__
+
+
+def with_server(params, server, drop=(), port_type=int):
+    """Connection parameters ``params`` (a dict) pointed at ``server``
+    instead (None: unchanged); the keys in ``drop`` (another way to name
+    a host) removed."""
+    if server is None:
+        return params
+    params = dict(params, host=server.host)
+    for key in drop:
+        params.pop(key, None)
+    if server.port:
+        params['port'] = port_type(server.port)
+    return params
+
+
+def read_server_file(path, option):
+    """The servers listed in ``path`` (``#`` comments and blank lines
+    skipped); a RelStorageError naming the option and the file when it
+    cannot be read or lists none."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise RelStorageError("%s: cannot read the server list %s: %s"
+                              % (option, path, exc.strerror or exc)) from None
+    servers = []
+    for line in lines:
+        text = line.split('#', 1)[0].strip()
+        if text:
+            servers.append(Server(text))
+    if not servers:
+        raise RelStorageError("%s: the server list %s names no server" % (option, path))
+    return servers
+
+
+class ServerList:
+    """The servers of one file and which of them is in use."""
+
+    def __init__(self, option, path, timeout):
+        self.option = option
+        self.path = path
+        self.timeout = timeout
+        self._mtime = self._stat()
+        self.servers = read_server_file(path, option)
+        self.index = 0
+        self.since = None           # when we left the first server
+
+    def _stat(self):
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def reread(self):
+        """Re-read the file if it changed; True when the list changed."""
+        mtime = self._stat()
+        if mtime == self._mtime:
+            return False
+        self._mtime = mtime
+        try:
+            servers = read_server_file(self.path, self.option)
+        except RelStorageError as exc:
+            log.error("%s; keeping the servers read before (%s)", exc,
+                      ', '.join(map(str, self.servers)))
+            return False
+        if servers == self.servers:
+            return False
+        log.info("%s: %s changed; servers now %s", self.option, self.path,
+                 ', '.join(map(str, servers)))
+        self.servers = servers
+        self.index = 0
+        self.since = None
+        return True
+
+    def timed_out(self, now):
+        """On a fallback for longer than the timeout: go back to the first."""
+        if self.since is not None and now - self.since >= self.timeout:
+            log.info("%s: %ss on %s; trying %s again", self.option, self.timeout,
+                     self.servers[self.index], self.servers[0])
+            self.index = 0
+            self.since = None
+            return True
+        return False
+
+    def order(self):
+        """Indexes to try: the current server, then the others in order."""
+        n = len(self.servers)
+        return [(self.index + i) % n for i in range(n)]
+
+
+class ServerChooser:
+    """Picks the server for each connection; one per adapter, shared by
+    every storage instance (thread-safe)."""
+
+    def __init__(self, options, describe_default, clock=time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._describe_default = describe_default
+        timeout = float(getattr(options, 'replica_timeout', 600.0) or 0)
+        path = getattr(options, 'replica_conf', None)
+        self.rw = ServerList('replica-conf', path, timeout) if path else None
+        path = getattr(options, 'ro_replica_conf', None)
+        self.ro = ServerList('ro-replica-conf', path, timeout) if path else None
+        #: Loads go to the primary because no read-only replica answered
+        #: (since when, or None).
+        self._ro_down_since = None
+        #: Bumped on every switch: connections made before are replaced.
+        self.generation = 0
+
+    @property
+    def configured(self):
+        return self.rw is not None or self.ro is not None
+
+    # ------------------------------------------------------------------
+
+    def connect(self, purpose, connect_to):
+        """``(raw, server, replica, generation)`` for a new connection.
+
+        ``connect_to(server, purpose)`` opens a raw connection to one
+        server (None: the adapter's configured one) and raises a
+        DisconnectedError when that server does not answer.
+        """
+        with self._lock:
+            generation = self.generation
+        if purpose == 'load' and self.ro is not None and self._ro_wanted():
+            found = self._try_list(self.ro, purpose, connect_to, last_resort=False)
+            if found is not None:
+                raw, server = found
+                return raw, server, True, generation
+            with self._lock:
+                if self._ro_down_since is None:
+                    self._ro_down_since = self._clock()
+                    log.info("ro-replica-conf: no read-only replica answers; loading "
+                             "from %s", self._describe_rw())
+        if self.rw is None:
+            return connect_to(None, purpose), None, False, generation
+        raw, server = self._try_list(self.rw, purpose, connect_to, last_resort=True)
+        return raw, server, False, generation
+
+    def _ro_wanted(self):
+        # (current() ends the fall-back when replica-timeout has passed.)
+        with self._lock:
+            return self._ro_down_since is None
+
+    def _describe_rw(self):
+        if self.rw is None:
+            return self._describe_default()
+        return str(self.rw.servers[self.rw.index])
+
+    def _try_list(self, servers, purpose, connect_to, last_resort):
+        """Connect to the first server of ``servers`` that answers, from the
+        current one on; note a switch.  None (or, when ``last_resort``, the
+        last error) when none answers."""
+        with self._lock:
+            order = servers.order()
+            listed = list(servers.servers)
+            start = servers.index
+        error = None
+        for index in order:
+            server = listed[index]
+            try:
+                raw = connect_to(server, purpose)
+            except DisconnectedError as exc:
+                log.info("%s: %s does not answer (%s connection): %s", servers.option,
+                         server, purpose, exc)
+                error = exc
+                continue
+            if index != start:
+                self._switched(servers, listed, start, index)
+            return raw, server
+        if last_resort:
+            raise error
+        return None
+
+    def _switched(self, servers, listed, old, new):
+        with self._lock:
+            if servers.servers != listed:
+                return          # the file changed meanwhile; it wins
+            log.info("%s: switching from %s to %s", servers.option, listed[old], listed[new])
+            servers.index = new
+            servers.since = self._clock() if new != 0 else None
+            self.generation += 1
+
+    # ------------------------------------------------------------------
+
+    def current(self, conn):
+        """Whether ``conn`` may begin a transaction on its server: False
+        when it should be replaced (re-reads changed files first)."""
+        with self._lock:
+            now = self._clock()
+            changed = False
+            for servers in (self.rw, self.ro):
+                if servers is None:
+                    continue
+                if servers.reread():
+                    changed = True
+                    if servers is self.ro:
+                        self._ro_down_since = None      # new replicas to try
+                changed = servers.timed_out(now) | changed
+            if (self.ro is not None and self._ro_down_since is not None
+                    and now - self._ro_down_since >= self.ro.timeout):
+                # Loads fell back to the primary long enough ago: the
+                # replicas may answer again.
+                log.info("ro-replica-conf: %ss on %s; trying the read-only replicas again",
+                         self.ro.timeout, self._describe_rw())
+                self._ro_down_since = None
+                changed = True
+            if changed:
+                self.generation += 1
+            return conn.server_generation == self.generation

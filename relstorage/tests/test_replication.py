@@ -1,0 +1,504 @@
+"""Server restarts, replicas and failover, on servers the suite starts itself.
+
+Nothing here touches the machine's own database servers (or a staging
+server named by RS_PG_DSN / RS_MYSQL_*): the private PostgreSQL primary
+and hot standby, and the private MariaDB primary and replica, come from
+``private_servers`` and live on spare ports under a temporary directory.
+When they cannot start, every test here is skipped, saying why.
+"""
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import unittest
+
+import transaction
+import transaction.interfaces
+import ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
+from ZODB.tests.MinPO import MinPO
+from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.utils import p64
+from ZODB.utils import u64
+from ZODB.utils import z64
+
+from relstorage.interfaces import ReadConflictError
+from relstorage.interfaces import RelStorageError
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+
+from . import private_servers
+from .private_servers import MariaDBReplicationLayer
+from .private_servers import PostgreSQLReplicationLayer
+
+
+class _PrivateCase(unittest.TestCase):
+    """Storages on the private servers; each test starts from an empty schema."""
+
+    keep_history = True
+
+    def setUp(self):
+        self.pair = self.layer.require(self)
+        self._closing = []
+        self.make_adapter(self.primary_server(), Options(keep_history=self.keep_history)
+                          ).drop_all()
+        # The replica must not still hold the tables just dropped.
+        self.pair.wait_caught_up()
+
+    def tearDown(self):
+        transaction.abort()
+        for thing in reversed(self._closing):
+            try:
+                thing.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
+
+    def storage(self, server=None, server_options=None, **kw):
+        kw.setdefault('keep_history', self.keep_history)
+        kw.setdefault('commit_lock_timeout', 10)
+        options = Options(**kw)
+        adapter = self.make_adapter(server or self.primary_server(), options,
+                                    **(server_options or {}))
+        storage = RelStorage(adapter, options=options)
+        self._closing.append(storage)
+        return storage
+
+    def db(self, storage=None, **kw):
+        db = ZODB.DB(storage if storage is not None else self.storage(**kw))
+        self._closing.append(db)
+        return db
+
+    def make_objects(self, storage, count):
+        oids = [storage.new_oid() for _ in range(count)]
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for i, oid in enumerate(oids):
+            storage.store(oid, z64, zodb_pickle(MinPO(i)), '', txn)
+        storage.tpc_vote(txn)
+        return oids, storage.tpc_finish(txn)
+
+    def begin_store(self, storage, oid, serial, value):
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
+        return txn
+
+    def restart_primary(self):
+        self.pair.restart_server('primary')
+
+    def check_restart_mid_session(self):
+        db = self.db()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        with tm:
+            conn.root()['a'] = PersistentMapping(n=1)
+        storage = self.storage()
+        (x,), tid0 = self.make_objects(storage, 1)
+        in_flight = self.begin_store(storage, x, tid0, 'in flight')
+        storage.tpc_vote(in_flight)
+
+        self.restart_primary()
+
+        # The voted transaction was lost with the server: a retryable error,
+        # and nothing of it committed.
+        with self.assertRaises(transaction.interfaces.TransientError):
+            storage.tpc_finish(in_flight)
+        storage.tpc_abort(in_flight)
+        self.assertEqual(storage.loadBefore(x, p64(u64(storage.lastTransaction()) + 1))[1],
+                         tid0)
+        # The same process carries on: loads, new OIDs and commits work.
+        with tm:
+            root = conn.root()
+            self.assertEqual(root['a']['n'], 1)
+            root['a']['n'] = 2
+            root['b'] = PersistentMapping(n=3)
+        conn.close()
+        with db.transaction() as conn2:
+            self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
+
+
+class _ReplicaCase(_PrivateCase):
+    """Scenarios on a primary and its replica; the vendor mixins say how
+    to pause, promote, and read the replica's statement log."""
+
+    #: A write statement, in a server's statement log.
+    WRITE = re.compile(r'\b(INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|TRUNCATE|COPY|'
+                       r'nextval|setval|FOR\s+UPDATE|FOR\s+SHARE|LOCK\s+TABLE)\b', re.I)
+    replica = 'replica'
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = tempfile.mkdtemp(prefix='rs-replica-conf-')
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.addCleanup(self._resume)
+
+    def _resume(self):
+        if self.layer.pair is self.pair:
+            try:
+                self.pair.resume_replay()
+            except Exception:  # pylint:disable=broad-except
+                pass
+
+    def storage(self, *args, **kw):
+        storage = super().storage(*args, **kw)
+        # The schema the storage may just have created must reach the
+        # replica before it can serve a snapshot.
+        self.pair.wait_caught_up()
+        return storage
+
+    def address(self, name):
+        return '127.0.0.1:%d' % self.pair.ports[name]
+
+    def server_file(self, name, *lines):
+        path = os.path.join(self.tmp, name)
+        old = os.stat(path).st_mtime_ns if os.path.exists(path) else 0
+        with open(path, 'w') as f:
+            f.write('# servers, most wanted first\n\n' + '\n'.join(lines) + '\n')
+        # A rewrite within the file system's timestamp granularity must
+        # still look changed.
+        st = os.stat(path)
+        if st.st_mtime_ns <= old:
+            os.utime(path, ns=(st.st_atime_ns, old + 1000000))
+        return path
+
+    def replica_storage(self, **kw):
+        path = self.server_file('ro.conf', self.address(self.replica))
+        return self.storage(ro_replica_conf=path, **kw)
+
+    def commit_value(self, db, key, value):
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        try:
+            with tm:
+                conn.root()[key] = PersistentMapping(n=value)
+        finally:
+            conn.close()
+
+    def read_value(self, db, key):
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        try:
+            with tm:
+                return conn.root()[key]['n']
+        finally:
+            conn.close()
+
+    def replica_log_size(self):
+        path = self.pair.logfile(self.replica)
+        return os.path.getsize(path) if os.path.exists(path) else 0
+
+    def replica_text_since(self, offset):
+        """What the replica's statement log says since ``offset``: the
+        suite's own statements there (waiting for replay, pausing it)
+        write nothing either."""
+        with open(self.pair.logfile(self.replica), errors='replace') as f:
+            f.seek(offset)
+            return self.pair.client_statements(f.read())
+
+    # ------------------------------------------------------------------
+
+    def test_reads_from_replica_writes_to_primary(self):
+        offset = self.replica_log_size()
+        # No state cache: every load reaches a server.
+        db = self.db(self.replica_storage(cache_local_mb=0))
+        for value in range(3):
+            self.commit_value(db, 'a', value)
+            self.pair.wait_caught_up()
+            self.assertEqual(self.read_value(db, 'a'), value)
+        self.pair.wait_caught_up()
+        text = self.replica_text_since(offset)
+        # The replica did serve the loads...
+        self.assertIn('commit_lock', text)
+        self.assertRegex(text, r'SELECT\s+\S*state\b')
+        # ... and no write ever reached it.
+        self.assertEqual(self.WRITE.findall(text), [])
+
+    def check_behind(self, **kw):
+        """A replica paused behind this instance's own commit."""
+        storage = self.replica_storage(**kw)
+        (x, y), tid1 = self.make_objects(storage, 2)
+        self.pair.wait_caught_up()
+        instance = storage.new_instance()
+        self._closing.append(instance)
+        instance.poll_invalidations()
+        self.assertEqual(instance.load(x)[1], tid1)
+        self.pair.pause_replay()
+        txn = self.begin_store(instance, y, tid1, 'newer')
+        instance.tpc_vote(txn)
+        tid2 = instance.tpc_finish(txn)
+        return instance, x, y, tid1, tid2
+
+    def test_lagging_replica_raises_read_conflict(self):
+        instance, x, y, tid1, tid2 = self.check_behind()
+        self.assertEqual(instance.poll_invalidations(), [])
+        with self.assertRaises(ReadConflictError) as cm:
+            instance.load(y)
+        self.assertIn(self.address(self.replica), str(cm.exception))
+        self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
+        # Retried once the replica caught up, the same load works.
+        instance.afterCompletion()
+        self.pair.resume_replay()
+        self.pair.wait_caught_up()
+        instance.poll_invalidations()
+        self.assertEqual(instance.load(y)[1], tid2)
+
+    def test_lagging_replica_reverts_when_stale(self):
+        instance, x, y, tid1, tid2 = self.check_behind(revert_when_stale=True)
+        with self.assertLogs('relstorage', logging.INFO) as logs:
+            # None: the connection must drop everything it caches.
+            self.assertIsNone(instance.poll_invalidations())
+            self.assertEqual(instance.load(y)[1], tid1)
+        text = '\n'.join(logs.output)
+        self.assertIn('is behind', text)
+        # Lag, not a restore from backup.
+        self.assertNotIn('WARNING', text)
+        self.pair.resume_replay()
+        self.pair.wait_caught_up()
+        self.assertEqual(instance.poll_invalidations(), [y])
+        self.assertEqual(instance.load(y)[1], tid2)
+
+    def test_loads_fall_back_to_primary(self):
+        path = self.server_file('ro.conf', '127.0.0.1:%d' % private_servers.spare_port())
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            db = self.db(self.storage(ro_replica_conf=path))
+            self.commit_value(db, 'a', 1)
+            self.assertEqual(self.read_value(db, 'a'), 1)
+        self.assertIn('no read-only replica answers', '\n'.join(logs.output))
+
+    def test_replica_file_edits_are_followed(self):
+        nobody = '127.0.0.1:%d' % private_servers.spare_port()
+        path = self.server_file('ro.conf', nobody)
+        storage = self.storage(ro_replica_conf=path)
+        db = self.db(storage)
+        self.commit_value(db, 'a', 1)
+        self.pair.wait_caught_up()
+        offset = self.replica_log_size()
+        self.assertEqual(self.read_value(db, 'a'), 1)
+        self.assertNotIn('commit_lock', self.replica_text_since(offset))
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            self.server_file('ro.conf', self.address(self.replica))
+            self.assertEqual(self.read_value(db, 'a'), 1)
+        self.assertIn('servers now %s' % self.address(self.replica), '\n'.join(logs.output))
+        self.assertIn('commit_lock', self.replica_text_since(offset))
+
+    def test_unreachable_servers_are_skipped(self):
+        # One port refuses; the other accepts connections but never
+        # answers (the connect timeout ends the wait).
+        silent = socket.socket()
+        silent.bind(('127.0.0.1', 0))
+        silent.listen(8)
+        self.addCleanup(silent.close)
+        path = self.server_file('replicas.conf',
+                                '127.0.0.1:%d' % private_servers.spare_port(),
+                                '127.0.0.1:%d  # never answers' % silent.getsockname()[1],
+                                self.address('primary'))
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            db = self.db(self.storage(replica_conf=path, server_options={'timeout': 2}))
+            self.commit_value(db, 'a', 1)
+            self.assertEqual(self.read_value(db, 'a'), 1)
+        text = '\n'.join(logs.output)
+        self.assertEqual(text.count('does not answer'), 2, text)
+        self.assertIn('switching from 127.0.0.1:', text)
+        self.assertNotIn('secret', text)
+
+    def test_replica_timeout_returns_to_first(self):
+        # The first server is a second address of the primary, which goes
+        # away and comes back.
+        first = private_servers.Forwarder(self.pair.ports['primary']).start()
+        self.addCleanup(first.stop)
+        first_address = '127.0.0.1:%d' % first.port
+        path = self.server_file('replicas.conf', first_address, self.address('primary'))
+        db = self.db(self.storage(replica_conf=path, replica_timeout=0.5))
+        self.commit_value(db, 'a', 1)
+        first.stop()
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            for value in (2, 3):
+                try:
+                    self.commit_value(db, 'a', value)
+                except transaction.interfaces.TransientError:
+                    self.commit_value(db, 'a', value)      # as a retrying application
+            self.assertEqual(self.read_value(db, 'a'), 3)
+        self.assertIn('switching from %s to %s' % (first_address, self.address('primary')),
+                      '\n'.join(logs.output))
+        first.start()
+        time.sleep(0.6)
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            self.commit_value(db, 'a', 4)
+            self.assertEqual(self.read_value(db, 'a'), 4)
+        self.assertIn('trying %s again' % first_address, '\n'.join(logs.output))
+        self.assertNotIn('does not answer', '\n'.join(logs.output))
+
+    def test_ro_replica_timeout_returns_to_replica(self):
+        path = self.server_file('ro.conf', self.address(self.replica))
+        db = self.db(self.storage(ro_replica_conf=path, replica_timeout=0.5,
+                                  cache_local_mb=0))
+        self.commit_value(db, 'a', 1)
+        self.pair.stop_server(self.replica)
+        try:
+            with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+                self.commit_value(db, 'a', 2)
+                self.assertEqual(self.read_value(db, 'a'), 2)
+            self.assertIn('no read-only replica answers', '\n'.join(logs.output))
+        finally:
+            self.pair.start_server(self.replica)
+        self.pair.wait_caught_up()
+        time.sleep(0.6)
+        offset = self.replica_log_size()
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            self.assertEqual(self.read_value(db, 'a'), 2)
+        self.assertIn('trying the read-only replicas again', '\n'.join(logs.output))
+        self.assertIn('commit_lock', self.replica_text_since(offset))
+
+    def test_failover_to_promoted_replica(self):
+        self.addCleanup(self.layer.rebuild)
+        path = self.server_file('replicas.conf', self.address('primary'),
+                                self.address(self.replica))
+        db = self.db(self.storage(replica_conf=path))
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        with tm:
+            conn.root()['a'] = PersistentMapping(n=1)
+        storage = self.storage(replica_conf=path)
+        (x,), tid0 = self.make_objects(storage, 1)
+        in_flight = self.begin_store(storage, x, tid0, 'in flight')
+        storage.tpc_vote(in_flight)
+        self.pair.wait_caught_up()
+
+        self.pair.kill_server('primary')
+        self.pair.promote(self.replica)
+
+        with self.assertRaises(transaction.interfaces.TransientError):
+            storage.tpc_finish(in_flight)
+        storage.tpc_abort(in_flight)
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            # Nothing of the lost transaction is there.
+            self.assertEqual(storage.load(x)[1], tid0)
+            with tm:
+                conn.root()['a']['n'] = 2
+                conn.root()['b'] = PersistentMapping(n=3)
+        self.assertIn('switching from %s to %s' % (
+            self.address('primary'), self.address(self.replica)), '\n'.join(logs.output))
+        conn.close()
+        with db.transaction() as conn2:
+            self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
+
+
+class _PostgreSQL:
+    layer = PostgreSQLReplicationLayer
+    replica = 'standby'
+
+    def primary_server(self):
+        return 'primary'
+
+    def make_adapter(self, server, options, timeout=None):
+        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
+        dsn = self.pair.dsn(server)
+        if timeout:
+            dsn += ' connect_timeout=%d' % timeout
+        return PostgreSQLAdapter(dsn=dsn, options=options)
+
+
+class _MariaDB:
+    layer = MariaDBReplicationLayer
+
+    def primary_server(self):
+        return 'primary'
+
+    def make_adapter(self, server, options, timeout=None):
+        from relstorage.adapters.mysql.adapter import MySQLAdapter
+        params = self.pair.params(server)
+        if timeout:
+            params['connect_timeout'] = timeout
+        return MySQLAdapter(options=options, **params)
+
+
+class PostgreSQLServerRestartTests(_PostgreSQL, _PrivateCase):
+    """The private primary restarts (pg_ctl restart) mid-session."""
+
+    def test_server_restart_mid_session(self):
+        self.check_restart_mid_session()
+
+
+class MariaDBServerRestartTests(_MariaDB, _PrivateCase):
+    """The private primary shuts down and starts again mid-session."""
+
+    def test_server_restart_mid_session(self):
+        self.check_restart_mid_session()
+
+
+class PostgreSQLReplicaTests(_PostgreSQL, _ReplicaCase):
+    """A private primary and its hot standby (pg_basebackup -R)."""
+
+
+class MariaDBReplicaTests(_MariaDB, _ReplicaCase):
+    """A private MariaDB primary and its read-only replica."""
+
+
+class ReplicaConfigTests(unittest.TestCase):
+    """Bad server lists fail at open, naming the file (no server needed)."""
+
+    def open(self, text):
+        import ZODB.config
+        return ZODB.config.storageFromString(text)
+
+    def tmpdir(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        return tmp
+
+    def test_missing_and_empty_files(self):
+        tmp = self.tmpdir()
+        empty = os.path.join(tmp, 'empty.conf')
+        with open(empty, 'w') as f:
+            f.write('# nothing but a comment\n\n')
+        for key, path, problem in (
+                ('replica-conf', os.path.join(tmp, 'missing.conf'), 'cannot read'),
+                ('ro-replica-conf', empty, 'names no server')):
+            text = ('%%import relstorage\n<relstorage>\n %s %s\n'
+                    ' <postgresql>\n  dsn host=127.0.0.1 port=1 dbname=x\n </postgresql>\n'
+                    '</relstorage>\n' % (key, path))
+            with self.assertRaises(RelStorageError) as cm:
+                self.open(text)
+            self.assertIn(path, str(cm.exception))
+            self.assertIn(key, str(cm.exception))
+            self.assertIn(problem, str(cm.exception))
+
+    def test_server_lines(self):
+        from relstorage.adapters.servers import read_server_file
+        tmp = self.tmpdir()
+        path = os.path.join(tmp, 'servers.conf')
+        with open(path, 'w') as f:
+            f.write('# primary first\n\n  db1:5433  # the primary\ndb2\n[::1]:5434\n')
+        servers = read_server_file(path, 'replica-conf')
+        self.assertEqual([(s.host, s.port) for s in servers],
+                         [('db1', 5433), ('db2', None), ('::1', 5434)])
+
+    def test_sqlite_refuses_replicas(self):
+        tmp = self.tmpdir()
+        text = ('%%import relstorage\n<relstorage>\n replica-conf %s/r.conf\n'
+                ' <sqlite3>\n  data-dir %s\n </sqlite3>\n</relstorage>\n' % (tmp, tmp))
+        with self.assertRaises(RelStorageError) as cm:
+            self.open(text)
+        self.assertIn('replica-conf', str(cm.exception))
+
+
+def _wanted(name):
+    names = os.environ.get('RS_TEST_DATABASES')
+    return not names or name in [n.strip() for n in names.split(',')]
+
+
+def test_suite():
+    suite = unittest.TestSuite()
+    loader = unittest.defaultTestLoader
+    suite.addTest(loader.loadTestsFromTestCase(ReplicaConfigTests))
+    if _wanted('postgresql'):
+        for cls in (PostgreSQLServerRestartTests, PostgreSQLReplicaTests):
+            suite.addTest(loader.loadTestsFromTestCase(cls))
+    if _wanted('mysql'):
+        for cls in (MariaDBServerRestartTests, MariaDBReplicaTests):
+            suite.addTest(loader.loadTestsFromTestCase(cls))
+    return suite
