@@ -18,18 +18,21 @@ the first line printed says which relstorage ran.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scratchdb import drop  # noqa: E402
+from scratchdb import fresh  # noqa: E402
+from scratchdb import open_storage  # noqa: E402
 
 WORKER = r'''
 import json, sys, time, transaction, ZODB
 from ZODB.POSException import ConflictError
 spec = json.loads(sys.argv[1])
 sys.path.insert(0, spec['bench_dir'])
-from contention import open_storage
+from scratchdb import open_storage
 txns = spec['txns']
 db = ZODB.DB(open_storage(spec))
 tm = transaction.TransactionManager()
@@ -59,58 +62,7 @@ print(json.dumps({'retries': retries, 'worst': worst, 'started': started, 'ended
 '''
 
 
-def open_storage(spec):
-    from relstorage.options import Options
-    from relstorage.storage import RelStorage
-    options = Options(keep_history=spec['keep_history'], commit_lock_timeout=30)
-    db = spec['db']
-    if db == 'sqlite':
-        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
-        adapter = Sqlite3Adapter(data_dir=spec['where'], options=options)
-    elif db == 'postgresql':
-        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
-        adapter = PostgreSQLAdapter(dsn='host=127.0.0.1 user=postgres dbname=%s' % spec['where'],
-                                    options=options)
-    else:
-        from relstorage.adapters.mysql.adapter import MySQLAdapter
-        adapter = MySQLAdapter(options=options, host='127.0.0.1', user='root', passwd='',
-                               db=spec['where'])
-    return RelStorage(adapter, options=options)
-
-
-def _server_sql(db, statement):
-    if db == 'postgresql':
-        import psycopg
-        with psycopg.connect('host=127.0.0.1 user=postgres dbname=postgres',
-                             autocommit=True) as conn:
-            conn.execute(statement)
-    else:
-        import MySQLdb
-        conn = MySQLdb.connect(host='127.0.0.1', user='root', passwd='')
-        try:
-            conn.cursor().execute(statement)
-        finally:
-            conn.close()
-
-
-def fresh(db, where):
-    if db == 'sqlite':
-        shutil.rmtree(where, ignore_errors=True)
-        os.makedirs(where)
-        return
-    _server_sql(db, 'DROP DATABASE IF EXISTS %s' % where)
-    _server_sql(db, 'CREATE DATABASE %s' % where)
-
-
-def drop(db, where):
-    if db == 'sqlite':
-        shutil.rmtree(where, ignore_errors=True)
-    else:
-        _server_sql(db, 'DROP DATABASE IF EXISTS %s' % where)
-
-
 def run(db, processes, txns, keep_history, where):
-    import transaction
     import ZODB
     from BTrees.Length import Length
     from BTrees.OOBTree import OOBTree

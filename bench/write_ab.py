@@ -28,7 +28,7 @@ import json, os, sys, time, shutil, tempfile, transaction, ZODB
 import relstorage
 from persistent import Persistent
 sys.path.insert(0, sys.argv[2])
-from write_ab import open_storage, fresh, drop
+from scratchdb import open_storage, fresh, drop
 spec = json.loads(sys.argv[1])
 N = 1000
 
@@ -45,7 +45,7 @@ class Counter(Persistent):
 
 
 sys.modules['__main__'].Counter = Counter
-fresh(spec)
+fresh(spec['db'], spec['where'])
 db = ZODB.DB(open_storage(spec))
 out = {'relstorage': os.path.dirname(relstorage.__file__)}
 tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
@@ -73,61 +73,9 @@ out['conflicting'] = time.perf_counter() - t
 tm2.begin()
 assert sum(o.value for o in c2.root()['objs']) == 3 * N
 c1.close(); c2.close(); db.close()
-drop(spec)
+drop(spec['db'], spec['where'])
 print(json.dumps(out))
 '''
-
-
-def open_storage(spec):
-    from relstorage.options import Options
-    from relstorage.storage import RelStorage
-    options = Options(keep_history=spec['keep_history'])
-    db = spec['db']
-    if db == 'sqlite':
-        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
-        adapter = Sqlite3Adapter(data_dir=spec['where'], options=options)
-    elif db == 'postgresql':
-        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
-        adapter = PostgreSQLAdapter(
-            dsn='host=127.0.0.1 user=postgres dbname=%s' % spec['where'], options=options)
-    else:
-        from relstorage.adapters.mysql.adapter import MySQLAdapter
-        adapter = MySQLAdapter(options=options, host='127.0.0.1', user='root', passwd='',
-                               db=spec['where'])
-    return RelStorage(adapter, options=options)
-
-
-def _server_sql(db, statement):
-    if db == 'postgresql':
-        import psycopg
-        with psycopg.connect('host=127.0.0.1 user=postgres dbname=postgres',
-                             autocommit=True) as conn:
-            conn.execute(statement)
-    else:
-        import MySQLdb
-        conn = MySQLdb.connect(host='127.0.0.1', user='root', passwd='')
-        try:
-            conn.cursor().execute(statement)
-        finally:
-            conn.close()
-
-
-def fresh(spec):
-    import shutil
-    if spec['db'] == 'sqlite':
-        shutil.rmtree(spec['where'], ignore_errors=True)
-        os.makedirs(spec['where'])
-        return
-    _server_sql(spec['db'], 'DROP DATABASE IF EXISTS %s' % spec['where'])
-    _server_sql(spec['db'], 'CREATE DATABASE %s' % spec['where'])
-
-
-def drop(spec):
-    import shutil
-    if spec['db'] == 'sqlite':
-        shutil.rmtree(spec['where'], ignore_errors=True)
-    else:
-        _server_sql(spec['db'], 'DROP DATABASE IF EXISTS %s' % spec['where'])
 
 
 PHASES = ('add', 'update', 'conflicting')

@@ -51,6 +51,26 @@ class FactoryCase(unittest.TestCase):
         return storage.tpc_finish(txn)
 
 
+def make_objects(storage, count):
+    """Commit ``count`` new MinPO objects (values 0, 1, ...) in one
+    transaction; return (their OIDs, the tid)."""
+    oids = [storage.new_oid() for _ in range(count)]
+    txn = TransactionMetaData()
+    storage.tpc_begin(txn)
+    for i, oid in enumerate(oids):
+        storage.store(oid, z64, zodb_pickle(MinPO(i)), '', txn)
+    storage.tpc_vote(txn)
+    return oids, storage.tpc_finish(txn)
+
+
+def begin_store(storage, oid, serial, value):
+    """tpc_begin and one store of MinPO(value); return the transaction."""
+    txn = TransactionMetaData()
+    storage.tpc_begin(txn)
+    storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
+    return txn
+
+
 class SchemaModeTests(FactoryCase):
 
     def test_other_mode_is_refused_and_nothing_changes(self):

@@ -30,7 +30,6 @@ import time
 import transaction
 import ZODB
 from BTrees.Length import Length
-from ZODB.blob import Blob
 from ZODB.POSException import ConflictError
 from ZODB.POSException import POSKeyError
 from ZODB.tests.MinPO import MinPO

@@ -16,11 +16,8 @@ import time
 import unittest
 
 import transaction
-from ZODB.utils import p64
-from ZODB.utils import u64
 import ZODB
 from persistent.mapping import PersistentMapping
-from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import ConflictError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
@@ -38,6 +35,8 @@ from relstorage.storage import RelStorage
 
 from . import suite
 from .core_cases import FactoryCase
+from .core_cases import begin_store
+from .core_cases import make_objects
 from .core_cases import vote_behind
 
 DRIVERS = ('psycopg', 'psycopg2')
@@ -223,21 +222,9 @@ class PGCase(FactoryCase):
         return [pid for pid, state in self.backends()
                 if state and state.startswith('idle in transaction')]
 
-    def make_objects(self, storage, count):
-        oids = [storage.new_oid() for _ in range(count)]
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        for i, oid in enumerate(oids):
-            storage.store(oid, z64, zodb_pickle(MinPO(i)), '', txn)
-        storage.tpc_vote(txn)
-        tid = storage.tpc_finish(txn)
-        return oids, tid
+    make_objects = staticmethod(make_objects)
 
-    def begin_store(self, storage, oid, serial, value):
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
-        return txn
+    begin_store = staticmethod(begin_store)
 
 
 class ParallelVoteTests(PGCase):

@@ -19,12 +19,8 @@ import transaction
 import transaction.interfaces
 import ZODB
 from persistent.mapping import PersistentMapping
-from ZODB.Connection import TransactionMetaData
-from ZODB.tests.MinPO import MinPO
-from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.utils import p64
 from ZODB.utils import u64
-from ZODB.utils import z64
 
 from relstorage.interfaces import ReadConflictError
 from relstorage.interfaces import RelStorageError
@@ -32,6 +28,8 @@ from relstorage.options import Options
 from relstorage.storage import RelStorage
 
 from . import private_servers
+from .core_cases import begin_store
+from .core_cases import make_objects
 from .private_servers import MariaDBReplicationLayer
 from .private_servers import PostgreSQLReplicationLayer
 
@@ -72,20 +70,8 @@ class _PrivateCase(unittest.TestCase):
         self._closing.append(db)
         return db
 
-    def make_objects(self, storage, count):
-        oids = [storage.new_oid() for _ in range(count)]
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        for i, oid in enumerate(oids):
-            storage.store(oid, z64, zodb_pickle(MinPO(i)), '', txn)
-        storage.tpc_vote(txn)
-        return oids, storage.tpc_finish(txn)
-
-    def begin_store(self, storage, oid, serial, value):
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        storage.store(oid, serial, zodb_pickle(MinPO(value)), '', txn)
-        return txn
+    make_objects = staticmethod(make_objects)
+    begin_store = staticmethod(begin_store)
 
     def restart_primary(self):
         self.pair.restart_server('primary')
