@@ -28,6 +28,9 @@ import os
 import secrets
 import socket
 import sys
+import logging
+import shutil
+import tempfile
 import unittest
 
 import sqlglot
@@ -331,7 +334,6 @@ NOT_DRIVEN = {
     'binary', 'q', 'in_list', 'classify_error', 'translate_error', 'describe',
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
-    'connect_to',               # replicas: not yet for Oracle (no has_host)
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
 }
 #: Verbs of undo, which only a history-preserving storage has.
@@ -768,6 +770,29 @@ class ErrorTests(unittest.TestCase):
         self.assertIn('DPY-6005', message)
         self.assertNotIn('pa55word', message)
         self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
+
+    def test_replica_conf_lists_dsns_and_moves_to_the_next(self):
+        # replica-conf for Oracle: one DSN per line.  Neither server here
+        # answers (no Oracle can run on these machines): the chooser tries
+        # the first, logs the move to the second, and the error names it.
+        first, second = closed_port(), closed_port()
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_ora_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        conf = os.path.join(tmp, 'replicas.conf')
+        with open(conf, 'w') as f:
+            f.write('# primary, then the standby\n127.0.0.1:%d/ZODBSVC\n\n'
+                    '127.0.0.1:%d/ZODBSTBY\n' % (first, second))
+        options = Options(replica_conf=conf)
+        adapter = OracleAdapter(user='zope', password='pa55word',
+                                dsn='unused.example:1521/X', options=options)
+        with self.assertLogs('relstorage', logging.INFO) as logs:
+            with self.assertRaises(OracleConnectError) as cm:
+                adapter.connect('load')
+        text = '\n'.join(logs.output)
+        self.assertIn('127.0.0.1:%d/ZODBSVC' % first, text)
+        self.assertIn('127.0.0.1:%d/ZODBSTBY' % second, text)
+        self.assertNotIn('pa55word', text + str(cm.exception))
+        self.assertIn("'ZODBSTBY'", str(cm.exception))
 
     def failing_adapter(self, exc, password='hunter2-secret'):
         driver = drivers.select_driver('oracledb')

@@ -69,6 +69,7 @@ class OracleAdapter(Adapter):
     upload_batch = 1000
     statements_class = sql.OracleStatements
     temp_rows_survive_commit = False
+    has_host = True
 
     def __init__(self, user=None, password=None, dsn=None, options=None, driver=None,
                  commit_lock_id=None, twophase=False):
@@ -96,12 +97,14 @@ class OracleAdapter(Adapter):
 
     # --- description and errors ------------------------------------------
 
-    def describe(self):
-        if self._where is not None:
-            host, port, service = self._where
+    def describe(self, server=None):
+        dsn = self.dsn if server is None else server.text
+        parsed = self._where if server is None else self.driver.parse_dsn(dsn)
+        if parsed is not None:
+            host, port, service = parsed
             where = 'service %r at %s:%s' % (service, host, port)
         else:
-            where = 'TNS alias %r' % self._redact(self.dsn)
+            where = 'TNS alias %r' % self._redact(dsn)
         return "Oracle database %s as user %r" % (where, self.user)
 
     def _redact(self, text):
@@ -112,15 +115,15 @@ class OracleAdapter(Adapter):
     def classify_error(self, exc):
         return drivers.classify_error(self.driver, exc)
 
-    def _connect_error(self, exc):
+    def _connect_error(self, exc, server=None):
         kind = drivers.classify_connect_error(self.driver, exc)
         detail = self._redact(_one_line(exc))
         if kind == 'login':
             return OracleLoginError(
                 "Cannot log in to %s: the user name or password was refused, or the "
-                "account cannot log in (%s)" % (self.describe(), detail))
+                "account cannot log in (%s)" % (self.describe(server), detail))
         message = "Cannot connect to %s (driver %s): %s" % (
-            self.describe(), self.driver.name, detail)
+            self.describe(server), self.driver.name, detail)
         if kind == 'unreachable':
             return OracleConnectError(message)
         return RelStorageError(message)
@@ -136,13 +139,15 @@ class OracleAdapter(Adapter):
 
     # --- connections ------------------------------------------------------
 
-    def connect(self, purpose):
+    def connect_to(self, server, purpose):
+        # A replica-conf line is a whole DSN (Easy Connect or TNS alias).
+        dsn = self.dsn if server is None else server.text
         try:
-            return self.driver.connect(self.user, self._password, self.dsn, purpose,
+            return self.driver.connect(self.user, self._password, dsn, purpose,
                                        DEFAULT_CONNECT_TIMEOUT)
         except self.driver.Error as exc:
             # Not chained: the driver's text is summarised (redacted) in ours.
-            raise self._connect_error(exc) from None
+            raise self._connect_error(exc, server) from None
 
     def start_snapshot(self, conn):
         # SET TRANSACTION must be the first statement of a transaction
