@@ -110,7 +110,7 @@ OPTIONS = (
     Option('pack-gc', True, 'boolean',
            'Remove unreachable objects when packing.', active=True),
     Option('pack-prepack-only', False, 'boolean',
-           'Only analyse what a pack would remove; delete nothing.'),
+           'Only analyse what a pack would remove; delete nothing.', active=True),
     Option('pack-skip-prepack', False, 'boolean',
            'Reuse the analysis of an earlier pack-prepack-only run.'),
     Option('pack-batch-timeout', 1.0, 'float',

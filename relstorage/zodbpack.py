@@ -65,6 +65,8 @@ def main(argv=None):
         try:
             started = time.time()
             before = len(storage)
+            if args.prepack:
+                storage._options = storage._options.copy(pack_prepack_only=True)
             storage.pack(pack_time, referencesf)
             log.info('Packed %s in %.1fs: %d objects before, %d after',
                      name, time.time() - started, before, len(storage))

@@ -18,7 +18,7 @@ def pack_tid_for(t):
     return u64(TimeStamp(*time.gmtime(t)[:5] + (t % 60,)).raw())
 
 
-def pack(storage, t, referencesf, gc):
+def pack(storage, t, referencesf, gc, prepack_only=False):
     adapter = storage._adapter
     limit = pack_tid_for(t)
     conn = adapter.open_store()
@@ -71,6 +71,12 @@ def pack(storage, t, referencesf, gc):
         removed.update(oid for oid, (tid, exists) in keep.items()
                        if not exists and oid not in newer)
         old_revisions = [(oid, tid) for oid, (tid, _) in keep.items() if oid not in removed]
+        if prepack_only:
+            # An analysis: report, and leave every row in place.
+            conn.rollback()
+            log.info("Pre-pack of %s to %x: would remove %d objects; nothing removed",
+                     adapter.describe(), pack_tid, len(removed))
+            return
         adapter.pack_delete(conn, sorted(removed), old_revisions, pack_tid)
         # In the same transaction as the deletions: a snapshot that sees
         # them also sees the new mark, and its reader drops its caches.

@@ -650,7 +650,7 @@ class RelStorage(ConflictResolvingStorage):
         from . import pack
         if gc is None:
             gc = self._options.pack_gc
-        pack.pack(self, t, referencesf, gc)
+        pack.pack(self, t, referencesf, gc, prepack_only=self._options.pack_prepack_only)
         with self._lock:
             self._end_snapshot()
 

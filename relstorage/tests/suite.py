@@ -251,7 +251,9 @@ def make_suite(factory, extra_cases=()):
         suite.addTest(blob_suites(factory))
     from . import blob_cases
     from . import core_cases
-    for case in tuple(core_cases.CASES) + tuple(blob_cases.CASES) + tuple(extra_cases):
+    from . import pack_cases
+    for case in (tuple(core_cases.CASES) + tuple(blob_cases.CASES) + tuple(pack_cases.CASES)
+                 + tuple(extra_cases)):
         suite.addTest(loader.loadTestsFromTestCase(
             type(case.__name__ + '_' + factory.name.replace('-', '_'), (case,),
                  {'factory': factory})))

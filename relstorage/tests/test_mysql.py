@@ -168,6 +168,12 @@ class MySQLFactory(suite.NamedDatabases):
     def make_named(self, key):
         return MySQLFactory(self.driver, '%s_n_%s' % (self.db_name, key))
 
+    def zconfig_adapter(self):
+        """The adapter section of a ZConfig file for this database."""
+        lines = ['<mysql>', '  driver %s' % self.driver]
+        lines += ['  %s %s' % (k, v) for k, v in self.connect_kwargs().items() if v != '']
+        return '\n'.join(lines + ['</mysql>', ''])
+
     def write_subprocess_factory(self, directory, keep_history):
         """A module a child process imports to reach the same database."""
         with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:

@@ -37,6 +37,10 @@ class SqliteFactory:
     def sibling(self):
         return SqliteFactory()
 
+    def zconfig_adapter(self):
+        """The adapter section of a ZConfig file for this database."""
+        return '<sqlite3>\n  data-dir %s\n</sqlite3>\n' % self.data_dir
+
     def write_subprocess_factory(self, directory, keep_history):
         """A module a child process imports to reach the same database."""
         with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:
