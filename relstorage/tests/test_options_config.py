@@ -210,7 +210,8 @@ class TestOptions(unittest.TestCase):
             'cache_servers', 'cache_module_name', 'cache_prefix',
             'cache_delta_size_limit', 'driver',
             'blob_dir', 'shared_blob_dir', 'blob_cache_size', 'blob_cache_size_check',
-            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc'})
+            'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc',
+            'pack_prepack_only'})
 
     def test_option_fields(self):
         option = Options.option('keep-history')
