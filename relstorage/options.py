@@ -27,10 +27,10 @@ class Option:
     """
 
     __slots__ = ('name', 'attribute', 'default', 'datatype', 'doc', 'active',
-                 'choices')
+                 'choices', 'valid')
 
     def __init__(self, name, default, datatype, doc, active=False,
-                 choices=None):
+                 choices=None, valid=None):
         self.name = name
         self.attribute = name.replace('-', '_')
         self.default = default
@@ -38,6 +38,8 @@ class Option:
         self.doc = doc
         self.active = active
         self.choices = tuple(choices) if choices else None
+        #: None, or (predicate, what the predicate demands) for a value.
+        self.valid = valid
 
     def check(self, value):
         """Raise ValueError, naming the option, if *value* is not allowed."""
@@ -45,6 +47,8 @@ class Option:
             raise ValueError(
                 '%s: %r is not one of %s' % (
                     self.name, value, ', '.join(map(repr, self.choices))))
+        if self.valid is not None and value is not None and not self.valid[0](value):
+            raise ValueError('%s: %r %s' % (self.name, value, self.valid[1]))
 
     @property
     def config_default(self):
@@ -63,6 +67,10 @@ def format_config_value(value):
         return 'true' if value else 'false'
     return str(value)
 
+
+_POSITIVE = (lambda v: v > 0, 'must be greater than 0')
+_NOT_NEGATIVE = (lambda v: v >= 0, 'must not be negative')
+_FRACTION = (lambda v: 0 < v <= 1, 'must be greater than 0 and at most 1')
 
 OPTIONS = (
     # Identity and behaviour of the storage.
@@ -110,13 +118,25 @@ OPTIONS = (
     Option('pack-gc', True, 'boolean',
            'Remove unreachable objects when packing.', active=True),
     Option('pack-prepack-only', False, 'boolean',
-           'Only analyse what a pack would remove; delete nothing.', active=True),
+           'Only analyse what a pack would remove and report it; delete '
+           'nothing.', active=True),
     Option('pack-skip-prepack', False, 'boolean',
-           'Reuse the analysis of an earlier pack-prepack-only run.'),
+           'Skip the analysis and delete what an earlier pack-prepack-only '
+           'run found, re-checking every candidate against later commits.',
+           active=True),
     Option('pack-batch-timeout', 1.0, 'float',
-           'Seconds a pack batch may hold the commit lock.'),
+           'Longest time, in seconds, one deletion batch of a pack holds the '
+           'commit lock.', active=True, valid=_POSITIVE),
     Option('pack-commit-busy-delay', 5.0, 'float',
-           'Seconds a pack waits after finding the commit lock busy.'),
+           'Seconds a pack waits before trying again when the commit lock '
+           'stays busy.', active=True, valid=_NOT_NEGATIVE),
+    Option('pack-duty-cycle', 0.5, 'float',
+           'Fraction of the deletion phase during which the pack may hold the '
+           'commit lock (more than 0, at most 1); it sleeps the rest.',
+           active=True, valid=_FRACTION),
+    Option('pack-max-delay', 20.0, 'float',
+           'Longest sleep, in seconds, between two deletion batches of a '
+           'pack.', active=True, valid=_NOT_NEGATIVE),
     # Caching.
     Option('cache-servers', None, 'string',
            'Space-separated host:port list of memcache servers.', active=True),

@@ -190,6 +190,7 @@ class TestOptions(unittest.TestCase):
             'revert_when_stale': False, 'poll_interval': 0, 'pack_gc': True,
             'pack_prepack_only': False, 'pack_skip_prepack': False,
             'pack_batch_timeout': 1.0, 'pack_commit_busy_delay': 5.0,
+            'pack_duty_cycle': 0.5, 'pack_max_delay': 20.0,
             'cache_servers': None, 'cache_module_name': None,
             'cache_prefix': None, 'cache_local_mb': 10,
             'cache_local_dir': None, 'cache_local_object_max': 16384,
@@ -211,7 +212,17 @@ class TestOptions(unittest.TestCase):
             'cache_delta_size_limit', 'driver',
             'blob_dir', 'shared_blob_dir', 'blob_cache_size', 'blob_cache_size_check',
             'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc',
-            'pack_prepack_only'})
+            'pack_prepack_only', 'pack_skip_prepack', 'pack_batch_timeout',
+            'pack_commit_busy_delay', 'pack_duty_cycle', 'pack_max_delay'})
+
+    def test_pack_duty_cycle_out_of_range_names_the_option(self):
+        for bad in (0, 1.5, -0.1):
+            with self.assertRaises(ValueError) as cm:
+                Options(pack_duty_cycle=bad)
+            self.assertIn('pack-duty-cycle', str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            Options(pack_batch_timeout=0)
+        self.assertIn('pack-batch-timeout', str(cm.exception))
 
     def test_option_fields(self):
         option = Options.option('keep-history')
@@ -429,6 +440,7 @@ class TestValues(_ParsingTests):
             'revert-when-stale true', 'poll-interval 5', 'pack-gc false',
             'pack-prepack-only true', 'pack-skip-prepack true',
             'pack-batch-timeout 2.5', 'pack-commit-busy-delay 0.5',
+            'pack-duty-cycle 0.25', 'pack-max-delay 3',
             'cache-servers 127.0.0.1:11211 127.0.0.1:11212',
             'cache-module-name pymemcache', 'cache-prefix zodb',
             'cache-local-mb 100', 'cache-local-dir @TMP@/cache',
@@ -448,7 +460,8 @@ class TestValues(_ParsingTests):
             'replica_timeout': 30.0, 'revert_when_stale': True,
             'poll_interval': 5, 'pack_gc': False, 'pack_prepack_only': True,
             'pack_skip_prepack': True, 'pack_batch_timeout': 2.5,
-            'pack_commit_busy_delay': 0.5,
+            'pack_commit_busy_delay': 0.5, 'pack_duty_cycle': 0.25,
+            'pack_max_delay': 3.0,
             'cache_servers': '127.0.0.1:11211 127.0.0.1:11212',
             'cache_module_name': 'pymemcache', 'cache_prefix': 'zodb',
             'cache_local_mb': 100, 'cache_local_dir': self.tmp + '/cache',
