@@ -42,7 +42,9 @@ setup(
         'mysql': mysql,
         'oracle': ['oracledb'],
         'memcache': ['pymemcache'],
-        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache'],
+        # zodbpack's progress display on a terminal (optional).
+        'progress': ['tqdm'],
+        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache', 'tqdm'],
     },
     entry_points={
         'console_scripts': [
