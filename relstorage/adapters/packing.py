@@ -16,11 +16,22 @@ ALL_REVISIONS = (1 << 63) - 1
 class PackLock:
     """The pack lock, held by a session of its own until ``close()``."""
 
-    def __init__(self, raw):
+    def __init__(self, raw, release=None):
         self._raw = raw
+        self._release = release
 
     def close(self):
         if self._raw is not None:
+            try:
+                # Released explicitly: the server may notice a closed
+                # session a moment after the next pack asks for the lock.
+                if self._release:
+                    cur = self._raw.cursor()
+                    cur.execute(self._release)
+                    cur.fetchall()
+                    cur.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
             try:
                 self._raw.close()
             except Exception:  # pylint:disable=broad-except
@@ -57,7 +68,7 @@ class PackVerbs:
         if not got:
             raw.close()
             return None
-        return PackLock(raw)
+        return PackLock(raw, self.sql.RELEASE_PACK_LOCK)
 
     def open_pack(self):
         """A store connection with the pack tables (created on demand, so

@@ -317,13 +317,20 @@ class Statements:
 
     MARK_PACKED = "UPDATE transaction_log SET packed = %s WHERE tid <= %s"
 
+    # NOT EXISTS probes the index on object_state.tid per transaction; NOT
+    # IN (SELECT ...) may materialise every tid of the database.
     DELETE_TRANSACTIONS_WITHOUT_STATES = """
         DELETE FROM transaction_log
         WHERE tid > 0 AND tid <= %s AND packed = %s
-          AND tid NOT IN (SELECT DISTINCT tid FROM object_state)
+          AND NOT EXISTS (SELECT 1 FROM object_state s WHERE s.tid = transaction_log.tid)
     """
 
     # --- pack: references, reachability, batches (storage/pack.py) -----------
+
+    #: Statements taking (without waiting) and releasing the session lock
+    #: that lets one pack run at a time; vendors supply them.
+    TRY_PACK_LOCK = None
+    RELEASE_PACK_LOCK = None
 
     PACK_INFO_GET = "SELECT name, value FROM pack_info"
     PACK_INFO_DELETE = "DELETE FROM pack_info WHERE name = %s"

@@ -206,15 +206,8 @@ def _analyse(adapter, conn, referencesf, report, progress):
                     bar.update(len(oids))
                     oids, rows = [], []
                 oids.append(oid)
-                if state is not None:
-                    try:
-                        refs = set(u64(r) for r in referencesf(bytes(state)))
-                    except Exception as exc:
-                        raise PackError(
-                            "Cannot read the references of object 0x%x at transaction "
-                            "0x%x (%s: %s); the pack stopped and removed nothing."
-                            % (oid, tid, type(exc).__name__, exc)) from exc
-                    rows.extend((oid, tid, ref) for ref in sorted(refs))
+                rows.extend((oid, tid, ref)
+                            for ref in sorted(_references(referencesf, oid, tid, state)))
                 report.analysed += 1
             _record(adapter, conn, oids, rows, snapshot_tid)
             bar.update(len(oids))
@@ -224,6 +217,19 @@ def _analyse(adapter, conn, referencesf, report, progress):
     finally:
         load.rollback()
         load.close()
+
+
+def _references(referencesf, oid, tid, state):
+    """The OIDs (ints) a state references; PackError if it cannot be read."""
+    if state is None:
+        return set()
+    try:
+        return {u64(r) for r in referencesf(bytes(state))}
+    except Exception as exc:
+        raise PackError(
+            "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "
+            "the pack stopped without removing anything more."
+            % (oid, tid, type(exc).__name__, exc)) from exc
 
 
 def _record(adapter, conn, oids, rows, completed_tid):
@@ -339,13 +345,7 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid):
         return 0
     referenced = set()
     for oid, tid, state in adapter.new_revisions(conn, after_tid, upto_tid):
-        if state is not None:
-            try:
-                referenced.update(u64(r) for r in referencesf(bytes(state)))
-            except Exception as exc:
-                raise PackError(
-                    "Cannot read the references of object 0x%x at transaction 0x%x "
-                    "(%s: %s)" % (oid, tid, type(exc).__name__, exc)) from exc
+        referenced.update(_references(referencesf, oid, tid, state))
     kept = adapter.rescue_candidates(conn, after_tid, referenced)
     if kept:
         log.info("%d pack candidates of %s were made reachable again by new commits "

@@ -851,6 +851,7 @@ def test_suite():
             tests.addTest(_failing(label, str(exc)))
             continue
         factory = MySQLFactory(driver, 'relstoragetest_%d_%s' % (os.getpid(), driver.lower()))
+        factory.secondary_driver = driver != DRIVERS[0]
         try:
             factory.admin()
         except Exception as exc:  # pylint:disable=broad-except

@@ -698,6 +698,7 @@ def test_suite():
         # Several GB through the server take minutes (3 GB: about 2.5 min
         # here): only when asked for, and with one driver.
         factory.big_blob_test = (driver == 'psycopg' and _big_blob_wanted())
+        factory.secondary_driver = driver != DRIVERS[0]
         driver_suite = suite.make_suite(factory, extra_cases=PG_CASES)
         _rehome(driver_suite, factory)
         result.addTest(driver_suite)

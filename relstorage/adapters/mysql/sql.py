@@ -130,6 +130,7 @@ class MySQLStatements(Statements):
     """
     # A named lock is server-wide: the database's name makes it ours.
     TRY_PACK_LOCK = "SELECT GET_LOCK(LEFT(CONCAT('relstorage.pack.', DATABASE()), 64), 0)"
+    RELEASE_PACK_LOCK = "SELECT RELEASE_LOCK(LEFT(CONCAT('relstorage.pack.', DATABASE()), 64))"
 
     LIST_TABLES = """
         SELECT LOWER(table_name), engine FROM information_schema.tables

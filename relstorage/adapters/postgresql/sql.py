@@ -109,6 +109,7 @@ class PostgreSQLStatements(Statements):
     PACK_ANALYZE = "ANALYZE {table}"
     #: Key of the session-level advisory lock only one pack holds.
     TRY_PACK_LOCK = "SELECT pg_try_advisory_lock(7243910377)"
+    RELEASE_PACK_LOCK = "SELECT pg_advisory_unlock(7243910377)"
 
     LIST_TABLES = """
         SELECT c.relname FROM pg_class c
