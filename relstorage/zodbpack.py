@@ -17,6 +17,7 @@ missing object).
 import argparse
 import io
 import logging
+import shutil
 import sys
 import time
 
@@ -149,9 +150,12 @@ def _progress_factory():
     except ImportError:
         return None
 
+    # A terminal that reports no size (some ptys) would get empty bars.
+    width = shutil.get_terminal_size((80, 24)).columns
+
     def make(description, total, unit):
         return tqdm.tqdm(desc=description, total=total, unit=' ' + unit, leave=True,
-                         file=sys.stderr)
+                         file=sys.stderr, ncols=width)
     return make
 
 

@@ -117,6 +117,10 @@ class PackVerbs:
         upto_tid, by tid, streamed (a snapshot connection)."""
         return self.stream_query(conn, self.q(self.sql.PACK_REVISIONS), (after_tid, upto_tid))
 
+    def count_revisions(self, conn, after_tid, upto_tid):
+        return conn.query_value(self.q(self.sql.PACK_COUNT_REVISIONS_AFTER),
+                                (after_tid, upto_tid)) or 0
+
     def forget_refs_after(self, conn, tid):
         conn.execute(self.q(self.sql.PACK_REFS_FORGET_AFTER), (tid,))
 

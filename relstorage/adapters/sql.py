@@ -342,6 +342,9 @@ class Statements:
         WHERE tid > %s AND tid <= %s
         ORDER BY tid
     """
+    PACK_COUNT_REVISIONS_AFTER = """
+        SELECT COUNT(*) FROM object_state WHERE tid > %s AND tid <= %s
+    """
     # Left by an analysis that was interrupted part way through a tid.
     PACK_REFS_FORGET_AFTER = "DELETE FROM object_ref WHERE tid > %s"
     # History-free: an object's new revision replaces its references.

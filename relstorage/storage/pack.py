@@ -118,7 +118,9 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         else:
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress)
             report.pack_tid = min(pack_tid_for(t), snapshot_tid)
-            adapter.compute_pack_candidates(conn, report.pack_tid, gc)
+            bar = progress('computing reachability', None, 'steps')
+            bar.update(adapter.compute_pack_candidates(conn, report.pack_tid, gc))
+            bar.close()
             adapter.set_pack_info(conn, pack_tid=report.pack_tid,
                                   checked_tid=snapshot_tid, prepared=1)
             conn.commit()
@@ -185,7 +187,8 @@ def _analyse(adapter, conn, referencesf, report, progress):
         # An analysis killed part way through a tid left some of its rows.
         adapter.forget_refs_after(conn, done)
         conn.commit()
-        bar = progress('analysing references', None, 'revisions')
+        bar = progress('analysing references',
+                       adapter.count_revisions(load, done, snapshot_tid), 'revisions')
         oids, rows = [], []
         current = None
         completed = done
