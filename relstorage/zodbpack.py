@@ -3,8 +3,8 @@
     zodbpack [-d DAYS] [--prepack | --use-prepack-state | --check-refs-only] CONFIG
 
 CONFIG holds one or more storage sections (``%import relstorage`` for
-``<relstorage>``), bare or wrapped in ``<zodb>`` sections as in the
-application's own configuration.  Each storage is packed to DAYS days ago
+``<relstorage>``), bare or wrapped in ``<zodb>`` (or Zope's ``<zodb_db>``)
+sections as in the application's own configuration.  Each storage is packed to DAYS days ago
 (default 0: now), with garbage collection as its ``pack-gc`` option says.
 A RelStorage pack runs beside a live site: see docs/pack.rst.
 
@@ -26,9 +26,15 @@ from ZODB.serialize import referencesf
 
 from .options import redact_secrets
 
+# <zodb> is ZODB's database section; <zodb_db> is Zope's (zope.conf), whose
+# other keys (mount-point, cache-size, ...) mean nothing to a pack.
 SCHEMA = """
 <schema>
   <import package="ZODB"/>
+  <sectiontype name="zodb_db" implements="ZODB.database">
+    <section type="ZODB.storage" name="*" attribute="storage" required="yes"/>
+    <key name="+" attribute="ignored"/>
+  </sectiontype>
   <multisection type="ZODB.storage" attribute="storages" name="*"/>
   <multisection type="ZODB.database" attribute="databases" name="*"/>
 </schema>
@@ -46,7 +52,7 @@ def make_parser():
                '30 2 * * * zodbpack -d 1 /etc/zodb/pack.conf')
     parser.add_argument('config', metavar='CONFIG',
                         help='ZConfig file with <relstorage> (or other storage) '
-                             'sections, bare or inside <zodb> sections')
+                             'sections, bare or inside <zodb> / <zodb_db> sections')
     parser.add_argument('-d', '--days', type=float, default=0.0,
                         help='keep the history of the last DAYS days (a number, '
                              'fractions allowed; default 0)')
@@ -84,7 +90,7 @@ def main(argv=None):
         return 2
     sections = list(config.storages or ())
     for database in config.databases or ():
-        sections.append(database.config.storage)
+        sections.append(getattr(database, 'config', database).storage)
     if not sections:
         _error('%s names no storage (a <relstorage> section, bare or inside <zodb>)'
                % args.config)

@@ -5,10 +5,6 @@ in ``object_ref``, reachability in temporary tables expanded by
 ``INSERT ... SELECT`` joins, candidates in ``pack_object`` (see sql.py).
 The client holds one batch of rows at a time.
 """
-import logging
-
-log = logging.getLogger(__name__)
-
 #: Greater than every tid: "all revisions" as a ``below`` bound.
 ALL_REVISIONS = (1 << 63) - 1
 

@@ -49,13 +49,15 @@ class PackCase(FactoryCase):
         self.tmp = tempfile.mkdtemp(prefix='relstoragetest_pack_')
         self.addCleanup(shutil.rmtree, self.tmp, True)
 
-    def write_config(self, storage_options='', wrap_zodb=False):
+    def write_config(self, storage_options='', wrap_zodb=None):
         body = '<relstorage>\n  keep-history %s\n%s%s</relstorage>\n' % (
             'true' if self.keep_history else 'false',
             ''.join('  %s\n' % line for line in storage_options.splitlines() if line),
             self.factory.zconfig_adapter())
-        if wrap_zodb:
-            body = '<zodb main>\n%s</zodb>\n' % body
+        if wrap_zodb == 'zodb_db':      # zope.conf's section
+            body = '<zodb_db main>\n  mount-point /\n  cache-size 30000\n%s</zodb_db>\n' % body
+        elif wrap_zodb:
+            body = '<zodb main>\n  cache-size 5000\n%s</zodb>\n' % body
         path = os.path.join(self.tmp, 'pack-%d.conf' % len(os.listdir(self.tmp)))
         with open(path, 'w') as f:
             f.write('%import relstorage\n' + body)
@@ -321,6 +323,10 @@ class PackBehaviourTests(PackCase):
         self.assertEqual(report.analysed, 0)      # nothing new to read
         self.assertEqual(report.objects_removed, 0)
         self.assert_reachable_objects_load()
+        # Zope's <zodb_db> section, with its own keys.
+        status, out, err = self.zodbpack(self.write_config(wrap_zodb='zodb_db'))
+        self.assertEqual(status, 0, err)
+        self.assertIn('removed 0 objects', out)
 
 
 # zodbpack in a child process that SIGKILLs itself at one point of the
