@@ -223,6 +223,15 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()
 
+    def test_object_reachable_only_from_an_old_revision_is_collected(self):
+        # 'child' was referenced by an older revision of 'keep' only.
+        db = self.db()
+        child_oid = self.populate(db)
+        self.assertTrue(self.exists(child_oid))
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
+
     def test_pack_gc_false_removes_no_existing_object(self):
         db = self.db(pack_gc=False)
         child_oid = self.populate(db)
