@@ -46,7 +46,9 @@ setup(
         'oracle': oracle,
         'memcache': ['pymemcache'],
         'redis': redis,
-        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache']
+        # zodbpack's progress display on a terminal (optional).
+        'progress': ['tqdm'],
+        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache', 'tqdm']
                 + redis + oracle + ['sqlglot'],
     },
     entry_points={

@@ -35,10 +35,10 @@ class Option:
     """
 
     __slots__ = ('name', 'attribute', 'default', 'datatype', 'doc', 'active',
-                 'choices', 'aliases', 'replaced_by')
+                 'choices', 'aliases', 'replaced_by', 'valid')
 
     def __init__(self, name, default, datatype, doc, active=False,
-                 choices=None, aliases=None, replaced_by=None):
+                 choices=None, aliases=None, replaced_by=None, valid=None):
         self.name = name
         self.attribute = name.replace('-', '_')
         self.default = default
@@ -49,6 +49,8 @@ class Option:
         # Values earlier releases accepted -> the choice that means the same.
         self.aliases = dict(aliases) if aliases else {}
         self.replaced_by = replaced_by
+        #: None, or (predicate, what the predicate demands) for a value.
+        self.valid = valid
 
     @property
     def legacy(self):
@@ -66,6 +68,8 @@ class Option:
                 '%s: %r is not one of %s' % (
                     self.name, value,
                     ', '.join(map(repr, self.choices + tuple(self.aliases)))))
+        if self.valid is not None and value is not None and not self.valid[0](value):
+            raise ValueError('%s: %r %s' % (self.name, value, self.valid[1]))
         return value
 
     @property
@@ -85,6 +89,10 @@ def format_config_value(value):
         return 'true' if value else 'false'
     return str(value)
 
+
+_POSITIVE = (lambda v: v > 0, 'must be greater than 0')
+_NOT_NEGATIVE = (lambda v: v >= 0, 'must not be negative')
+_FRACTION = (lambda v: 0 < v <= 1, 'must be greater than 0 and at most 1')
 
 OPTIONS = (
     # Identity and behaviour of the storage.
@@ -135,13 +143,25 @@ OPTIONS = (
     Option('pack-gc', True, 'boolean',
            'Remove unreachable objects when packing.', active=True),
     Option('pack-prepack-only', False, 'boolean',
-           'Only analyse what a pack would remove; delete nothing.'),
+           'Only analyse what a pack would remove and report it; delete '
+           'nothing.', active=True),
     Option('pack-skip-prepack', False, 'boolean',
-           'Reuse the analysis of an earlier pack-prepack-only run.'),
+           'Skip the analysis and delete what an earlier pack-prepack-only '
+           'run found, re-checking every candidate against later commits.',
+           active=True),
     Option('pack-batch-timeout', 1.0, 'float',
-           'Seconds a pack batch may hold the commit lock.'),
+           'Longest time, in seconds, one deletion batch of a pack holds the '
+           'commit lock.', active=True, valid=_POSITIVE),
     Option('pack-commit-busy-delay', 5.0, 'float',
-           'Seconds a pack waits after finding the commit lock busy.'),
+           'Seconds a pack waits before trying again when the commit lock '
+           'stays busy.', active=True, valid=_NOT_NEGATIVE),
+    Option('pack-duty-cycle', 0.5, 'float',
+           'Fraction of the deletion phase during which the pack may hold the '
+           'commit lock (more than 0, at most 1); it sleeps the rest.',
+           active=True, valid=_FRACTION),
+    Option('pack-max-delay', 20.0, 'float',
+           'Longest sleep, in seconds, between two deletion batches of a '
+           'pack.', active=True, valid=_NOT_NEGATIVE),
     # Caching.
     Option('cache-servers', None, 'string',
            'Shared cache servers: memcached host:port entries, or Redis URLs '

@@ -1,13 +1,23 @@
-"""zodbpack: pack the storages named in a ZConfig file (for cron).
+"""zodbpack: pack the storages named in a ZConfig file (made for cron).
 
-    zodbpack [-d DAYS] CONFIG
+    zodbpack [-d DAYS] [--prepack | --use-prepack-state | --check-refs-only] CONFIG
 
 CONFIG holds one or more storage sections (``%import relstorage`` for
-``<relstorage>``).  Each storage is packed to DAYS days ago (default 0:
-now), with garbage collection as its ``pack-gc`` option says.
+``<relstorage>``), bare or wrapped in ``<zodb>`` (or Zope's ``<zodb_db>``)
+sections as in the application's own configuration.  Each storage is packed to DAYS days ago
+(default 0: now), with garbage collection as its ``pack-gc`` option says.
+A RelStorage pack runs beside a live site: see docs/pack.rst.
+
+On a terminal, each phase shows its progress; otherwise (cron) the only
+output is a one-line summary per storage.  Any error ends with a one-line
+message and a non-zero exit status (2 for a bad command line or
+configuration, 1 otherwise; 1 as well when --check-refs-only finds a
+missing object).
 """
 import argparse
+import io
 import logging
+import shutil
 import sys
 import time
 
@@ -16,70 +26,164 @@ from ZODB.serialize import referencesf
 
 from .options import redact_secrets
 
+# <zodb> is ZODB's database section; <zodb_db> is Zope's (zope.conf), whose
+# other keys (mount-point, cache-size, ...) mean nothing to a pack.
 SCHEMA = """
 <schema>
   <import package="ZODB"/>
-  <multisection type="ZODB.storage" attribute="storages" name="*" required="yes"/>
+  <sectiontype name="zodb_db" implements="ZODB.database">
+    <section type="ZODB.storage" name="*" attribute="storage" required="yes"/>
+    <key name="+" attribute="ignored"/>
+  </sectiontype>
+  <multisection type="ZODB.storage" attribute="storages" name="*"/>
+  <multisection type="ZODB.database" attribute="databases" name="*"/>
 </schema>
 """
 
 log = logging.getLogger('zodbpack')
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog='zodbpack', description=__doc__.splitlines()[0])
-    parser.add_argument('config', metavar='CONFIG')
+def make_parser():
+    parser = argparse.ArgumentParser(
+        prog='zodbpack',
+        description='Pack the ZODB storages of a ZConfig file: remove old revisions '
+                    'and (with pack-gc, the default) unreachable objects.',
+        epilog='Example crontab line, packing every night to one day ago:  '
+               '30 2 * * * zodbpack -d 1 /etc/zodb/pack.conf')
+    parser.add_argument('config', metavar='CONFIG',
+                        help='ZConfig file with <relstorage> (or other storage) '
+                             'sections, bare or inside <zodb> / <zodb_db> sections')
     parser.add_argument('-d', '--days', type=float, default=0.0,
-                        help='keep the history of the last DAYS days (default 0)')
-    parser.add_argument('--prepack', action='store_true',
-                        help='accepted for compatibility; packing here has no separate '
-                             'pre-pack phase')
-    parser.add_argument('--use-prepack-state', action='store_true',
-                        help='accepted for compatibility (see --prepack)')
-    parser.add_argument('-q', '--quiet', action='store_true')
+                        help='keep the history of the last DAYS days (a number, '
+                             'fractions allowed; default 0)')
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument('--prepack', action='store_true',
+                      help='only analyse: report what a pack would remove (objects, '
+                           'revisions, bytes, blobs) and remove nothing '
+                           '(= pack-prepack-only)')
+    mode.add_argument('--use-prepack-state', action='store_true',
+                      help='skip the analysis and remove what the last --prepack '
+                           'found, re-checking every candidate against commits '
+                           'made since (= pack-skip-prepack)')
+    mode.add_argument('--check-refs-only', action='store_true',
+                      help='report references to objects that do not exist (OID, '
+                           'referencing OID and TID); exit 1 if any; remove nothing')
+    parser.add_argument('-q', '--quiet', action='store_true',
+                        help='no progress display and no summary; errors only')
+    parser.add_argument('-v', '--verbose', action='store_true',
+                        help='log what the pack does (INFO)')
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(asctime)s %(name)s %(levelname)s %(message)s')
     if args.days < 0:
         parser.error('--days must not be negative')
-    if args.prepack or args.use_prepack_state:
-        log.info('--prepack/--use-prepack-state are accepted but have no effect: '
-                 'pack runs as a single phase')
     try:
-        schema = ZConfig.loadSchemaFile(_string_io(SCHEMA))
+        schema = ZConfig.loadSchemaFile(io.StringIO(SCHEMA))
         config, _ = ZConfig.loadConfig(schema, args.config)
     except (ZConfig.ConfigurationError, OSError) as exc:
-        sys.stderr.write('zodbpack: %s\n' % redact_secrets(str(exc)))
+        _error('%s' % exc)
         return 2
+    sections = list(config.storages or ())
+    for database in config.databases or ():
+        sections.append(getattr(database, 'config', database).storage)
+    if not sections:
+        _error('%s names no storage (a <relstorage> section, bare or inside <zodb>)'
+               % args.config)
+        return 2
+    show_progress = not args.quiet and sys.stderr.isatty()
+    progress = _progress_factory() if show_progress else None
     pack_time = time.time() - args.days * 86400
     status = 0
-    for section in config.storages:
-        name = getattr(section, 'name', None) or section.config.getSectionName() or '(unnamed)'
+    for section in sections:
+        name = _section_name(section)
         try:
             storage = section.open()
         except Exception as exc:  # pylint:disable=broad-except
-            sys.stderr.write('zodbpack: cannot open storage %s: %s\n'
-                             % (name, redact_secrets(str(exc))))
+            _error('cannot open storage %s: %s' % (name, _one_line(exc)))
             status = 1
             continue
+        name = storage.getName() or name
         try:
-            started = time.time()
-            before = len(storage)
-            storage.pack(pack_time, referencesf)
-            log.info('Packed %s in %.1fs: %d objects before, %d after',
-                     name, time.time() - started, before, len(storage))
+            status = max(status, _run(storage, name, args, pack_time, progress))
         except Exception as exc:  # pylint:disable=broad-except
-            sys.stderr.write('zodbpack: packing %s failed: %s\n'
-                             % (name, redact_secrets(str(exc))))
+            _error('%s: %s' % (name, _one_line(exc)))
+            log.debug('zodbpack failed', exc_info=True)
             status = 1
         finally:
             storage.close()
     return status
 
 
-def _string_io(text):
-    import io
-    return io.StringIO(text)
+def _run(storage, name, args, pack_time, progress):
+    run_pack = getattr(storage, 'run_pack', None)
+    if run_pack is None:
+        if args.prepack or args.use_prepack_state or args.check_refs_only:
+            raise ValueError('--prepack, --use-prepack-state and --check-refs-only '
+                             'need a RelStorage, not %s' % type(storage).__name__)
+        started = time.time()
+        storage.pack(pack_time, referencesf)
+        _say(args, '%s: packed in %.1fs' % (name, time.time() - started))
+        return 0
+    if args.check_refs_only:
+        started = time.time()
+        missing = storage.check_references(referencesf, progress=progress)
+        for oid, tid, to_oid in missing:
+            print('%s: object 0x%x is missing, referenced by object 0x%x at '
+                  'transaction 0x%x' % (name, to_oid, oid, tid))
+        _say(args, '%s: %d references to missing objects (%.1fs)'
+             % (name, len(missing), time.time() - started))
+        return 1 if missing else 0
+    report = run_pack(pack_time, referencesf,
+                      prepack_only=True if args.prepack else None,
+                      skip_prepack=True if args.use_prepack_state else None,
+                      progress=progress)
+    _say(args, '%s: %s' % (name, report.summary()))
+    if report.orphan_blob_files:
+        _say(args, '%s: %d blob files have no database row (first: %s)'
+             % (name, len(report.orphan_blob_files), report.orphan_blob_files[0]))
+    return 0
+
+
+def _progress_factory():
+    """A progress display per phase from tqdm, or None without it."""
+    try:
+        import tqdm
+    except ImportError:
+        return None
+
+    # A terminal that reports no size (some ptys) would get empty bars.
+    width = shutil.get_terminal_size((80, 24)).columns
+
+    def make(description, total, unit):
+        return tqdm.tqdm(desc=description, total=total, unit=' ' + unit, leave=True,
+                         file=sys.stderr, ncols=width)
+    return make
+
+
+def _section_name(section):
+    try:
+        return section.config.getSectionName() or section.name or '(unnamed)'
+    except AttributeError:
+        return getattr(section, 'name', None) or '(unnamed)'
+
+
+def _say(args, text):
+    if not args.quiet:
+        print('zodbpack: ' + text)
+
+
+def _error(text):
+    sys.stderr.write('zodbpack: %s\n' % redact_secrets(text))
+
+
+def _one_line(exc):
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 if __name__ == '__main__':

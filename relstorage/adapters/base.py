@@ -22,6 +22,7 @@ from ..interfaces import describe_oids
 from ..options import Options
 from .connections import DBConnection
 from .servers import ServerChooser
+from .packing import PackVerbs
 from .sql import Statements
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def chunks(seq, size):
 
 
 @zope.interface.implementer(IRelStorageAdapter)
-class Adapter:
+class Adapter(PackVerbs):
     """Base class of the database adapters."""
 
     #: Name used in messages and URIs.
@@ -620,23 +621,17 @@ class Adapter:
         return conn.query_all(self.q(self.sql.UNDO_SOURCES), (tid,))
 
     # ------------------------------------------------------------------
-    # Pack.
+    # Pack (more verbs in packing.py).
 
-    def iter_states(self, conn, batch=1000):
-        """Every (oid, tid, state) row of object_state, streamed."""
-        conn.execute(self.q(self.sql.ALL_STATES))
-        while True:
-            rows = conn.cursor.fetchmany(batch)
-            if not rows:
-                break
-            yield from rows
-
-    def stream_rows(self, conn, cursor, sql, batch=1000):
+    def stream_rows(self, conn, cursor, sql, batch=1000, params=None):
         """Yield the rows of ``sql`` run on ``cursor`` (a driver cursor that
         does not hold the whole result in memory), batch by batch, with
         driver errors translated; the cursor is closed at the end."""
         try:
-            conn.call(cursor.execute, sql)
+            if params is None:
+                conn.call(cursor.execute, sql)
+            else:
+                conn.call(cursor.execute, sql, params)
             while True:
                 rows = conn.call(cursor.fetchmany, batch)
                 if not rows:

@@ -23,6 +23,20 @@ Tables (both modes):
                      revision (creation undone, or deleted by external GC).
 ``temp_store``       per-connection temporary table holding the states of the
                      transaction being committed until they move into place.
+
+Pack tables, created by the first pack (see storage/pack.py):
+
+``object_ref``       (zoid, tid, to_zoid): the references of each analysed
+                     revision, extracted once and reused by later packs.
+``pack_info``        name -> integer: ``refs_tid`` (every revision up to it
+                     is in object_ref), and the pre-pack's ``pack_tid``,
+                     ``checked_tid`` (commits up to it were re-checked) and
+                     ``prepared``.
+``pack_object``      the pre-pack's result: objects whose revisions older
+                     than ``keep_tid`` go, and (``garbage`` = 1) objects that
+                     go entirely.
+``temp_pack_*``      per-connection work tables of the pack's reachability
+                     and deletion batches.
 """
 
 
@@ -31,8 +45,23 @@ class Statements:
 
     keep_history = True
 
+    #: How a vendor writes "INSERT ... skipping rows whose key exists".
+    INSERT_IGNORE = 'INSERT INTO'
+    INSERT_IGNORE_END = 'ON CONFLICT DO NOTHING'
+
     def __init__(self, keep_history):
         self.keep_history = keep_history
+        # {current}: the table holding each object's current tid.
+        fill = {'{insert_ignore}': self.INSERT_IGNORE,
+                '{insert_ignore_end}': self.INSERT_IGNORE_END,
+                '{current}': 'current_object' if keep_history else 'object_state'}
+        for name in dir(self):
+            if name.startswith('PACK_'):
+                value = getattr(self, name)
+                if isinstance(value, str):
+                    for key, text in fill.items():
+                        value = value.replace(key, text)
+                    setattr(self, name, value)
         if not keep_history:
             for name in dir(self):
                 if name.endswith('_HF'):
@@ -292,8 +321,6 @@ class Statements:
 
     # --- pack -------------------------------------------------------------
 
-    ALL_STATES = "SELECT zoid, tid, state FROM object_state"
-
     DELETE_OBJECT = "DELETE FROM object_state WHERE zoid = %s"
 
     DELETE_CURRENT = "DELETE FROM current_object WHERE zoid = %s"
@@ -302,8 +329,195 @@ class Statements:
 
     MARK_PACKED = "UPDATE transaction_log SET packed = %s WHERE tid <= %s"
 
+    # NOT EXISTS probes the index on object_state.tid per transaction; NOT
+    # IN (SELECT ...) may materialise every tid of the database.
     DELETE_TRANSACTIONS_WITHOUT_STATES = """
         DELETE FROM transaction_log
         WHERE tid > 0 AND tid <= %s AND packed = %s
-          AND tid NOT IN (SELECT DISTINCT tid FROM object_state)
+          AND NOT EXISTS (SELECT 1 FROM object_state s WHERE s.tid = transaction_log.tid)
+    """
+
+    # --- pack: references, reachability, batches (storage/pack.py) -----------
+
+    #: Statements taking (without waiting) and releasing the session lock
+    #: that lets one pack run at a time; vendors supply them.
+    TRY_PACK_LOCK = None
+    RELEASE_PACK_LOCK = None
+
+    PACK_INFO_GET = "SELECT name, value FROM pack_info"
+    PACK_INFO_DELETE = "DELETE FROM pack_info WHERE name = %s"
+    PACK_INFO_INSERT = "INSERT INTO pack_info (name, value) VALUES (%s, %s)"
+
+    # Ordered by tid: the analysis records its progress as a tid.
+    PACK_REVISIONS = """
+        SELECT zoid, tid, state FROM object_state
+        WHERE tid > %s AND tid <= %s
+        ORDER BY tid
+    """
+    PACK_COUNT_REVISIONS_AFTER = """
+        SELECT COUNT(*) FROM object_state WHERE tid > %s AND tid <= %s
+    """
+    # Left by an analysis that was interrupted part way through a tid.
+    PACK_REFS_FORGET_AFTER = "DELETE FROM object_ref WHERE tid > %s"
+    # History-free: an object's new revision replaces its references.
+    PACK_REFS_FORGET_OBJECTS = "DELETE FROM object_ref WHERE zoid IN ({in_list})"
+    PACK_REFS_INSERT = "INSERT INTO object_ref (zoid, tid, to_zoid) VALUES "
+
+    # The revision of each object current at the pack time, and how many
+    # revisions it has up to then.
+    PACK_FILL_CURRENT = """
+        INSERT INTO temp_pack_current (zoid, tid, revisions)
+        SELECT zoid, MAX(tid), COUNT(*) FROM object_state
+        WHERE tid <= %s
+        GROUP BY zoid
+    """
+    PACK_FILL_CURRENT_HF = """
+        INSERT INTO temp_pack_current (zoid, tid, revisions)
+        SELECT zoid, tid, 1 FROM object_state WHERE tid <= %s
+    """
+    # The root and everything changed after the pack time are kept.
+    PACK_ROOTS = """
+        INSERT INTO temp_pack_reach (zoid)
+        SELECT zoid FROM {current} WHERE zoid = 0 OR tid > %s
+    """
+    PACK_FRONTIER_FROM_REACH = """
+        INSERT INTO temp_pack_frontier (zoid) SELECT zoid FROM temp_pack_reach WHERE 1 = 1
+    """
+    # What revisions after the pack time reference.
+    PACK_REACH_NEWER_REFS = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE r.tid > %s AND x.zoid IS NULL
+    """
+    # One step of the frontier: what the pack-time revisions of the
+    # frontier reference, not reached yet.
+    PACK_REACH_STEP = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        JOIN temp_pack_current c ON c.zoid = f.zoid
+        JOIN object_ref r ON r.zoid = c.zoid AND r.tid = c.tid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
+    PACK_REACH_ADD = """
+        INSERT INTO temp_pack_reach (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1
+    """
+    PACK_FRONTIER_FROM_NEXT = """
+        INSERT INTO temp_pack_frontier (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1
+    """
+    # Parameters: gc (1/0), pack tid, gc.  An object goes entirely when it
+    # has no revision after the pack time and is unreachable (with GC) or
+    # did not exist at the pack time; otherwise only its older revisions go.
+    PACK_CANDIDATES = """
+        INSERT INTO pack_object (zoid, keep_tid, garbage)
+        SELECT c.zoid, c.tid,
+               CASE WHEN n.zoid IS NULL
+                         AND ((x.zoid IS NULL AND %s = 1) OR s.state IS NULL)
+                    THEN 1 ELSE 0 END
+        FROM temp_pack_current c
+        JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
+        LEFT JOIN temp_pack_reach x ON x.zoid = c.zoid
+        LEFT JOIN {current} n ON n.zoid = c.zoid AND n.tid > %s
+        WHERE c.revisions > 1 OR s.state IS NULL OR (x.zoid IS NULL AND %s = 1)
+    """
+    PACK_CLEAR_CANDIDATES = "DELETE FROM pack_object"
+
+    # What the candidates amount to: objects, revisions, bytes, blobs.
+    PACK_COUNT_OBJECTS = "SELECT COUNT(*) FROM pack_object WHERE garbage = 1"
+    PACK_COUNT_REVISIONS = """
+        SELECT COUNT(*), COALESCE(SUM(s.state_size), 0)
+        FROM pack_object p JOIN object_state s ON s.zoid = p.zoid
+        WHERE s.tid < p.keep_tid OR p.garbage = 1
+    """
+    PACK_COUNT_BLOBS = """
+        SELECT COUNT(*) FROM pack_object p JOIN blob_chunk b ON b.zoid = p.zoid
+        WHERE b.chunk_num = 0 AND (b.tid < p.keep_tid OR p.garbage = 1)
+    """
+
+    # Re-checking candidates against commits after the analysis: those
+    # with a new revision, those a new revision references, and (see
+    # PACK_RESCUE_STEP) what those reference among the candidates.
+    PACK_RESCUE_CHANGED = """
+        INSERT INTO temp_pack_frontier (zoid)
+        SELECT p.zoid FROM {current} c
+        JOIN pack_object p ON p.zoid = c.zoid
+        WHERE c.tid > %s AND p.garbage = 1
+    """
+    PACK_NEW_REVISIONS = """
+        SELECT zoid, tid, state FROM object_state WHERE tid > %s AND tid <= %s
+    """
+    PACK_NEXT_INSERT = "INSERT INTO temp_pack_next (zoid) VALUES "
+    PACK_RESCUE_REFERENCED = """
+        {insert_ignore} temp_pack_frontier (zoid)
+        SELECT p.zoid FROM temp_pack_next n
+        JOIN pack_object p ON p.zoid = n.zoid
+        WHERE p.garbage = 1 {insert_ignore_end}
+    """
+    PACK_UNMARK = """
+        UPDATE pack_object SET garbage = 0
+        WHERE zoid IN (SELECT zoid FROM temp_pack_frontier)
+    """
+    PACK_RESCUE_STEP = """
+        {insert_ignore} temp_pack_next (zoid)
+        SELECT p.zoid FROM temp_pack_frontier f
+        JOIN pack_object pf ON pf.zoid = f.zoid
+        JOIN object_ref r ON r.zoid = pf.zoid AND r.tid = pf.keep_tid
+        JOIN pack_object p ON p.zoid = r.to_zoid
+        WHERE p.garbage = 1 {insert_ignore_end}
+    """
+
+    # One deletion batch: the next candidates by OID, each with the tid
+    # below which its revisions go (all of them for garbage).
+    PACK_FILL_BATCH = """
+        INSERT INTO temp_pack_batch (zoid, below, garbage)
+        SELECT zoid, CASE WHEN garbage = 1 THEN %s ELSE keep_tid END, garbage
+        FROM pack_object WHERE zoid > %s
+        ORDER BY zoid
+        LIMIT %s
+    """
+    PACK_BATCH_ROWS = "SELECT zoid, below, garbage FROM temp_pack_batch ORDER BY zoid"
+    PACK_BATCH_BLOBS = """
+        SELECT COUNT(*) FROM temp_pack_batch t JOIN blob_chunk b ON b.zoid = t.zoid
+        WHERE b.chunk_num = 0 AND b.tid < t.below
+    """
+    # ANSI forms (SQLite plans "zoid IN (SELECT ...)" as primary key
+    # lookups); PostgreSQL and MySQL join instead.
+    PACK_DELETE_STATES = """
+        DELETE FROM object_state
+        WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
+          AND tid < (SELECT t.below FROM temp_pack_batch t WHERE t.zoid = object_state.zoid)
+    """
+    PACK_DELETE_BLOBS = """
+        DELETE FROM blob_chunk
+        WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
+          AND tid < (SELECT t.below FROM temp_pack_batch t WHERE t.zoid = blob_chunk.zoid)
+    """
+    PACK_DELETE_REFS = """
+        DELETE FROM object_ref
+        WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
+          AND tid < (SELECT t.below FROM temp_pack_batch t WHERE t.zoid = object_ref.zoid)
+    """
+    PACK_DELETE_CURRENT = """
+        DELETE FROM current_object
+        WHERE zoid IN (SELECT zoid FROM temp_pack_batch WHERE garbage = 1)
+    """
+    PACK_DELETE_DONE = """
+        DELETE FROM pack_object WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
+    """
+
+    # History-preserving end of a pack: transactions up to the pack time
+    # are packed (no undo), and those left without states go.
+    PACK_MARK_PACKED = """
+        UPDATE transaction_log SET packed = %s WHERE tid <= %s AND packed <> %s
+    """
+
+    # References from current revisions to objects that do not exist.
+    PACK_MISSING_REFERENCES = """
+        SELECT r.zoid, r.tid, r.to_zoid
+        FROM {current} c
+        JOIN object_ref r ON r.zoid = c.zoid AND r.tid = c.tid
+        LEFT JOIN {current} t ON t.zoid = r.to_zoid
+        WHERE t.zoid IS NULL
+        ORDER BY r.zoid, r.to_zoid
     """

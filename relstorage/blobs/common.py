@@ -45,10 +45,13 @@ class BlobMode:
         return target
 
     def forget(self, removed_oids, kept_revisions):
-        """Pack removed objects/revisions: drop their local files."""
+        """Pack removed objects/revisions: drop their local files.  Returns
+        how many blob files were removed."""
+        count = 0
         for oid_int in removed_oids:
             path = self.fshelper.getPathForOID(p64(oid_int))
             if os.path.isdir(path):
+                count += sum(1 for name in os.listdir(path) if name.endswith('.blob'))
                 shutil.rmtree(path, ignore_errors=True)
         for oid_int, keep_tid in kept_revisions:
             path = self.fshelper.getPathForOID(p64(oid_int))
@@ -62,6 +65,8 @@ class BlobMode:
                         continue
                     if tid_int < keep_tid:
                         _remove(os.path.join(path, name))
+                        count += 1
+        return count
 
     def forget_all(self):
         """zap_all: drop every object's files (the layout marker and the

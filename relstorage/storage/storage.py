@@ -704,14 +704,35 @@ class RelStorage(ConflictResolvingStorage):
         copy.copy_transactions(other, self)
 
     def pack(self, t, referencesf, gc=None):
+        """IStorage.pack; see run_pack."""
+        self.run_pack(t, referencesf, gc=gc)
+
+    def run_pack(self, t, referencesf, gc=None, prepack_only=None, skip_prepack=None,
+                 progress=None):
+        """Pack to time ``t`` (see storage/pack.py); returns a PackReport.
+        ``gc``, ``prepack_only`` and ``skip_prepack`` default to the
+        pack-gc, pack-prepack-only and pack-skip-prepack options;
+        ``progress`` makes a progress display per phase (zodbpack)."""
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         from . import pack
-        if gc is None:
-            gc = self._options.pack_gc
-        pack.pack(self, t, referencesf, gc)
+        options = self._options
+        report = pack.pack(
+            self._adapter, options, t, referencesf,
+            gc=options.pack_gc if gc is None else gc,
+            blobs=self._blobs, cache=self._cache,
+            prepack_only=options.pack_prepack_only if prepack_only is None else prepack_only,
+            skip_prepack=options.pack_skip_prepack if skip_prepack is None else skip_prepack,
+            progress=progress)
         with self._lock:
             self._end_snapshot()
+        return report
+
+    def check_references(self, referencesf, progress=None):
+        """References from current revisions to objects that do not exist,
+        as (oid, tid, missing oid) integers; removes nothing."""
+        from . import pack
+        return pack.check_references(self._adapter, referencesf, progress=progress)
 
     def zap_all(self, **kwargs):
         """Remove every object and transaction, leaving an empty, usable

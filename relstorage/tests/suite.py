@@ -252,9 +252,10 @@ def make_suite(factory, extra_cases=()):
     from . import blob_cases
     from . import core_cases
     from . import crash_cases
+    from . import pack_cases
     from . import zap_cases
     for case in (tuple(core_cases.CASES) + tuple(blob_cases.CASES) + tuple(crash_cases.CASES)
-                 + tuple(zap_cases.CASES)
+                 + tuple(zap_cases.CASES) + tuple(pack_cases.CASES)
                  + tuple(extra_cases)):
         suite.addTest(loader.loadTestsFromTestCase(
             type(case.__name__ + '_' + factory.name.replace('-', '_'), (case,),

@@ -178,6 +178,12 @@ class MySQLFactory(suite.NamedDatabases):
     def make_named(self, key):
         return MySQLFactory(self.driver, '%s_n_%s' % (self.db_name, key))
 
+    def zconfig_adapter(self):
+        """The adapter section of a ZConfig file for this database."""
+        lines = ['<mysql>', '  driver %s' % self.driver]
+        lines += ['  %s %s' % (k, v) for k, v in self.connect_kwargs().items() if v != '']
+        return '\n'.join(lines + ['</mysql>', ''])
+
     def write_subprocess_factory(self, directory, keep_history):
         """A module a child process imports to reach the same database."""
         with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:
@@ -789,6 +795,7 @@ def test_suite():
             tests.addTest(_failing(label, str(exc)))
             continue
         factory = MySQLFactory(driver, 'relstoragetest_%d_%s' % (os.getpid(), driver.lower()))
+        factory.secondary_driver = driver != DRIVERS[0]
         try:
             factory.admin()
         except Exception as exc:  # pylint:disable=broad-except

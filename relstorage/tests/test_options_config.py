@@ -158,6 +158,7 @@ class TestOptions(unittest.TestCase):
             'revert_when_stale': False, 'poll_interval': None, 'pack_gc': True,
             'pack_prepack_only': False, 'pack_skip_prepack': False,
             'pack_batch_timeout': 1.0, 'pack_commit_busy_delay': 5.0,
+            'pack_duty_cycle': 0.5, 'pack_max_delay': 20.0,
             'cache_servers': None, 'cache_module_name': None,
             'cache_prefix': None, 'cache_local_mb': 10,
             'cache_local_dir': None, 'cache_local_object_max': 16384,
@@ -182,7 +183,18 @@ class TestOptions(unittest.TestCase):
             'cache_delta_size_limit', 'driver',
             'blob_dir', 'shared_blob_dir', 'blob_cache_size', 'blob_cache_size_check',
             'blob_cache_size_check_external', 'blob_chunk_size', 'pack_gc',
-            'replica_conf', 'ro_replica_conf', 'replica_timeout', 'revert_when_stale'})
+            'replica_conf', 'ro_replica_conf', 'replica_timeout', 'revert_when_stale',
+            'pack_prepack_only', 'pack_skip_prepack', 'pack_batch_timeout',
+            'pack_commit_busy_delay', 'pack_duty_cycle', 'pack_max_delay'})
+
+    def test_pack_duty_cycle_out_of_range_names_the_option(self):
+        for bad in (0, 1.5, -0.1):
+            with self.assertRaises(ValueError) as cm:
+                Options(pack_duty_cycle=bad)
+            self.assertIn('pack-duty-cycle', str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            Options(pack_batch_timeout=0)
+        self.assertIn('pack-batch-timeout', str(cm.exception))
 
     def test_option_fields(self):
         option = Options.option('keep-history')
@@ -245,6 +257,8 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(redact_secrets('dbname=x host=y'), 'dbname=x host=y')
 
     def test_log_notices(self):
+        # Every option is built now; keys of earlier releases still get
+        # their one warning.
         logger = logging.getLogger('relstorage.tests.inactive')
         options = Options(blob_dir='/tmp', keep_history=False,
                           pack_gc=True, pack_batch_timeout=7.0,
@@ -252,8 +266,6 @@ class TestOptions(unittest.TestCase):
         with self.assertLogs(logger, logging.INFO) as logs:
             options.log_notices(logger)
         self.assertEqual(logs.output, [
-            'INFO:relstorage.tests.inactive:option pack-batch-timeout is '
-            'accepted but not yet active',
             'WARNING:relstorage.tests.inactive:option cache-local-dir-count '
             'is from an earlier release and no longer used; replaced by: '
             'cache-local-dir, which keeps one file per storage',
@@ -474,6 +486,7 @@ class TestValues(_ParsingTests):
             'revert-when-stale true', 'pack-gc false',
             'pack-prepack-only true', 'pack-skip-prepack true',
             'pack-batch-timeout 2.5', 'pack-commit-busy-delay 0.5',
+            'pack-duty-cycle 0.25', 'pack-max-delay 3',
             'cache-servers 127.0.0.1:11211 127.0.0.1:11212',
             'cache-module-name pymemcache', 'cache-prefix zodb',
             'cache-local-mb 100', 'cache-local-dir @TMP@/cache',
@@ -493,7 +506,8 @@ class TestValues(_ParsingTests):
             'replica_timeout': 30.0, 'revert_when_stale': True,
             'poll_interval': None, 'pack_gc': False, 'pack_prepack_only': True,
             'pack_skip_prepack': True, 'pack_batch_timeout': 2.5,
-            'pack_commit_busy_delay': 0.5,
+            'pack_commit_busy_delay': 0.5, 'pack_duty_cycle': 0.25,
+            'pack_max_delay': 3.0,
             'cache_servers': '127.0.0.1:11211 127.0.0.1:11212',
             'cache_module_name': 'pymemcache', 'cache_prefix': 'zodb',
             'cache_local_mb': 100, 'cache_local_dir': self.tmp + '/cache',

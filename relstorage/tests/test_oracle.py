@@ -303,7 +303,6 @@ def drive_every_verb(adapter, recorder):
 
     # Pack, as storage/pack.py runs it.
     adapter.has_blob_chunk = True
-    list(adapter.iter_states(store))
     adapter.pack_delete(store, [1, 2], [(3, 150), (4, 150)], 150)
     adapter.bump_pack_mark(store)              # the first pack inserts the mark
     recorder.pack_mark = 1
@@ -319,12 +318,22 @@ def drive_every_verb(adapter, recorder):
     adapter.drop_all()
 
 
+#: The two-phase pack's statements, which have no Oracle form yet: the
+#: Oracle adapter refuses to pack (test_pack_is_refused_clearly).
+PACK_PENDING = {'INSERT_IGNORE', 'INSERT_IGNORE_END', 'TRY_PACK_LOCK', 'RELEASE_PACK_LOCK'}
+
+
+def pack_pending(name):
+    return name in PACK_PENDING or name.startswith('PACK_')
+
+
 def named_statements(adapter):
     """name -> text of every statement of ``adapter.sql`` (this mode)."""
     result = {}
     for name in dir(adapter.sql):
         value = getattr(adapter.sql, name)
-        if name.isupper() and isinstance(value, str) and not name.endswith('_HF'):
+        if (name.isupper() and isinstance(value, str) and not name.endswith('_HF')
+                and not pack_pending(name)):
             result[name] = value
     return result
 
@@ -334,6 +343,12 @@ NOT_DRIVEN = {
     'binary', 'q', 'in_list', 'classify_error', 'translate_error', 'describe',
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
+    # The two-phase pack: not available on Oracle yet (see PACK_PENDING).
+    'add_refs', 'clear_pack_temp', 'compute_pack_candidates', 'count_revisions',
+    'delete_pack_batch', 'finish_pack', 'forget_refs_after', 'iter_revisions',
+    'missing_references', 'new_revisions', 'pack_candidate_stats', 'pack_info',
+    'pack_schema', 'pack_temp_tables', 'rescue_candidates', 'set_pack_info',
+    'stream_query', 'acquire_pack_lock', 'open_pack',
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
 }
 #: Verbs of undo, which only a history-preserving storage has.
@@ -770,6 +785,15 @@ class ErrorTests(unittest.TestCase):
         self.assertIn('DPY-6005', message)
         self.assertNotIn('pa55word', message)
         self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
+
+    def test_pack_is_refused_clearly(self):
+        adapter = OracleAdapter(user='zope', password='pa55word',
+                                dsn='db.example:1521/ZODBSVC', options=Options())
+        for verb in (adapter.acquire_pack_lock, adapter.open_pack):
+            with self.assertRaises(RelStorageError) as cm:
+                verb()
+            self.assertIn('not available on Oracle', str(cm.exception))
+            self.assertNotIn('pa55word', str(cm.exception))
 
     def test_replica_conf_lists_dsns_and_moves_to_the_next(self):
         # replica-conf for Oracle: one DSN per line.  Neither server here

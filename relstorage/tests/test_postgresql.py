@@ -166,6 +166,10 @@ class PostgreSQLFactory(suite.NamedDatabases):
     def make_named(self, key):
         return PostgreSQLFactory(self.driver, '_n_' + key)
 
+    def zconfig_adapter(self):
+        """The adapter section of a ZConfig file for this database."""
+        return '<postgresql>\n  dsn %s\n  driver %s\n</postgresql>\n' % (self.dsn, self.driver)
+
     def write_subprocess_factory(self, directory, keep_history):
         with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:
             f.write(SUBPROCESS_FACTORY % (keep_history, self.dsn, self.driver))
@@ -635,6 +639,7 @@ def test_suite():
         # Several GB through the server take minutes (3 GB: about 2.5 min
         # here): only when asked for, and with one driver.
         factory.big_blob_test = (driver == 'psycopg' and _big_blob_wanted())
+        factory.secondary_driver = driver != DRIVERS[0]
         driver_suite = suite.make_suite(factory, extra_cases=PG_CASES)
         _rehome(driver_suite, factory)
         result.addTest(driver_suite)

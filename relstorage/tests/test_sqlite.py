@@ -38,6 +38,10 @@ class SqliteFactory:
     def sibling(self):
         return SqliteFactory()
 
+    def zconfig_adapter(self):
+        """The adapter section of a ZConfig file for this database."""
+        return '<sqlite3>\n  data-dir %s\n</sqlite3>\n' % self.data_dir
+
     def write_subprocess_factory(self, directory, keep_history):
         """A module a child process imports to reach the same database."""
         with open(os.path.join(directory, 'factory_for_subprocess.py'), 'w') as f:
@@ -161,7 +165,7 @@ class SqliteConfigTests(unittest.TestCase):
         finally:
             adapter.close()
 
-    def test_inactive_option_is_logged(self):
+    def test_legacy_key_is_logged(self):
         data_dir = os.path.join(self.tmp, 'data')
         records = []
         handler = logging.Handler()
@@ -172,13 +176,13 @@ class SqliteConfigTests(unittest.TestCase):
         logger.addHandler(handler)
         try:
             db = ZODB.config.databaseFromString(
-                zconfig(data_dir, 'pack-batch-timeout 5'))
+                zconfig(data_dir, 'poll-interval 5'))
             db.close()
         finally:
             logger.removeHandler(handler)
             logger.setLevel(old_level)
         messages = [r.getMessage() for r in records]
-        self.assertTrue(any('pack-batch-timeout' in m and 'not yet active' in m
+        self.assertTrue(any('poll-interval' in m and 'earlier release' in m
                             for m in messages),
                         messages)
 

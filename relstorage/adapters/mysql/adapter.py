@@ -372,12 +372,24 @@ class MySQLAdapter(Adapter):
     # ------------------------------------------------------------------
     # Pack.
 
-    def iter_states(self, conn, batch=1000):
-        """Every (oid, tid, state) row, streamed with an unbuffered cursor
-        (the default cursors of both drivers read the whole result into
-        memory first)."""
+    def stream_query(self, conn, sql, params, batch=1000):
+        """Rows streamed with an unbuffered cursor (the default cursors of
+        both drivers read the whole result into memory first)."""
         cursor = conn.raw.cursor(self.driver.streaming_cursor())
-        return self.stream_rows(conn, cursor, self.q(self.sql.ALL_STATES), batch)
+        return self.stream_rows(conn, cursor, sql, batch, params)
+
+    def pack_schema(self):
+        return sql.PACK_SCHEMA
+
+    def pack_temp_tables(self):
+        return sql.PACK_TEMP_TABLES
+
+    def clear_pack_temp(self, conn, name):
+        # See TEMP_GARBAGE_ROWS: deleted rows of a temporary table are never
+        # purged, and the pack's work tables see millions.  Neither
+        # statement commits for a TEMPORARY table.
+        conn.execute('DROP TEMPORARY TABLE IF EXISTS %s' % name)
+        conn.execute(sql.PACK_TEMP_TABLES[name])
 
     # ------------------------------------------------------------------
     # Upload.

@@ -101,6 +101,37 @@ class MySQLStatements(Statements):
     PRUNE_OID_BLOCKS = "DELETE FROM new_oid WHERE zoid < %s"
     RAISE_OID_BLOCK = "INSERT IGNORE INTO new_oid (zoid) VALUES (%s)"
 
+    # Pack: every delete and update is a join against the temporary table
+    # (IN (SELECT ...) made a 6-million-object pack take 17 s per batch).
+    INSERT_IGNORE = 'INSERT IGNORE INTO'
+    INSERT_IGNORE_END = ''
+    PACK_DELETE_STATES = """
+        DELETE s FROM object_state s JOIN temp_pack_batch t ON t.zoid = s.zoid
+        WHERE s.tid < t.below
+    """
+    PACK_DELETE_BLOBS = """
+        DELETE b FROM blob_chunk b JOIN temp_pack_batch t ON t.zoid = b.zoid
+        WHERE b.tid < t.below
+    """
+    PACK_DELETE_REFS = """
+        DELETE r FROM object_ref r JOIN temp_pack_batch t ON t.zoid = r.zoid
+        WHERE r.tid < t.below
+    """
+    PACK_DELETE_CURRENT = """
+        DELETE c FROM current_object c JOIN temp_pack_batch t ON t.zoid = c.zoid
+        WHERE t.garbage = 1
+    """
+    PACK_DELETE_DONE = """
+        DELETE p FROM pack_object p JOIN temp_pack_batch t ON t.zoid = p.zoid
+    """
+    PACK_UNMARK = """
+        UPDATE pack_object p JOIN temp_pack_frontier f ON f.zoid = p.zoid
+        SET p.garbage = 0
+    """
+    # A named lock is server-wide: the database's name makes it ours.
+    TRY_PACK_LOCK = "SELECT GET_LOCK(LEFT(CONCAT('relstorage.pack.', DATABASE()), 64), 0)"
+    RELEASE_PACK_LOCK = "SELECT RELEASE_LOCK(LEFT(CONCAT('relstorage.pack.', DATABASE()), 64))"
+
     LIST_TABLES = """
         SELECT LOWER(table_name), engine FROM information_schema.tables
         WHERE table_schema = DATABASE()
@@ -119,7 +150,42 @@ OID_BLOCK = 128
 
 #: Tables RelStorage owns (dropped by drop_all).
 ALL_TABLES = ('commit_lock', 'new_oid', 'transaction_log', 'current_object',
-              'object_state', 'blob_chunk')
+              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info')
+
+PACK_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS object_ref (
+        zoid BIGINT NOT NULL,
+        tid BIGINT NOT NULL,
+        to_zoid BIGINT NOT NULL,
+        PRIMARY KEY (zoid, tid, to_zoid),
+        KEY object_ref_tid (tid)
+    ) ENGINE = InnoDB""",
+    """CREATE TABLE IF NOT EXISTS pack_object (
+        zoid BIGINT NOT NULL PRIMARY KEY,
+        keep_tid BIGINT NOT NULL,
+        garbage SMALLINT NOT NULL
+    ) ENGINE = InnoDB""",
+    """CREATE TABLE IF NOT EXISTS pack_info (
+        name VARCHAR(32) NOT NULL PRIMARY KEY,
+        value BIGINT NOT NULL
+    ) ENGINE = InnoDB""",
+)
+
+#: The pack's work tables, named -> DDL.
+PACK_TEMP_TABLES = {
+    'temp_pack_current': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_current (
+        zoid BIGINT NOT NULL PRIMARY KEY, tid BIGINT NOT NULL,
+        revisions BIGINT NOT NULL) ENGINE = InnoDB""",
+    'temp_pack_reach': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_reach (
+        zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
+    'temp_pack_frontier': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_frontier (
+        zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
+    'temp_pack_next': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_next (
+        zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
+    'temp_pack_batch': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_batch (
+        zoid BIGINT NOT NULL PRIMARY KEY, below BIGINT NOT NULL,
+        garbage SMALLINT NOT NULL) ENGINE = InnoDB""",
+}
 
 _BLOB_CHUNK = """CREATE TABLE blob_chunk (
         zoid BIGINT NOT NULL,

@@ -149,6 +149,18 @@ class OracleAdapter(Adapter):
             # Not chained: the driver's text is summarised (redacted) in ours.
             raise self._connect_error(exc, server) from None
 
+    # --- pack -----------------------------------------------------------
+
+    def acquire_pack_lock(self):
+        # The two-phase pack's statements (reference tables, INSERT ...
+        # ON CONFLICT, multi-row VALUES, the session lock) have no Oracle
+        # form yet: refuse clearly, before anything is read or written.
+        raise RelStorageError(
+            "Packing is not available on Oracle yet (%s): the pack's statements "
+            "have no Oracle form; nothing was changed." % self.describe())
+
+    open_pack = acquire_pack_lock
+
     def start_snapshot(self, conn):
         # SET TRANSACTION must be the first statement of a transaction
         # (ORA-01453): end one a failed earlier attempt may have left open.

@@ -204,11 +204,17 @@ class PostgreSQLAdapter(Adapter):
 
     # --- pack -----------------------------------------------------------
 
-    def iter_states(self, conn, batch=1000):
-        """Every (oid, tid, state) row, streamed through a server-side
-        cursor: a client-side one would hold the whole table in memory."""
-        cursor = conn.call(conn.raw.cursor, 'relstorage_all_states')
-        return self.stream_rows(conn, cursor, self.sql.ALL_STATES, batch)
+    def stream_query(self, conn, sql, params, batch=1000):
+        """Rows streamed through a server-side cursor: a client-side one
+        would hold the whole result in memory."""
+        cursor = conn.call(conn.raw.cursor, 'relstorage_stream')
+        return self.stream_rows(conn, cursor, sql, batch, params)
+
+    def pack_schema(self):
+        return sql.PACK_SCHEMA
+
+    def pack_temp_tables(self):
+        return sql.PACK_TEMP_TABLES
 
     # --- cheap statistics -------------------------------------------------
 

@@ -80,6 +80,37 @@ class PostgreSQLStatements(Statements):
     OID_SEQUENCE_STATE = "SELECT last_value, is_called FROM zoid_seq"
     SET_OID_FLOOR = "SELECT setval('zoid_seq', %s)"
 
+    # Pack: joins rather than IN (SELECT ...).
+    PACK_DELETE_STATES = """
+        DELETE FROM object_state s USING temp_pack_batch t
+        WHERE s.zoid = t.zoid AND s.tid < t.below
+    """
+    PACK_DELETE_BLOBS = """
+        DELETE FROM blob_chunk b USING temp_pack_batch t
+        WHERE b.zoid = t.zoid AND b.tid < t.below
+    """
+    PACK_DELETE_REFS = """
+        DELETE FROM object_ref r USING temp_pack_batch t
+        WHERE r.zoid = t.zoid AND r.tid < t.below
+    """
+    PACK_DELETE_CURRENT = """
+        DELETE FROM current_object c USING temp_pack_batch t
+        WHERE c.zoid = t.zoid AND t.garbage = 1
+    """
+    PACK_DELETE_DONE = """
+        DELETE FROM pack_object p USING temp_pack_batch t WHERE p.zoid = t.zoid
+    """
+    PACK_UNMARK = """
+        UPDATE pack_object p SET garbage = 0
+        FROM temp_pack_frontier f WHERE p.zoid = f.zoid
+    """
+    # Autovacuum never analyses temporary tables: without this the planner
+    # guesses their size and may loop over millions of rows.
+    PACK_ANALYZE = "ANALYZE {table}"
+    #: Key of the session-level advisory lock only one pack holds.
+    TRY_PACK_LOCK = "SELECT pg_try_advisory_lock(7243910377)"
+    RELEASE_PACK_LOCK = "SELECT pg_advisory_unlock(7243910377)"
+
     LIST_TABLES = """
         SELECT c.relname FROM pg_class c
         WHERE c.relkind IN ('r', 'p', 'S')
@@ -165,8 +196,39 @@ TEMP_BLOB_CHUNK = """
     ) ON COMMIT DELETE ROWS
 """
 
+PACK_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS object_ref (
+        zoid BIGINT NOT NULL,
+        tid BIGINT NOT NULL,
+        to_zoid BIGINT NOT NULL,
+        PRIMARY KEY (zoid, tid, to_zoid)
+    )""",
+    "CREATE INDEX IF NOT EXISTS object_ref_tid ON object_ref (tid)",
+    """CREATE TABLE IF NOT EXISTS pack_object (
+        zoid BIGINT PRIMARY KEY,
+        keep_tid BIGINT NOT NULL,
+        garbage SMALLINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS pack_info (
+        name VARCHAR(32) PRIMARY KEY,
+        value BIGINT NOT NULL
+    )""",
+)
+
+#: The pack's work tables, named -> DDL (rows survive commits).
+PACK_TEMP_TABLES = {
+    'temp_pack_current': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_current (
+        zoid BIGINT PRIMARY KEY, tid BIGINT NOT NULL, revisions BIGINT NOT NULL)""",
+    'temp_pack_reach': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_reach (zoid BIGINT PRIMARY KEY)",
+    'temp_pack_frontier':
+        "CREATE TEMP TABLE IF NOT EXISTS temp_pack_frontier (zoid BIGINT PRIMARY KEY)",
+    'temp_pack_next': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_next (zoid BIGINT PRIMARY KEY)",
+    'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
+        zoid BIGINT PRIMARY KEY, below BIGINT NOT NULL, garbage SMALLINT NOT NULL)""",
+}
+
 DROP_ALL = (
     "DROP TABLE IF EXISTS blob_chunk, current_object, transaction_log, object_state, "
-    "commit_lock CASCADE",
+    "commit_lock, object_ref, pack_object, pack_info CASCADE",
     "DROP SEQUENCE IF EXISTS zoid_seq",
 )

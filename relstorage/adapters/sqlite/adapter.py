@@ -10,10 +10,12 @@ writer commits, and several processes on one host can share the directory.
 Write transactions begin IMMEDIATE: the database-wide lock is taken at once
 (waiting up to commit-lock-timeout) instead of failing later on upgrade.
 """
+import fcntl
 import os
 
 from ...interfaces import RelStorageError
 from ..base import Adapter
+from ..packing import PackLock
 from . import drivers
 from . import sql
 from .pragmas import check_pragmas
@@ -21,6 +23,7 @@ from .pragmas import pragma_statement
 
 MAIN_DB = 'main.sqlite3'
 OID_DB = 'oids.sqlite3'
+PACK_LOCK = 'pack.lock'
 # OIDs reserved per durable round trip (allocation is a fsync'd commit).
 OID_BLOCK = 128
 
@@ -145,11 +148,30 @@ class Sqlite3Adapter(Adapter):
     def lock_commit(self, conn):
         return self.get_last_tid(conn)
 
+    # --- pack ------------------------------------------------------------------
+
+    def pack_schema(self):
+        return sql.PACK_SCHEMA
+
+    def pack_temp_tables(self):
+        return sql.PACK_TEMP_TABLES
+
+    def acquire_pack_lock(self):
+        # An advisory lock on a file beside the database, released by the
+        # system when the process ends, however it ends.
+        handle = open(os.path.join(self.data_dir, PACK_LOCK), 'a+b')
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        return PackLock(handle)
+
     # --- maintenance --------------------------------------------------------
 
     def drop_all(self):
         self.close()
-        for name in (MAIN_DB, OID_DB):
+        for name in (MAIN_DB, OID_DB, PACK_LOCK):
             for suffix in ('', '-wal', '-shm', '-journal'):
                 path = os.path.join(self.data_dir, name + suffix)
                 if os.path.exists(path):

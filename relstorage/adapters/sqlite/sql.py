@@ -21,6 +21,40 @@ class SqliteStatements(Statements):
             state = excluded.state
     """
 
+    INSERT_IGNORE = 'INSERT OR IGNORE INTO'
+    INSERT_IGNORE_END = ''
+
+
+PACK_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS object_ref (
+        zoid INTEGER NOT NULL,
+        tid INTEGER NOT NULL,
+        to_zoid INTEGER NOT NULL,
+        PRIMARY KEY (zoid, tid, to_zoid)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS object_ref_tid ON object_ref (tid)",
+    """CREATE TABLE IF NOT EXISTS pack_object (
+        zoid INTEGER PRIMARY KEY,
+        keep_tid INTEGER NOT NULL,
+        garbage INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS pack_info (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    )""",
+)
+
+#: The pack's work tables, named -> DDL.
+PACK_TEMP_TABLES = {
+    'temp_pack_current': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_current (
+        zoid INTEGER PRIMARY KEY, tid INTEGER NOT NULL, revisions INTEGER NOT NULL)""",
+    'temp_pack_reach': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_reach (zoid INTEGER PRIMARY KEY)",
+    'temp_pack_frontier':
+        "CREATE TEMP TABLE IF NOT EXISTS temp_pack_frontier (zoid INTEGER PRIMARY KEY)",
+    'temp_pack_next': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_next (zoid INTEGER PRIMARY KEY)",
+    'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
+        zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL, garbage INTEGER NOT NULL)""",
+}
 
 # Blob bytes, the same in both history modes.
 _BLOB_CHUNK_TABLE = (

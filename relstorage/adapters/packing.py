@@ -1,0 +1,265 @@
+"""The adapter verbs of a pack (storage/pack.py decides when to call them).
+
+Everything that grows with the database stays in the database: references
+in ``object_ref``, reachability in temporary tables expanded by
+``INSERT ... SELECT`` joins, candidates in ``pack_object`` (see sql.py).
+The client holds one batch of rows at a time.
+"""
+#: Greater than every tid: "all revisions" as a ``below`` bound.
+ALL_REVISIONS = (1 << 63) - 1
+
+
+class PackLock:
+    """The pack lock, held by a session of its own until ``close()``."""
+
+    def __init__(self, raw, release=None):
+        self._raw = raw
+        self._release = release
+
+    def close(self):
+        if self._raw is not None:
+            try:
+                # Released explicitly: the server may notice a closed
+                # session a moment after the next pack asks for the lock.
+                if self._release:
+                    cur = self._raw.cursor()
+                    cur.execute(self._release)
+                    cur.fetchall()
+                    cur.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
+            try:
+                self._raw.close()
+            except Exception:  # pylint:disable=broad-except
+                pass
+            self._raw = None
+
+
+class PackVerbs:
+    """Mixed into Adapter.  A vendor supplies ``pack_schema()``,
+    ``pack_temp_tables()`` and, in its statements, ``TRY_PACK_LOCK``."""
+
+    def pack_schema(self):
+        """DDL creating the permanent pack tables if they are missing."""
+        raise NotImplementedError
+
+    def pack_temp_tables(self):
+        """{name: DDL} of the pack's temporary work tables."""
+        raise NotImplementedError
+
+    # --- sessions -----------------------------------------------------------
+
+    def acquire_pack_lock(self):
+        """A PackLock, or None when another pack holds it.  The lock lives
+        with a session, so a killed pack releases it."""
+        raw = self.connect('oid')
+        try:
+            cur = raw.cursor()
+            cur.execute(self.sql.TRY_PACK_LOCK)
+            (got,) = cur.fetchone()
+            cur.close()
+        except BaseException:
+            raw.close()
+            raise
+        if not got:
+            raw.close()
+            return None
+        return PackLock(raw, self.sql.RELEASE_PACK_LOCK)
+
+    def open_pack(self):
+        """A store connection with the pack tables (created on demand, so
+        databases made before them get them) and its work tables."""
+        conn = self.open_store()
+        for stmt in self.pack_schema():
+            conn.execute(stmt)
+        for stmt in self.pack_temp_tables().values():
+            conn.execute(stmt)
+        conn.commit()
+        return conn
+
+    def clear_pack_temp(self, conn, name):
+        conn.execute('DELETE FROM %s' % name)
+
+    def _analyze_temp(self, conn, name):
+        stmt = getattr(self.sql, 'PACK_ANALYZE', None)
+        if stmt:
+            conn.execute(stmt.format(table=name))
+
+    # --- progress kept in pack_info ---------------------------------------
+
+    def pack_info(self, conn):
+        return dict(conn.query_all(self.q(self.sql.PACK_INFO_GET)))
+
+    def set_pack_info(self, conn, **values):
+        for name, value in values.items():
+            conn.execute(self.q(self.sql.PACK_INFO_DELETE), (name,))
+            if value is not None:
+                conn.execute(self.q(self.sql.PACK_INFO_INSERT), (name, value))
+
+    # --- references -----------------------------------------------------------
+
+    def stream_query(self, conn, sql, params, batch=1000):
+        """Yield the rows of ``sql`` without holding the whole result in
+        client memory (vendors whose cursors buffer override this)."""
+        conn.execute(sql, params)
+        while True:
+            rows = conn.cursor.fetchmany(batch)
+            if not rows:
+                break
+            yield from rows
+
+    def iter_revisions(self, conn, after_tid, upto_tid):
+        """(oid, tid, state) of every revision with after_tid < tid <=
+        upto_tid, by tid, streamed (a snapshot connection)."""
+        return self.stream_query(conn, self.q(self.sql.PACK_REVISIONS), (after_tid, upto_tid))
+
+    def count_revisions(self, conn, after_tid, upto_tid):
+        return conn.query_value(self.q(self.sql.PACK_COUNT_REVISIONS_AFTER),
+                                (after_tid, upto_tid)) or 0
+
+    def forget_refs_after(self, conn, tid):
+        conn.execute(self.q(self.sql.PACK_REFS_FORGET_AFTER), (tid,))
+
+    def add_refs(self, conn, oids, rows):
+        """Record ``rows`` (zoid, tid, to_zoid) for the revisions of
+        ``oids`` just analysed.  History-free, an object's earlier
+        references go first: its new revision replaced the old one."""
+        if not self.keep_history:
+            for chunk in _chunks(sorted(oids), self.max_in_list):
+                conn.execute(self.in_list(self.sql.PACK_REFS_FORGET_OBJECTS, len(chunk)), chunk)
+        self._insert_values(conn, self.sql.PACK_REFS_INSERT, 3, rows)
+
+    def _insert_values(self, conn, prefix, width, rows):
+        per_statement = max(1, self.max_in_list // width)
+        for chunk in _chunks(rows, per_statement):
+            row = '(' + ','.join(['%s'] * width) + ')'
+            conn.execute(self.q(prefix + ','.join([row] * len(chunk))),
+                         [value for r in chunk for value in r])
+
+    # --- reachability -----------------------------------------------------------
+
+    def compute_pack_candidates(self, conn, pack_tid, gc):
+        """Fill pack_object with what a pack to ``pack_tid`` removes, from
+        the references recorded so far.  Returns the number of frontier
+        steps.  Work happens in temporary tables; only the final
+        replacement of pack_object is a write to shared tables."""
+        sql = self.sql
+        for name in self.pack_temp_tables():
+            self.clear_pack_temp(conn, name)
+        conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
+        self._analyze_temp(conn, 'temp_pack_current')
+        steps = 0
+        if gc:
+            conn.execute(self.q(sql.PACK_ROOTS), (pack_tid,))
+            conn.execute(self.q(sql.PACK_FRONTIER_FROM_REACH))
+            conn.execute(self.q(sql.PACK_REACH_NEWER_REFS), (pack_tid,))
+            while True:
+                self._analyze_temp(conn, 'temp_pack_next')
+                conn.execute(self.q(sql.PACK_REACH_ADD))
+                conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
+                self.clear_pack_temp(conn, 'temp_pack_next')
+                self._analyze_temp(conn, 'temp_pack_frontier')
+                conn.execute(self.q(sql.PACK_REACH_STEP))
+                found = conn.cursor.rowcount
+                steps += 1
+                self.clear_pack_temp(conn, 'temp_pack_frontier')
+                if not found or found < 0 and not self._any(conn, 'temp_pack_next'):
+                    break
+            self._analyze_temp(conn, 'temp_pack_reach')
+        conn.commit()
+        self.begin_store_checked(conn)
+        conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
+        flag = 1 if gc else 0
+        conn.execute(self.q(sql.PACK_CANDIDATES), (flag, pack_tid, flag))
+        return steps
+
+    def _any(self, conn, name):
+        return conn.query_one('SELECT zoid FROM %s LIMIT 1' % name) is not None
+
+    def pack_candidate_stats(self, conn):
+        """(objects, revisions, bytes, blob revisions) the candidates hold."""
+        objects = conn.query_value(self.q(self.sql.PACK_COUNT_OBJECTS)) or 0
+        revisions, size = conn.query_one(self.q(self.sql.PACK_COUNT_REVISIONS))
+        blobs = 0
+        if self.has_blob_chunk:
+            blobs = conn.query_value(self.q(self.sql.PACK_COUNT_BLOBS)) or 0
+        return objects, revisions or 0, int(size or 0), blobs
+
+    # --- re-checking against later commits ------------------------------------
+
+    def new_revisions(self, conn, after_tid, upto_tid):
+        return conn.query_all(self.q(self.sql.PACK_NEW_REVISIONS), (after_tid, upto_tid))
+
+    def rescue_candidates(self, conn, after_tid, referenced):
+        """Keep the candidates changed after ``after_tid`` or in
+        ``referenced`` (OIDs new revisions reference), and every candidate
+        they reach through other candidates.  Returns how many were kept."""
+        sql = self.sql
+        self.clear_pack_temp(conn, 'temp_pack_frontier')
+        self.clear_pack_temp(conn, 'temp_pack_next')
+        conn.execute(self.q(sql.PACK_RESCUE_CHANGED), (after_tid,))
+        if referenced:
+            self._insert_values(conn, sql.PACK_NEXT_INSERT, 1, [(o,) for o in sorted(referenced)])
+            conn.execute(self.q(sql.PACK_RESCUE_REFERENCED))
+        kept = 0
+        while True:
+            conn.execute(self.q(sql.PACK_UNMARK))
+            count = conn.cursor.rowcount
+            kept += max(count, 0)
+            if not count:
+                break
+            self.clear_pack_temp(conn, 'temp_pack_next')
+            conn.execute(self.q(sql.PACK_RESCUE_STEP))
+            if not conn.cursor.rowcount:
+                break
+            self.clear_pack_temp(conn, 'temp_pack_frontier')
+            conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
+        return kept
+
+    # --- deletion -----------------------------------------------------------
+
+    def delete_pack_batch(self, conn, after_oid, limit):
+        """Delete the next ``limit`` candidates after ``after_oid``.
+
+        Returns (rows, revisions, objects, blobs): rows are (oid, below,
+        garbage) of the batch, empty when nothing is left."""
+        sql = self.sql
+        self.clear_pack_temp(conn, 'temp_pack_batch')
+        conn.execute(self.q(sql.PACK_FILL_BATCH), (ALL_REVISIONS, after_oid, limit))
+        rows = conn.query_all(self.q(sql.PACK_BATCH_ROWS))
+        if not rows:
+            return rows, 0, 0, 0
+        blobs = 0
+        if self.has_blob_chunk:
+            blobs = conn.query_value(self.q(sql.PACK_BATCH_BLOBS)) or 0
+            conn.execute(self.q(sql.PACK_DELETE_BLOBS))
+        conn.execute(self.q(sql.PACK_DELETE_STATES))
+        revisions = max(conn.cursor.rowcount, 0)
+        if self.keep_history:
+            conn.execute(self.q(sql.PACK_DELETE_CURRENT))
+            objects = max(conn.cursor.rowcount, 0)
+        else:
+            objects = revisions
+        conn.execute(self.q(sql.PACK_DELETE_REFS))
+        conn.execute(self.q(sql.PACK_DELETE_DONE))
+        return rows, revisions, objects, blobs
+
+    def finish_pack(self, conn, pack_tid):
+        """History-preserving: transactions up to the pack time can no
+        longer be undone, and those left without any state go."""
+        if self.keep_history:
+            conn.execute(self.q(self.sql.PACK_MARK_PACKED), (True, pack_tid, True))
+            conn.execute(self.q(self.sql.DELETE_TRANSACTIONS_WITHOUT_STATES), (pack_tid, True))
+            return max(conn.cursor.rowcount, 0)
+        return 0
+
+    def missing_references(self, conn):
+        """(oid, tid, missing oid) of references from current revisions to
+        objects that do not exist."""
+        return conn.query_all(self.q(self.sql.PACK_MISSING_REFERENCES))
+
+
+def _chunks(seq, size):
+    seq = list(seq)
+    for i in range(0, len(seq), size):
+        yield seq[i:i + size]

@@ -1,0 +1,583 @@
+"""Pack and zodbpack cases, run by make_suite for every database factory.
+
+A factory used here also provides ``zconfig_adapter()``: the adapter
+section of a ZConfig file reaching its database (zodbpack reads one).
+"""
+import io
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import redirect_stderr
+from contextlib import redirect_stdout
+
+import transaction
+import ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import POSKeyError
+from ZODB.serialize import referencesf
+from ZODB.utils import p64
+from ZODB.utils import u64
+from ZODB.utils import z64
+
+from relstorage import zodbpack
+from relstorage.options import Options
+
+from .core_cases import FactoryCase
+
+#: Tables whose rows are the data a pack may remove.
+DATA_TABLES_HP = ('object_state', 'current_object', 'transaction_log', 'blob_chunk')
+DATA_TABLES_HF = ('object_state', 'blob_chunk')
+
+
+class PackCase(FactoryCase):
+    """Helpers: a config file for zodbpack, a populated database, row counts."""
+
+    #: Cases that start processes run with one driver per database only
+    #: (factories of the other drivers set ``secondary_driver``).
+    heavy = False
+
+    def setUp(self):
+        if self.heavy and getattr(self.factory, 'secondary_driver', False):
+            self.skipTest('runs with the first driver of this database only')
+        super().setUp()
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_pack_')
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def write_config(self, storage_options='', wrap_zodb=None):
+        body = '<relstorage>\n  keep-history %s\n%s%s</relstorage>\n' % (
+            'true' if self.keep_history else 'false',
+            ''.join('  %s\n' % line for line in storage_options.splitlines() if line),
+            self.factory.zconfig_adapter())
+        if wrap_zodb == 'zodb_db':      # zope.conf's section
+            body = '<zodb_db main>\n  mount-point /\n  cache-size 30000\n%s</zodb_db>\n' % body
+        elif wrap_zodb:
+            body = '<zodb main>\n  cache-size 5000\n%s</zodb>\n' % body
+        path = os.path.join(self.tmp, 'pack-%d.conf' % len(os.listdir(self.tmp)))
+        with open(path, 'w') as f:
+            f.write('%import relstorage\n' + body)
+        return path
+
+    def db(self, **kw):
+        db = ZODB.DB(self.storage(**kw))
+        self.addCleanup(db.close)
+        return db
+
+    def populate(self, db):
+        """History and garbage: 'keep' changed twice, 'drop' unlinked, and
+        'child' reachable only through an old revision of 'keep'."""
+        with db.transaction() as conn:
+            conn.root()['keep'] = PersistentMapping(v=1)
+            conn.root()['drop'] = PersistentMapping(v=1)
+            conn.root()['keep']['child'] = PersistentMapping(v='child')
+        with db.transaction() as conn:
+            conn.root()['keep']['v'] = 2
+            child = conn.root()['keep'].pop('child')
+            del conn.root()['drop']
+        with db.transaction() as conn:
+            conn.root()['keep']['v'] = 3
+        return child._p_oid
+
+    def row_counts(self):
+        tables = DATA_TABLES_HP if self.keep_history else DATA_TABLES_HF
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_load()
+        try:
+            return {table: conn.query_value('SELECT COUNT(*) FROM %s' % table)
+                    for table in tables}
+        finally:
+            conn.close()
+            adapter.close()
+
+    def zodbpack(self, *args):
+        """zodbpack in this process: (exit status, stdout, stderr)."""
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            status = zodbpack.main(list(args))
+        return status, out.getvalue(), err.getvalue()
+
+    def assert_reachable_objects_load(self, storage=None):
+        """Walk the graph from the root: every object it reaches loads.
+        Returns the set of reachable OIDs."""
+        storage = storage or self.storage()
+        seen = set()
+        todo = [z64]
+        while todo:
+            oid = todo.pop()
+            if oid in seen:
+                continue
+            seen.add(oid)
+            try:
+                state, _tid = storage.load(oid)
+            except POSKeyError:
+                self.fail('object 0x%x is reachable from the root but gone' % u64(oid))
+            todo.extend(referencesf(state))
+        return seen
+
+    def exists(self, oid):
+        try:
+            self.storage().load(oid)
+        except POSKeyError:
+            return False
+        return True
+
+
+
+
+def dangling_pickle(missing_oid):
+    """A PersistentMapping record whose state references ``missing_oid``."""
+
+    class Marker:
+        pass
+
+    marker = Marker()
+
+    class Writer(pickle.Pickler):
+        def persistent_id(self, obj):
+            return (missing_oid, None) if obj is marker else None
+
+    out = io.BytesIO()
+    writer = Writer(out, 3)
+    writer.dump((PersistentMapping, None))
+    writer.dump({'data': {'x': marker}})
+    return out.getvalue()
+
+
+def raw_commit(storage, records):
+    """Commit (oid, serial, data) records through the storage API."""
+    txn = TransactionMetaData()
+    storage.tpc_begin(txn)
+    for oid, serial, data in records:
+        storage.store(oid, serial, data, '', txn)
+    storage.tpc_vote(txn)
+    return storage.tpc_finish(txn)
+
+
+class PrepackTests(PackCase):
+
+    def test_zodbpack_prepack_deletes_nothing(self):
+        # Regression: --prepack removed data (43 -> 11 rows).
+        self.populate(self.db())
+        before = self.row_counts()
+        status, out, err = self.zodbpack('--prepack', self.write_config())
+        self.assertEqual(status, 0, err)
+        self.assertIn('would remove 2 objects', out)
+        self.assertEqual(self.row_counts(), before)
+
+    def test_pack_prepack_only_option_deletes_nothing(self):
+        db = self.db(pack_prepack_only=True)
+        self.populate(db)
+        before = self.row_counts()
+        db.pack(time.time() + 1)
+        self.assertEqual(self.row_counts(), before)
+        # The same database packs for real without the option.
+        self.assertEqual(self.zodbpack(self.write_config())[0], 0)
+        self.assertLess(self.row_counts()['object_state'], before['object_state'])
+
+    def test_use_prepack_state_keeps_what_later_commits_relinked(self):
+        # The analysis finds 'parent' (with its child) garbage; a commit
+        # after it links 'parent' again: the deletion re-checks every
+        # candidate and keeps both; the other garbage goes.
+        db = self.db()
+        with db.transaction() as conn:
+            parent = conn.root()['parent'] = PersistentMapping()
+            parent['child'] = PersistentMapping(v='child')
+            conn.root()['other'] = PersistentMapping()
+        with db.transaction() as conn:
+            parent = conn.root().pop('parent')
+            other = conn.root().pop('other')
+        parent_oid, other_oid = parent._p_oid, other._p_oid
+        self.assertEqual(self.zodbpack('--prepack', self.write_config())[0], 0)
+        with db.transaction() as conn:
+            conn.root()['again'] = conn.get(parent_oid)
+        status, out, err = self.zodbpack('--use-prepack-state', self.write_config())
+        self.assertEqual(status, 0, err)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['again']['child']['v'], 'child')
+        self.assertFalse(self.exists(other_oid))
+        self.assert_reachable_objects_load()
+
+    def test_use_prepack_state_without_analysis_fails(self):
+        self.populate(self.db())
+        status, _out, err = self.zodbpack('--use-prepack-state', self.write_config())
+        self.assertEqual(status, 1)
+        self.assertIn('--prepack', err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+class PackBehaviourTests(PackCase):
+
+    def test_summary_counts_what_was_removed(self):
+        # Regression: a pack that removed old revisions said "removed 0 objects".
+        db = self.db()
+        child_oid = self.populate(db)
+        report = db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertEqual(report.objects_removed, 2)       # 'drop' and 'child'
+        # HP: also the two older revisions of 'keep' and of the root.
+        self.assertEqual(report.revisions_removed, 6 if self.keep_history else 2)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
+
+    def test_object_reachable_only_from_an_old_revision_is_collected(self):
+        # 'child' was referenced by an older revision of 'keep' only.
+        db = self.db()
+        child_oid = self.populate(db)
+        self.assertTrue(self.exists(child_oid))
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
+
+    def test_pack_gc_false_removes_no_existing_object(self):
+        db = self.db(pack_gc=False)
+        child_oid = self.populate(db)
+        before = self.row_counts()
+        db.pack(time.time() + 1)
+        self.assertTrue(self.exists(child_oid))
+        if self.keep_history:
+            self.assertLess(self.row_counts()['object_state'], before['object_state'])
+        else:
+            self.assertEqual(self.row_counts(), before)
+
+    def test_commit_during_deletion_relinks_a_candidate(self):
+        # Many candidates, small batches; after the first batch a commit
+        # links the garbage object with the highest OID (and its child)
+        # again: the next batch's re-check keeps both.
+        db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
+        with db.transaction() as conn:
+            garbage = conn.root()['garbage'] = PersistentMapping()
+            for i in range(300):
+                garbage[i] = PersistentMapping(v=i)
+            last = garbage['last'] = PersistentMapping(v='last')
+            last['child'] = PersistentMapping(v='child')
+        with db.transaction() as conn:
+            del conn.root()['garbage']
+        last_oid = last._p_oid
+        batches = []
+
+        def progress(description, total, unit):
+            return Progress(description, batches, relink)
+
+        def relink():
+            with db.transaction() as conn:
+                conn.root()['again'] = conn.get(last_oid)
+        report = db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
+        self.assertGreater(len(batches), 1)
+        self.assertGreaterEqual(report.kept_by_new_commits, 2)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['again']['child']['v'], 'child')
+        self.assertFalse(self.exists(garbage._p_oid))
+        self.assert_reachable_objects_load()
+
+    def test_corrupt_pickle_stops_the_pack_and_deletes_nothing(self):
+        db = self.db()
+        self.populate(db)
+        storage = db.storage.new_instance()
+        self.addCleanup(storage.release)
+        oid = storage.new_oid()
+        tid = raw_commit(storage, [(oid, z64, b'this is not a pickle')])
+        before = self.row_counts()
+        status, _out, err = self.zodbpack(self.write_config())
+        self.assertEqual(status, 1)
+        self.assertIn('0x%x' % u64(oid), err)
+        self.assertIn('0x%x' % u64(tid), err)
+        self.assertEqual(self.row_counts(), before)
+
+    def test_check_refs_only_finds_a_dangling_reference(self):
+        db = self.db()
+        self.populate(db)
+        status, out, _err = self.zodbpack('--check-refs-only', self.write_config())
+        self.assertEqual(status, 0, out)
+        storage = db.storage.new_instance()
+        self.addCleanup(storage.release)
+        oid = storage.new_oid()
+        tid = raw_commit(storage, [(oid, z64, dangling_pickle(p64(0xdead)))])
+        before = self.row_counts()
+        status, out, _err = self.zodbpack('--check-refs-only', self.write_config())
+        self.assertEqual(status, 1)
+        self.assertIn('object 0xdead is missing, referenced by object 0x%x at transaction '
+                      '0x%x' % (u64(oid), u64(tid)), out)
+        self.assertEqual(self.row_counts(), before)
+
+    def test_second_pack_is_refused_while_one_runs(self):
+        self.populate(self.db())
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        lock = adapter.acquire_pack_lock()
+        self.assertIsNotNone(lock)
+        try:
+            before = self.row_counts()
+            status, _out, err = self.zodbpack(self.write_config())
+            self.assertEqual(status, 1)
+            self.assertIn('already running', err)
+            self.assertEqual(self.row_counts(), before)
+        finally:
+            lock.close()
+            adapter.close()
+        self.assertEqual(self.zodbpack(self.write_config())[0], 0)
+
+    def test_zodb_section_config_and_second_pack_reuses_references(self):
+        # zope.conf style: <zodb> wraps the storage.
+        db = self.db()
+        self.populate(db)
+        conf = self.write_config(wrap_zodb=True)
+        status, out, err = self.zodbpack(conf)
+        self.assertEqual(status, 0, err)
+        self.assertIn('removed 2 objects', out)
+        storage = self.storage()
+        report = storage.run_pack(time.time() + 1, referencesf)
+        self.assertEqual(report.analysed, 0)      # nothing new to read
+        self.assertEqual(report.objects_removed, 0)
+        self.assert_reachable_objects_load()
+        # Zope's <zodb_db> section, with its own keys.
+        status, out, err = self.zodbpack(self.write_config(wrap_zodb='zodb_db'))
+        self.assertEqual(status, 0, err)
+        self.assertIn('removed 0 objects', out)
+
+
+# zodbpack in a child process that SIGKILLs itself at one point of the
+# pack (argv: config, point).  Small batches, so that the point is reached
+# with work done before it and left after it.
+KILLED_ZODBPACK = r'''
+import os, signal, sys
+from relstorage import zodbpack
+from relstorage.blobs.common import BlobMode
+from relstorage.adapters.base import Adapter
+from relstorage.storage import pack
+config, point = sys.argv[1], sys.argv[2]
+pack.ANALYSIS_BATCH = 1
+pack.FIRST_DELETE_SIZE = pack.MAX_DELETE_SIZE = 2
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+calls = []
+def after(n, func):
+    def wrapper(*args, **kw):
+        calls.append(1)
+        if len(calls) > n:
+            die()
+        return func(*args, **kw)
+    return wrapper
+if point == 'prepack':
+    # Killed after some batches of references were recorded.
+    pack._record = after(2, pack._record)
+elif point == 'deletion':
+    # Killed inside the second deletion batch, before it commits.
+    Adapter.bump_pack_mark = after(1, Adapter.bump_pack_mark)
+elif point == 'blobs':
+    # Killed while removing the blob files of a committed batch.
+    from ZODB.utils import p64
+    original = BlobMode.forget
+    def forget(self, removed, trimmed):
+        with_files = [oid for oid in removed
+                      if os.path.isdir(self.fshelper.getPathForOID(p64(oid)))]
+        if not with_files:
+            return original(self, removed, trimmed)
+        # The batch's rows are gone; its files are not yet.
+        die()
+    BlobMode.forget = forget
+sys.exit(zodbpack.main(['-q', '--days', '0', config]))
+'''
+
+
+class Progress:
+    """A progress display that calls ``hook`` once, after the first
+    deletion batch (between batches, with the commit lock released)."""
+
+    def __init__(self, description, batches, hook):
+        self.description = description
+        self.batches = batches
+        self.hook = hook
+
+    def update(self, n=1):
+        # The deletion phase updates its display after each batch.
+        if self.description.startswith('delet'):
+            self.batches.append(n)
+            if len(self.batches) == 1:
+                self.hook()
+
+    def close(self):
+        pass
+
+
+class PackCrashTests(PackCase):
+    """SIGKILL of zodbpack at each phase, then a rerun completes and
+    nothing reachable is lost."""
+
+    heavy = True
+
+    def build(self, blob_dir=None):
+        kw = {'blob_dir': blob_dir, 'shared_blob_dir': True} if blob_dir else {}
+        db = self.db(**kw)
+        with db.transaction() as conn:
+            root = conn.root()
+            for name in ('a', 'b'):
+                tree = root[name] = PersistentMapping()
+                for i in range(12):
+                    tree[i] = PersistentMapping(v=i)
+                    if blob_dir:
+                        from ZODB.blob import Blob
+                        tree[i]['blob'] = Blob(b'blob %d' % i)
+        with db.transaction() as conn:
+            del conn.root()['b']                 # garbage: 'b' and its children
+            conn.root()['a'][0]['v'] = 'changed'  # an old revision (HP)
+        return db
+
+    def kill_then_rerun(self, point, blob_dir=None):
+        db = self.build(blob_dir)
+        # One small deletion per batch (and no sleeping between them).
+        options = 'pack-batch-timeout 0.0001\npack-duty-cycle 1\n'
+        if blob_dir:
+            options += 'blob-dir %s\nshared-blob-dir true' % blob_dir
+        conf = self.write_config(options)
+        proc = subprocess.run([sys.executable, '-c', KILLED_ZODBPACK, conf, point],
+                              capture_output=True, timeout=300)
+        self.assertEqual(proc.returncode, -signal.SIGKILL, proc.stderr.decode())
+        reachable = self.assert_reachable_objects_load()
+        status, out, err = self.zodbpack(conf)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(self.assert_reachable_objects_load(), reachable)
+        with db.transaction() as conn:
+            self.assertNotIn('b', conn.root())
+            self.assertEqual(conn.root()['a'][0]['v'], 'changed')
+            if blob_dir:
+                with conn.root()['a'][11]['blob'].open() as f:
+                    self.assertEqual(f.read(), b'blob 11')
+        self.assertEqual(len(self.storage()), len(reachable))
+        return out
+
+    def test_sigkill_during_prepack(self):
+        self.kill_then_rerun('prepack')
+
+    def test_sigkill_during_deletion(self):
+        self.kill_then_rerun('deletion')
+
+    def test_sigkill_during_blob_removal(self):
+        blob_dir = os.path.join(self.tmp, 'blobs')
+        os.mkdir(blob_dir)
+        self.kill_then_rerun('blobs', blob_dir)
+        # The files of the batch the kill interrupted have no row any more:
+        # the rerun lists them.
+        status, out, _err = self.zodbpack(self.write_config(
+            'blob-dir %s\nshared-blob-dir true' % blob_dir))
+        self.assertEqual(status, 0)
+        self.assertIn('blob files have no database row', out)
+
+
+# A process relinking subtrees of root[argv[3]] for argv[4] seconds: swaps
+# slots, moves one subtree under another, replaces subtrees (garbage).
+# Every change is a move within one transaction.  Prints its commit count.
+RELINKER = r'''
+import random, sys, time, transaction, ZODB
+from persistent.mapping import PersistentMapping
+from ZODB.POSException import ConflictError
+from relstorage.options import Options
+from relstorage.storage import RelStorage
+sys.path.insert(0, sys.argv[1])
+import factory_for_subprocess as f
+options = Options(keep_history=f.KEEP_HISTORY, commit_lock_timeout=30)
+db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
+rnd = random.Random(sys.argv[2])
+name, deadline = sys.argv[3], time.time() + float(sys.argv[4])
+def tree(depth=2):
+    node = PersistentMapping(v=rnd.random())
+    if depth:
+        node['kids'] = [tree(depth - 1) for _ in range(2)]
+    return node
+with db.transaction() as conn:
+    conn.root()[name].update((i, tree()) for i in range(8))
+commits = 0
+while time.time() < deadline:
+    try:
+        with db.transaction() as conn:
+            slots = conn.root()[name]
+            a, b = rnd.sample(range(8), 2)
+            op = rnd.random()
+            if op < 0.4:
+                slots[a], slots[b] = slots[b], slots[a]
+            elif op < 0.7:
+                slots[a]['sub'] = slots[b]
+                slots[b] = tree()
+            else:
+                slots[a] = tree()
+        commits += 1
+    except ConflictError:
+        pass
+db.close()
+print(commits)
+'''
+
+
+class PackWhileRelinkingTests(PackCase):
+
+    heavy = True
+
+    def test_pack_while_two_processes_relink_subtrees(self):
+        db = self.db(pack_batch_timeout=0.01, pack_duty_cycle=0.5, pack_max_delay=0.05)
+        with db.transaction() as conn:
+            for i in range(2):
+                conn.root()['slots%d' % i] = PersistentMapping()
+        helper = self.factory.write_subprocess_factory(self.tmp, self.keep_history)
+        children = [subprocess.Popen([sys.executable, '-c', RELINKER, helper, str(i),
+                                      'slots%d' % i, '4'],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    for i in range(2)]
+        try:
+            time.sleep(1.5)
+            packs = 0
+            while any(child.poll() is None for child in children) or not packs:
+                db.storage.run_pack(time.time() + 1, referencesf)
+                packs += 1
+        finally:
+            outputs = [child.communicate(timeout=120) for child in children]
+        for child, (out, err) in zip(children, outputs):
+            self.assertEqual(child.returncode, 0, err.decode())
+            self.assertGreater(int(out), 0)
+        db.storage.run_pack(time.time() + 1, referencesf)
+        reachable = self.assert_reachable_objects_load()
+        self.assertEqual(len(self.storage()), len(reachable))
+
+
+class ZodbpackScriptTests(PackCase):
+
+    heavy = True
+
+    def test_console_script_end_to_end(self):
+        db = self.db()
+        child_oid = self.populate(db)
+        script = os.path.join(os.path.dirname(sys.executable), 'zodbpack')
+        proc = subprocess.run([script, '-d', '0.5', self.write_config()],
+                              capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+        # -d 0.5: nothing is half a day old yet, so no history goes.
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        self.assertTrue(self.exists(child_oid))
+        proc = subprocess.run([script, self.write_config()], capture_output=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        # Not a terminal: one summary line, no progress display.
+        lines = proc.stdout.decode().strip().splitlines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn('removed 2 objects', lines[0])
+        self.assertIn('commit lock held', lines[0])
+        self.assertEqual(proc.stderr, b'')
+        self.assertFalse(self.exists(child_oid))
+
+    def test_help(self):
+        script = os.path.join(os.path.dirname(sys.executable), 'zodbpack')
+        proc = subprocess.run([script, '--help'], capture_output=True, timeout=60)
+        self.assertEqual(proc.returncode, 0)
+        for flag in ('--days', '--prepack', '--use-prepack-state', '--check-refs-only'):
+            self.assertIn(flag, proc.stdout.decode())
+
+
+ALL = (PrepackTests, PackBehaviourTests, PackCrashTests, PackWhileRelinkingTests,
+       ZodbpackScriptTests)
+
+
+def hf_variants():
+    return tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False}) for c in ALL)
+
+
+CASES = ALL + hf_variants()
