@@ -685,6 +685,10 @@ class Adapter(PackVerbs):
                 conn.execute(stmt)
             if self.has_blob_chunk:
                 conn.execute(self.sql.ZAP_BLOBS)
+            existing = self.list_tables(conn)
+            for table in self.sql.ZAP_PACK_TABLES:
+                if table in existing:
+                    conn.execute('DELETE FROM %s' % table)
             self.set_last_tid(conn, 0)
             mark = self.bump_pack_mark(conn)
             conn.commit()

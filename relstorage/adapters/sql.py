@@ -318,6 +318,10 @@ class Statements:
     )
     ZAP_ALL_HF = ("DELETE FROM object_state",)
     ZAP_BLOBS = "DELETE FROM blob_chunk"
+    #: The pack's permanent tables (created by the first pack): emptied by
+    #: zap_all too, or a later pack would trust references recorded for
+    #: the old history (pack_info's refs_tid) and skip new revisions.
+    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info')
 
     # --- pack -------------------------------------------------------------
 

@@ -56,6 +56,40 @@ class ZapAllTests(FactoryCase):
         finally:
             db.close()
 
+    def test_pack_after_zap_and_an_older_history_keeps_what_is_reachable(self):
+        # Regression: zap_all left the pack's recorded analysis (pack_info's
+        # refs_tid, object_ref) in place; history copied in afterwards with
+        # older tids counted as analysed, its references were never read,
+        # and a pack with GC removed objects reachable from the root.
+        import time
+        from ZODB.Connection import TransactionMetaData
+        from ZODB.serialize import referencesf
+        from ZODB.tests.MinPO import MinPO
+        from ZODB.tests.StorageTestBase import zodb_pickle
+        from ZODB.utils import p64
+        from ZODB.utils import u64
+        storage = self.storage()
+        db = ZODB.DB(storage)
+        try:
+            self.fill(db)
+            storage.pack(time.time() + 1, referencesf)
+            before = u64(storage.lastTransaction())
+            storage.zap_all()
+            child_oid = storage.new_oid()
+            child = MinPO('child')
+            child._p_oid = child_oid
+            old_tid = p64(before - (3600 << 32))        # an hour before the zap
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn, old_tid)
+            storage.store(z64, z64, zodb_pickle(MinPO(child)), '', txn)
+            storage.store(child_oid, z64, zodb_pickle(MinPO('child')), '', txn)
+            storage.tpc_vote(txn)
+            storage.tpc_finish(txn)
+            storage.pack(time.time() + 1, referencesf)
+            self.assertEqual(storage.load(child_oid)[1], old_tid)
+        finally:
+            db.close()
+
     def test_zodbshootout_style_zap_while_the_db_is_open(self):
         # zodbshootout --zap force: open the database (ZODB.DB creates the
         # root), call db.storage.zap_all() with the DB open, close it, and
