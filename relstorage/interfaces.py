@@ -266,7 +266,7 @@ class IRelStorageAdapter(Interface):
     def count_history(conn):
         """(revisions, objects), exact."""
 
-    # --- pack ------------------------------------------------------------
+    # --- pack (adapters/packing.py; storage/pack.py drives it) ----------
 
     def lock_commit_checked(conn):
         """Take the commit lock (as a commit does); return the last tid."""
@@ -274,3 +274,59 @@ class IRelStorageAdapter(Interface):
     def bump_pack_mark(conn):
         """Increment the pack mark, in the transaction that deletes rows,
         so that other processes drop what may be gone."""
+
+    def acquire_pack_lock():
+        """A lock object (``close()`` releases it) held by a session of its
+        own, or None when another pack holds it; a killed pack's lock goes
+        with its session."""
+
+    def open_pack():
+        """A store connection with the pack tables (created on demand) and
+        its temporary work tables."""
+
+    def pack_info(conn):
+        """{name: int} of the pack's recorded progress (``refs_tid``...)."""
+
+    def set_pack_info(conn, **values):
+        """Record progress values."""
+
+    def iter_revisions(conn, after_tid, upto_tid):
+        """(oid, tid, state) of every revision in (after_tid, upto_tid], by
+        tid, streamed: never the whole database in client memory."""
+
+    def count_revisions(conn, after_tid, upto_tid):
+        """How many revisions iter_revisions would yield."""
+
+    def forget_refs_after(conn, tid):
+        """Drop references recorded for revisions after ``tid`` (leftovers
+        of an interrupted analysis)."""
+
+    def add_refs(conn, oids, rows):
+        """Record (zoid, tid, to_zoid) rows for the revisions of ``oids``."""
+
+    def compute_pack_candidates(conn, pack_tid, gc):
+        """Fill the candidate table with what a pack to ``pack_tid`` removes
+        (unreachable objects when ``gc``), by set-based SQL."""
+
+    def pack_candidate_stats(conn):
+        """(objects, revisions, bytes, blob revisions) the candidates hold."""
+
+    def new_revisions(conn, after_tid, upto_tid):
+        """(oid, tid) committed in (after_tid, upto_tid]: what a deletion
+        batch re-checks its candidates against."""
+
+    def rescue_candidates(conn, after_tid, referenced):
+        """Drop from the candidates what commits after ``after_tid`` made
+        reachable again, transitively."""
+
+    def delete_pack_batch(conn, after_oid, limit):
+        """Delete the next ``limit`` candidates after ``after_oid`` (joins
+        against a temporary table); return what was removed."""
+
+    def finish_pack(conn, pack_tid):
+        """History-preserving: mark transactions up to ``pack_tid`` packed
+        and remove those left without any state."""
+
+    def missing_references(conn):
+        """(oid, tid, missing oid) of references to objects that do not
+        exist (``zodbpack --check-refs-only``)."""
