@@ -32,6 +32,7 @@ from ..base import Adapter
 from ..base import _one_line
 from ..base import chunks
 from ..connections import DBConnection
+from ..packing import PackLock
 from . import drivers
 from . import sql
 
@@ -152,14 +153,57 @@ class OracleAdapter(Adapter):
     # --- pack -----------------------------------------------------------
 
     def acquire_pack_lock(self):
-        # The two-phase pack's statements (reference tables, INSERT ...
-        # ON CONFLICT, multi-row VALUES, the session lock) have no Oracle
-        # form yet: refuse clearly, before anything is read or written.
-        raise RelStorageError(
-            "Packing is not available on Oracle yet (%s): the pack's statements "
-            "have no Oracle form; nothing was changed." % self.describe())
+        # A row lock (sql.TRY_PACK_LOCK) held by a session of its own, in
+        # a transaction that stays open until PackLock.close() ends it.
+        raw = self.connect('store')
+        try:
+            cur = raw.cursor()
+            cur.execute(self.sql.PACK_LOCK_ROW)
+            raw.commit()
+            cur.execute(self.q(self.sql.TRY_PACK_LOCK))
+            got = cur.fetchone() is not None
+            cur.close()
+        except BaseException:
+            raw.close()
+            raise
+        if not got:
+            raw.close()
+            return None
+        return PackLock(raw, self.sql.RELEASE_PACK_LOCK)
 
-    open_pack = acquire_pack_lock
+    def open_pack(self):
+        # Created only when missing from the data dictionary: 19c has no
+        # CREATE ... IF NOT EXISTS, and the global temporary tables cannot
+        # be re-created while a session uses them.  (DDL commits.)
+        conn = self.open_store()
+        try:
+            tables = self.list_tables(conn)
+            for stmt in self.pack_schema(tables):
+                conn.execute(stmt)
+            for name, stmt in self.pack_temp_tables().items():
+                if name not in tables:
+                    conn.execute(stmt)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def pack_schema(self, existing=()):
+        return [stmt for name, ddl in sql.PACK_TABLES.items() if name not in existing
+                for stmt in ddl]
+
+    def pack_temp_tables(self):
+        return sql.PACK_TEMP_TABLES
+
+    def _insert_values(self, conn, prefix, width, rows):
+        # One row per statement (no multi-row VALUES before 23ai), sent as
+        # array DML.
+        for chunk in chunks(rows, self.upload_batch):
+            conn.executemany(self.q(prefix), chunk)
+
+    def _any(self, conn, name):
+        return conn.query_one(sql.PACK_ANY_ROW % name) is not None
 
     def start_snapshot(self, conn):
         # SET TRANSACTION must be the first statement of a transaction
