@@ -827,6 +827,14 @@ class ErrorTests(unittest.TestCase):
         recorder.pack_lock_free = True
         self.assertIsNotNone(adapter.acquire_pack_lock())
 
+    def test_two_first_packs_both_make_the_lock_row(self):
+        # The loser of the race for the row's insert still asks for the lock.
+        adapter, recorder = recording_adapter(True)
+        recorder.fail = ('INSERT INTO commit_lock', oracle_error(
+            'ORA-00001: unique constraint (RS.SYS_C0012) violated', 1))
+        self.assertIsNotNone(adapter.acquire_pack_lock())
+        self.assertIn(adapter.q(adapter.sql.TRY_PACK_LOCK), [c[0] for c in recorder.calls])
+
     def test_pack_tables_are_created_only_when_missing(self):
         adapter, recorder = recording_adapter(False)
         recorder.tables = {'object_ref', 'temp_pack_reach'}

@@ -160,8 +160,12 @@ class OracleAdapter(Adapter):
         raw = self.connect('store')
         try:
             cur = raw.cursor()
-            cur.execute(self.sql.PACK_LOCK_ROW)
-            raw.commit()
+            try:
+                cur.execute(self.sql.PACK_LOCK_ROW)
+                raw.commit()
+            except self.driver.Error:
+                # Two first packs at once: the other one made the row.
+                raw.rollback()
             cur.execute(self.q(self.sql.TRY_PACK_LOCK))
             got = cur.fetchone() is not None
             cur.close()
@@ -176,7 +180,9 @@ class OracleAdapter(Adapter):
     def open_pack(self):
         # Created only when missing from the data dictionary: 19c has no
         # CREATE ... IF NOT EXISTS, and the global temporary tables cannot
-        # be re-created while a session uses them.  (DDL commits.)
+        # be re-created while a session uses them.  storage/pack.py holds
+        # the pack lock here, so no other pack creates them at the same
+        # time.  (DDL commits.)
         conn = self.open_store()
         try:
             tables = self.list_tables(conn)

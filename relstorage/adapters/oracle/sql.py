@@ -128,11 +128,13 @@ class OracleStatements(Statements):
     # Closing the session rolls its transaction back before the logoff
     # returns: nothing to send.
     RELEASE_PACK_LOCK = None
-    # The lock row, made by the first pack.
+    # The lock row, made by the first pack (a plain INSERT: it never
+    # touches, so never waits for, the row another pack holds).
     PACK_LOCK_ROW = """
-        MERGE INTO commit_lock c USING (SELECT %d AS id FROM dual) d ON (c.id = d.id)
-        WHEN NOT MATCHED THEN INSERT (id, tid) VALUES (d.id, 0)
-    """ % PACK_LOCK_ID
+        INSERT INTO commit_lock (id, tid)
+        SELECT %d, 0 FROM dual
+        WHERE NOT EXISTS (SELECT 1 FROM commit_lock WHERE id = %d)
+    """ % (PACK_LOCK_ID, PACK_LOCK_ID)
 
     # No INSERT ... ON CONFLICT / INSERT IGNORE: the two statements that
     # skip existing rows are written out with NOT EXISTS below, and the
