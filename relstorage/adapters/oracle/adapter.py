@@ -34,7 +34,6 @@ from ..base import Adapter
 from ..base import _one_line
 from ..base import chunks
 from ..connections import DBConnection
-from ..packing import PackLock
 from . import drivers
 from . import sql
 
@@ -154,28 +153,20 @@ class OracleAdapter(Adapter):
 
     # --- pack -----------------------------------------------------------
 
-    def acquire_pack_lock(self):
-        # A row lock (sql.TRY_PACK_LOCK) held by a session of its own, in
-        # a transaction that stays open until PackLock.close() ends it.
-        raw = self.connect('store')
+    # The pack lock is a row lock (sql.TRY_PACK_LOCK) held by a session of
+    # its own, in a transaction that stays open until PackLock.close().
+    pack_lock_purpose = 'store'
+
+    def prepare_pack_lock(self, raw):
+        cur = raw.cursor()
         try:
-            cur = raw.cursor()
-            try:
-                cur.execute(self.sql.PACK_LOCK_ROW)
-                raw.commit()
-            except self.driver.Error:
-                # Two first packs at once: the other one made the row.
-                raw.rollback()
-            cur.execute(self.q(self.sql.TRY_PACK_LOCK))
-            got = cur.fetchone() is not None
+            cur.execute(self.sql.PACK_LOCK_ROW)
+            raw.commit()
+        except self.driver.Error:
+            # Two first packs at once: the other one made the row.
+            raw.rollback()
+        finally:
             cur.close()
-        except BaseException:
-            raw.close()
-            raise
-        if not got:
-            raw.close()
-            return None
-        return PackLock(raw, self.sql.RELEASE_PACK_LOCK)
 
     def open_pack(self):
         # Created only when missing from the data dictionary: 19c has no
