@@ -18,9 +18,9 @@ Connections, by purpose:
 ``temp_store`` and ``temp_blob_chunk`` are global temporary tables created
 with the schema (``ON COMMIT DELETE ROWS``).  The pack's tables and its
 ``temp_pack_*`` global temporary tables (``ON COMMIT PRESERVE ROWS``) are
-created by the first pack; the pack lock is a row lock (see sql.py).  Statements are written with
-``%s`` placeholders like every adapter's and rendered here as numbered
-binds (``:1``, ``:2``, ...).  Values are bound through the driver layer
+created by the first pack; the pack lock is a row lock (see sql.py).
+Statements are written with ``%s`` placeholders like every adapter's and
+rendered here as numbered binds (``:1``, ``:2``, ...).  Values are bound through the driver layer
 (drivers.py), which binds booleans as 0/1 and byte strings over 32 KB as
 BLOBs, and fetches BLOBs as bytes.
 """
