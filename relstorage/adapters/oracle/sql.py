@@ -19,7 +19,12 @@ Differences from the ANSI statements in ``..sql``:
   as well: stricter than needed, never wrong;
 - ``temp_store`` and ``temp_blob_chunk`` are global temporary tables
   (``ON COMMIT DELETE ROWS``): created once with the schema, each session
-  sees only its own rows, and a commit or rollback empties them.
+  sees only its own rows, and a commit or rollback empties them;
+- pack: its work tables are global temporary tables too, ``ON COMMIT
+  PRESERVE ROWS``; rows that may exist already are skipped with ``NOT
+  EXISTS``, reference rows go in as array DML (no multi-row ``VALUES``
+  before 23ai), deletions are ``EXISTS`` semi-joins, and the pack lock is a
+  ``SKIP LOCKED`` row lock.
 """
 from ..sql import Statements
 
