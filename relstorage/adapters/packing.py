@@ -49,19 +49,28 @@ class PackVerbs:
 
     # --- sessions -----------------------------------------------------------
 
+    #: The connection purpose of the pack lock's session: 'store' where the
+    #: lock is a row lock that lives as long as the session's transaction.
+    pack_lock_purpose = 'oid'
+
+    def prepare_pack_lock(self, raw):
+        """Make what TRY_PACK_LOCK needs, on the lock's own session."""
+
     def acquire_pack_lock(self):
         """A PackLock, or None when another pack holds it.  The lock lives
-        with a session, so a killed pack releases it."""
-        raw = self.connect('oid')
+        with a session, so a killed pack releases it.  TRY_PACK_LOCK
+        answers a true first column, or false or no row when not had."""
+        raw = self.connect(self.pack_lock_purpose)
         try:
+            self.prepare_pack_lock(raw)
             cur = raw.cursor()
             cur.execute(self.sql.TRY_PACK_LOCK)
-            (got,) = cur.fetchone()
+            row = cur.fetchone()
             cur.close()
         except BaseException:
             raw.close()
             raise
-        if not got:
+        if row is None or not row[0]:
             raw.close()
             return None
         return PackLock(raw, self.sql.RELEASE_PACK_LOCK)

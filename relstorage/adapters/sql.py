@@ -45,7 +45,8 @@ class Statements:
 
     keep_history = True
 
-    #: How a vendor writes "INSERT ... skipping rows whose key exists".
+    #: How a vendor writes "INSERT ... skipping rows whose key exists"
+    #: (None where it overrides the statements using them instead).
     INSERT_IGNORE = 'INSERT INTO'
     INSERT_IGNORE_END = 'ON CONFLICT DO NOTHING'
 
@@ -60,7 +61,9 @@ class Statements:
                 value = getattr(self, name)
                 if isinstance(value, str):
                     for key, text in fill.items():
-                        value = value.replace(key, text)
+                        # (None: the vendor writes those statements out.)
+                        if text is not None:
+                            value = value.replace(key, text)
                     setattr(self, name, value)
         if not keep_history:
             for name in dir(self):

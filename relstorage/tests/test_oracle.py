@@ -25,6 +25,7 @@ reason printed; when it does but the variables are missing, that fails.
 """
 import atexit
 import os
+import re
 import secrets
 import socket
 import sys
@@ -142,6 +143,17 @@ class Recorder:
         self.sequence = 0
         self.pack_mark = None
         self.fail = None           # (substring, exception): raised when sent
+        self.pack_lock_free = True
+        #: When set, a statement's rowcount is 1 the first time it is sent
+        #: and 0 after (so that the pack's loops run a second round).
+        self.first_rowcount = False
+        self._counted = set()
+
+    def rowcount(self, stmt):
+        if not self.first_rowcount or stmt in self._counted:
+            return 0
+        self._counted.add(stmt)
+        return 1
 
     def answer(self, adapter, stmt, params):
         if self.fail is not None and self.fail[0] in stmt:
@@ -159,6 +171,8 @@ class Recorder:
             return [(self.sequence + sql.OID_BLOCK,)]
         if stmt == adapter.q(s.GET_PACK_MARK):
             return [] if self.pack_mark is None else [(self.pack_mark,)]
+        if stmt == adapter.q(s.TRY_PACK_LOCK):
+            return [(1,)] if self.pack_lock_free else []
         if stmt in (adapter.q(s.LOCK_COMMIT), adapter.q(s.GET_LAST_TID)):
             return [(5,)]
         tree = parse_oracle(stmt)
@@ -180,6 +194,7 @@ class RecordingCursor:
         params = tuple(params or ())
         self.recorder.calls.append((stmt, [params], False))
         self.rows = list(self.recorder.answer(self.adapter, stmt, params))
+        self.rowcount = self.recorder.rowcount(stmt)
 
     def executemany(self, stmt, rows):
         rows = [tuple(r) for r in rows]
@@ -250,7 +265,9 @@ def drive_every_verb(adapter, recorder):
     """Run every adapter verb the storage, pack and zodbconvert use."""
     hp = adapter.keep_history
     adapter.prepare_schema(create=True)
-    recorder.tables = set(sql.ALL_TABLES) | set(sql.SEQUENCES)
+    # The pack's tables are made by the first pack (below).
+    recorder.tables = (set(sql.ALL_TABLES) | set(sql.SEQUENCES)) \
+        - set(sql.PACK_TABLES) - set(sql.PACK_TEMP_TABLES)
     if not hp:
         recorder.tables -= {'current_object', 'transaction_log'}
     adapter.prepare_schema(create=False)          # verifies only
@@ -310,6 +327,37 @@ def drive_every_verb(adapter, recorder):
     store.commit()
     store.close()
 
+    # The two-phase pack, as storage/pack.py runs it.
+    lock = adapter.acquire_pack_lock()
+    conn = adapter.open_pack()                 # creates the pack tables
+    recorder.tables |= set(sql.PACK_TABLES) | set(sql.PACK_TEMP_TABLES)
+    conn.close()
+    conn = adapter.open_pack()                 # they exist now: no DDL
+    load = adapter.open_load()
+    adapter.begin_snapshot(load)
+    adapter.count_revisions(load, 0, 300)
+    list(adapter.iter_revisions(load, 0, 300))
+    load.rollback()
+    load.close()
+    adapter.begin_store_checked(conn)
+    adapter.pack_info(conn)
+    adapter.forget_refs_after(conn, 100)
+    adapter.add_refs(conn, [1, 2], [(1, 200, 2), (1, 200, 3), (2, 200, 3)])
+    adapter.set_pack_info(conn, refs_tid=200, prepared=None)
+    recorder.first_rowcount = True             # the loops go round twice
+    adapter.compute_pack_candidates(conn, 150, True)
+    adapter._any(conn, 'temp_pack_next')       # where rowcount is not known
+    adapter.pack_candidate_stats(conn)
+    adapter.new_revisions(conn, 200, 300)
+    adapter.rescue_candidates(conn, 200, {3, 4})
+    recorder.first_rowcount = False
+    adapter.delete_pack_batch(conn, 0, 100)
+    adapter.finish_pack(conn, 150)
+    adapter.missing_references(conn)
+    conn.commit()
+    conn.close()
+    lock.close()
+
     # OIDs: allocation, and the floor zodbconvert raises after a copy.
     adapter.new_oid()
     adapter.note_oids_used(10 * sql.OID_BLOCK + 3)
@@ -318,22 +366,12 @@ def drive_every_verb(adapter, recorder):
     adapter.drop_all()
 
 
-#: The two-phase pack's statements, which have no Oracle form yet: the
-#: Oracle adapter refuses to pack (test_pack_is_refused_clearly).
-PACK_PENDING = {'INSERT_IGNORE', 'INSERT_IGNORE_END', 'TRY_PACK_LOCK', 'RELEASE_PACK_LOCK'}
-
-
-def pack_pending(name):
-    return name in PACK_PENDING or name.startswith('PACK_')
-
-
 def named_statements(adapter):
     """name -> text of every statement of ``adapter.sql`` (this mode)."""
     result = {}
     for name in dir(adapter.sql):
         value = getattr(adapter.sql, name)
-        if (name.isupper() and isinstance(value, str) and not name.endswith('_HF')
-                and not pack_pending(name)):
+        if name.isupper() and isinstance(value, str) and not name.endswith('_HF'):
             result[name] = value
     return result
 
@@ -343,12 +381,6 @@ NOT_DRIVEN = {
     'binary', 'q', 'in_list', 'classify_error', 'translate_error', 'describe',
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
-    # The two-phase pack: not available on Oracle yet (see PACK_PENDING).
-    'add_refs', 'clear_pack_temp', 'compute_pack_candidates', 'count_revisions',
-    'delete_pack_batch', 'finish_pack', 'forget_refs_after', 'iter_revisions',
-    'missing_references', 'new_revisions', 'pack_candidate_stats', 'pack_info',
-    'pack_schema', 'pack_temp_tables', 'rescue_candidates', 'set_pack_info',
-    'stream_query', 'acquire_pack_lock', 'open_pack',
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
 }
 #: Verbs of undo, which only a history-preserving storage has.
@@ -381,8 +413,9 @@ NOT_SENT = {
 #: the verbs send them only when keep-history is on.
 HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS')
 #: ... and statements a history-preserving database answers otherwise
-#: (commit_outcome reads transaction_log there).
-HF_ONLY = ('TID_HAS_STATES',)
+#: (commit_outcome reads transaction_log there; an object's older
+#: revisions keep their references there).
+HF_ONLY = ('TID_HAS_STATES', 'PACK_REFS_FORGET_OBJECTS')
 #: Tables only a history-preserving schema has.
 HP_TABLES = ('current_object', 'transaction_log')
 
@@ -786,14 +819,32 @@ class ErrorTests(unittest.TestCase):
         self.assertNotIn('pa55word', message)
         self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
 
-    def test_pack_is_refused_clearly(self):
-        adapter = OracleAdapter(user='zope', password='pa55word',
-                                dsn='db.example:1521/ZODBSVC', options=Options())
-        for verb in (adapter.acquire_pack_lock, adapter.open_pack):
-            with self.assertRaises(RelStorageError) as cm:
-                verb()
-            self.assertIn('not available on Oracle', str(cm.exception))
-            self.assertNotIn('pa55word', str(cm.exception))
+    def test_a_held_pack_lock_is_not_taken(self):
+        # SKIP LOCKED answers no row while another session holds the row.
+        adapter, recorder = recording_adapter(True)
+        recorder.pack_lock_free = False
+        self.assertIsNone(adapter.acquire_pack_lock())
+        recorder.pack_lock_free = True
+        self.assertIsNotNone(adapter.acquire_pack_lock())
+
+    def test_two_first_packs_both_make_the_lock_row(self):
+        # The loser of the race for the row's insert still asks for the lock.
+        adapter, recorder = recording_adapter(True)
+        recorder.fail = ('INSERT INTO commit_lock', oracle_error(
+            'ORA-00001: unique constraint (RS.SYS_C0012) violated', 1))
+        self.assertIsNotNone(adapter.acquire_pack_lock())
+        self.assertIn(adapter.q(adapter.sql.TRY_PACK_LOCK), [c[0] for c in recorder.calls])
+
+    def test_pack_tables_are_created_only_when_missing(self):
+        adapter, recorder = recording_adapter(False)
+        recorder.tables = {'object_ref', 'temp_pack_reach'}
+        adapter.open_pack().close()
+        created = sorted(re.match(r'CREATE (?:GLOBAL TEMPORARY )?(?:TABLE|INDEX) (\w+)',
+                                  stmt).group(1)
+                         for stmt, _, _ in recorder.calls if stmt.startswith('CREATE'))
+        self.assertEqual(created, ['pack_info', 'pack_object', 'temp_pack_batch',
+                                   'temp_pack_current', 'temp_pack_frontier',
+                                   'temp_pack_next'])
 
     def test_replica_conf_lists_dsns_and_moves_to_the_next(self):
         # replica-conf for Oracle: one DSN per line.  Neither server here

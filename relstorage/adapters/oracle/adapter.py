@@ -16,9 +16,11 @@ Connections, by purpose:
   whose values are never rolled back.
 
 ``temp_store`` and ``temp_blob_chunk`` are global temporary tables created
-with the schema (``ON COMMIT DELETE ROWS``).  Statements are written with
-``%s`` placeholders like every adapter's and rendered here as numbered
-binds (``:1``, ``:2``, ...).  Values are bound through the driver layer
+with the schema (``ON COMMIT DELETE ROWS``).  The pack's tables and its
+``temp_pack_*`` global temporary tables (``ON COMMIT PRESERVE ROWS``) are
+created by the first pack; the pack lock is a row lock (see sql.py).
+Statements are written with ``%s`` placeholders like every adapter's and
+rendered here as numbered binds (``:1``, ``:2``, ...).  Values are bound through the driver layer
 (drivers.py), which binds booleans as 0/1 and byte strings over 32 KB as
 BLOBs, and fetches BLOBs as bytes.
 """
@@ -151,15 +153,56 @@ class OracleAdapter(Adapter):
 
     # --- pack -----------------------------------------------------------
 
-    def acquire_pack_lock(self):
-        # The two-phase pack's statements (reference tables, INSERT ...
-        # ON CONFLICT, multi-row VALUES, the session lock) have no Oracle
-        # form yet: refuse clearly, before anything is read or written.
-        raise RelStorageError(
-            "Packing is not available on Oracle yet (%s): the pack's statements "
-            "have no Oracle form; nothing was changed." % self.describe())
+    # The pack lock is a row lock (sql.TRY_PACK_LOCK) held by a session of
+    # its own, in a transaction that stays open until PackLock.close().
+    pack_lock_purpose = 'store'
 
-    open_pack = acquire_pack_lock
+    def prepare_pack_lock(self, raw):
+        cur = raw.cursor()
+        try:
+            cur.execute(self.sql.PACK_LOCK_ROW)
+            raw.commit()
+        except self.driver.Error:
+            # Two first packs at once: the other one made the row.
+            raw.rollback()
+        finally:
+            cur.close()
+
+    def open_pack(self):
+        # Created only when missing from the data dictionary: 19c has no
+        # CREATE ... IF NOT EXISTS, and the global temporary tables cannot
+        # be re-created while a session uses them.  storage/pack.py holds
+        # the pack lock here, so no other pack creates them at the same
+        # time.  (DDL commits.)
+        conn = self.open_store()
+        try:
+            tables = self.list_tables(conn)
+            for stmt in self.pack_schema(tables):
+                conn.execute(stmt)
+            for name, stmt in self.pack_temp_tables().items():
+                if name not in tables:
+                    conn.execute(stmt)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def pack_schema(self, existing=()):
+        return [stmt for name, ddl in sql.PACK_TABLES.items() if name not in existing
+                for stmt in ddl]
+
+    def pack_temp_tables(self):
+        return sql.PACK_TEMP_TABLES
+
+    def _insert_values(self, conn, prefix, width, rows):
+        # One row per statement (no multi-row VALUES before 23ai), sent as
+        # array DML.
+        for chunk in chunks(rows, self.upload_batch):
+            conn.executemany(self.q(prefix), chunk)
+
+    def _any(self, conn, name):
+        return conn.query_one(sql.PACK_ANY_ROW % name) is not None
 
     def start_snapshot(self, conn):
         # SET TRANSACTION must be the first statement of a transaction

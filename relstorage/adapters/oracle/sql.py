@@ -19,7 +19,12 @@ Differences from the ANSI statements in ``..sql``:
   as well: stricter than needed, never wrong;
 - ``temp_store`` and ``temp_blob_chunk`` are global temporary tables
   (``ON COMMIT DELETE ROWS``): created once with the schema, each session
-  sees only its own rows, and a commit or rollback empties them.
+  sees only its own rows, and a commit or rollback empties them;
+- pack: its work tables are global temporary tables too, ``ON COMMIT
+  PRESERVE ROWS``; rows that may exist already are skipped with ``NOT
+  EXISTS``, reference rows go in as array DML (no multi-row ``VALUES``
+  before 23ai), deletions are ``EXISTS`` semi-joins, and the pack lock is a
+  ``SKIP LOCKED`` row lock.
 """
 from ..sql import Statements
 
@@ -29,6 +34,10 @@ OID_BLOCK = 128
 
 #: Sequence values drawn at most per round trip when the OID floor is raised.
 MAX_DRAW = 10000
+
+#: The commit_lock row whose row lock is the pack lock (0 is the commit
+#: lock, 1 the pack mark).
+PACK_LOCK_ID = 2
 
 
 def _fetch_first(stmt):
@@ -111,6 +120,73 @@ class OracleStatements(Statements):
         DELETE FROM transaction_log
         WHERE tid > 0 AND tid <= %s AND packed = %s
           AND NOT EXISTS (SELECT 1 FROM object_state s WHERE s.tid = transaction_log.tid)
+    """
+
+    # The pack lock: a row lock on commit_lock row PACK_LOCK_ID, held by
+    # the pack lock's own session in a transaction it never commits (no
+    # grant needed, unlike DBMS_LOCK; a killed session's transaction is
+    # rolled back by the server, which releases it).  SKIP LOCKED returns
+    # no row, without waiting, while another pack holds it.
+    TRY_PACK_LOCK = """
+        SELECT 1 FROM commit_lock WHERE id = %d FOR UPDATE SKIP LOCKED
+    """ % PACK_LOCK_ID
+    # Closing the session rolls its transaction back before the logoff
+    # returns: nothing to send.
+    RELEASE_PACK_LOCK = None
+    # The lock row, made by the first pack (a plain INSERT: it never
+    # touches, so never waits for, the row another pack holds).
+    PACK_LOCK_ROW = """
+        INSERT INTO commit_lock (id, tid)
+        SELECT %d, 0 FROM dual
+        WHERE NOT EXISTS (SELECT 1 FROM commit_lock WHERE id = %d)
+    """ % (PACK_LOCK_ID, PACK_LOCK_ID)
+
+    # No INSERT ... ON CONFLICT / INSERT IGNORE: the two statements that
+    # skip existing rows are written out with NOT EXISTS below, and the
+    # shared template's markers must not be left in any statement.
+    INSERT_IGNORE = None
+    INSERT_IGNORE_END = None
+    PACK_RESCUE_REFERENCED = """
+        INSERT INTO temp_pack_frontier (zoid)
+        SELECT DISTINCT p.zoid FROM temp_pack_next n
+        JOIN pack_object p ON p.zoid = n.zoid
+        WHERE p.garbage = 1
+          AND NOT EXISTS (SELECT 1 FROM temp_pack_frontier x WHERE x.zoid = p.zoid)
+    """
+    PACK_RESCUE_STEP = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT p.zoid FROM temp_pack_frontier f
+        JOIN pack_object pf ON pf.zoid = f.zoid
+        JOIN object_ref r ON r.zoid = pf.zoid AND r.tid = pf.keep_tid
+        JOIN pack_object p ON p.zoid = r.to_zoid
+        WHERE p.garbage = 1
+          AND NOT EXISTS (SELECT 1 FROM temp_pack_next x WHERE x.zoid = p.zoid)
+    """
+    # No multi-row VALUES before 23ai: one row per statement, sent as one
+    # array DML (executemany) per batch.
+    PACK_REFS_INSERT = "INSERT INTO object_ref (zoid, tid, to_zoid) VALUES (%s, %s, %s)"
+    PACK_NEXT_INSERT = "INSERT INTO temp_pack_next (zoid) VALUES (%s)"
+    PACK_FILL_BATCH = _fetch_first(Statements.PACK_FILL_BATCH)
+    # Semi-joins: Oracle has no DELETE ... USING / multi-table DELETE.
+    PACK_DELETE_STATES = """
+        DELETE FROM object_state s WHERE EXISTS (
+            SELECT 1 FROM temp_pack_batch t WHERE t.zoid = s.zoid AND s.tid < t.below)
+    """
+    PACK_DELETE_BLOBS = """
+        DELETE FROM blob_chunk b WHERE EXISTS (
+            SELECT 1 FROM temp_pack_batch t WHERE t.zoid = b.zoid AND b.tid < t.below)
+    """
+    PACK_DELETE_REFS = """
+        DELETE FROM object_ref r WHERE EXISTS (
+            SELECT 1 FROM temp_pack_batch t WHERE t.zoid = r.zoid AND r.tid < t.below)
+    """
+    PACK_DELETE_CURRENT = """
+        DELETE FROM current_object c WHERE EXISTS (
+            SELECT 1 FROM temp_pack_batch t WHERE t.zoid = c.zoid AND t.garbage = 1)
+    """
+    PACK_DELETE_DONE = """
+        DELETE FROM pack_object p WHERE EXISTS (
+            SELECT 1 FROM temp_pack_batch t WHERE t.zoid = p.zoid)
     """
 
     # --- OIDs -------------------------------------------------------------
@@ -209,9 +285,68 @@ HISTORY_FREE_SCHEMA = _COMMON_HEAD + (
     "CREATE INDEX object_state_tid ON object_state (tid)",
 ) + _BLOB_CHUNK_TABLE + _TEMP_TABLES
 
+#: Whether a pack work table has a row (table name formatted in).
+PACK_ANY_ROW = "SELECT zoid FROM %s FETCH FIRST 1 ROWS ONLY"
+
+#: The pack's permanent tables, name -> DDL, created by the first pack
+#: (the adapter checks the data dictionary: no CREATE ... IF NOT EXISTS
+#: before 23ai).
+PACK_TABLES = {
+    'object_ref': (
+        """CREATE TABLE object_ref (
+            zoid NUMBER(20) NOT NULL,
+            tid NUMBER(20) NOT NULL,
+            to_zoid NUMBER(20) NOT NULL,
+            PRIMARY KEY (zoid, tid, to_zoid)
+        )""",
+        "CREATE INDEX object_ref_tid ON object_ref (tid)",
+    ),
+    'pack_object': (
+        """CREATE TABLE pack_object (
+            zoid NUMBER(20) NOT NULL PRIMARY KEY,
+            keep_tid NUMBER(20) NOT NULL,
+            garbage NUMBER(1) NOT NULL
+        )""",
+    ),
+    'pack_info': (
+        """CREATE TABLE pack_info (
+            name VARCHAR2(32) NOT NULL PRIMARY KEY,
+            value NUMBER(20) NOT NULL
+        )""",
+    ),
+}
+
+#: The pack's work tables, name -> DDL: global temporary tables, created
+#: once like temp_store (DDL on a global temporary table a session is
+#: using fails with ORA-14450, so they are never re-created per pack).
+#: ON COMMIT PRESERVE ROWS: the pack commits between its steps and
+#: batches and keeps reading them; it empties them itself.
+PACK_TEMP_TABLES = {
+    'temp_pack_current': """CREATE GLOBAL TEMPORARY TABLE temp_pack_current (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY,
+        tid NUMBER(20) NOT NULL,
+        revisions NUMBER(20) NOT NULL
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_reach': """CREATE GLOBAL TEMPORARY TABLE temp_pack_reach (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_frontier': """CREATE GLOBAL TEMPORARY TABLE temp_pack_frontier (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_next': """CREATE GLOBAL TEMPORARY TABLE temp_pack_next (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_batch': """CREATE GLOBAL TEMPORARY TABLE temp_pack_batch (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY,
+        below NUMBER(20) NOT NULL,
+        garbage NUMBER(1) NOT NULL
+    ) ON COMMIT PRESERVE ROWS""",
+}
+
 #: Every table RelStorage owns, in an order that can be dropped.
 ALL_TABLES = ('blob_chunk', 'current_object', 'transaction_log', 'object_state',
-              'commit_lock', 'temp_store', 'temp_blob_chunk')
+              'commit_lock', 'temp_store', 'temp_blob_chunk') \
+    + tuple(PACK_TABLES) + tuple(PACK_TEMP_TABLES)
 SEQUENCES = ('zoid_seq',)
 
 
