@@ -11,3 +11,16 @@ def canonical_name(names, name, database):
             return canonical
     raise RelStorageError(
         "Unknown %s driver %r; choose one of: %s" % (database, name, ', '.join(names)))
+
+
+def first_importable(classes, label='package'):
+    """(an instance of the first of ``classes`` whose module imports, the
+    failures before it); (None, failures) when none does.  A failure reads
+    ``<cls.label> (<ImportError>)``, for the caller's message."""
+    problems = []
+    for cls in classes:
+        try:
+            return cls(), problems
+        except ImportError as exc:
+            problems.append('%s (%s)' % (getattr(cls, label), exc))
+    return None, problems

@@ -143,12 +143,9 @@ def select_driver(name='auto'):
     """The driver for ``name``; 'auto' prefers MySQLdb, then PyMySQL."""
     canonical = canonical_name(name)
     if canonical == 'auto':
-        missing = []
-        for cls in (MySQLdbDriver, PyMySQLDriver):
-            try:
-                return cls()
-            except ImportError as exc:
-                missing.append('%s (%s)' % (cls.package, exc))
+        driver, missing = drivers.first_importable((MySQLdbDriver, PyMySQLDriver))
+        if driver is not None:
+            return driver
         raise RelStorageError(
             "No MySQL driver is installed: install mysqlclient or PyMySQL "
             "(tried: %s)." % '; '.join(missing))

@@ -332,12 +332,9 @@ def select_driver(name='auto'):
         candidates = (CxOracleDriver, OracledbDriver)
     else:
         candidates = (OracledbDriver,)
-    problems = []
-    for cls in candidates:
-        try:
-            return cls()
-        except ImportError as exc:
-            problems.append('%s (%s)' % (cls.package, exc))
+    driver, problems = drivers.first_importable(candidates)
+    if driver is not None:
+        return driver
     raise RelStorageError(
         "The Oracle driver %r is not installed: install oracledb "
         "(pip install oracledb; thin mode needs no Oracle client). Tried: %s"

@@ -59,12 +59,10 @@ def select_driver(name):
     """
     name = drivers.canonical_name(DRIVER_NAMES, name, 'PostgreSQL')
     if name == 'auto':
-        problems = []
-        for cls in (Psycopg3Driver, Psycopg2Driver):
-            try:
-                return cls()
-            except ImportError as exc:
-                problems.append('%s (%s)' % (cls.name, exc))
+        driver, problems = drivers.first_importable((Psycopg3Driver, Psycopg2Driver),
+                                                    label='name')
+        if driver is not None:
+            return driver
         raise RelStorageError(
             "No PostgreSQL driver is installed: tried %s. Install psycopg "
             "(pip install 'psycopg[binary]') or psycopg2." % '; '.join(problems))
