@@ -27,6 +27,7 @@ RUN = r'''
 import json, os, sys, time, shutil, tempfile, transaction, ZODB
 import relstorage
 from persistent import Persistent
+from persistent.list import PersistentList
 sys.path.insert(0, sys.argv[2])
 from scratchdb import open_storage, fresh, drop
 spec = json.loads(sys.argv[1])
@@ -50,26 +51,29 @@ db = ZODB.DB(open_storage(spec))
 out = {'relstorage': os.path.dirname(relstorage.__file__)}
 tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
 c1, c2 = db.open(tm1), db.open(tm2)
+
+
+def timed_commit(tm):
+    t = time.perf_counter()
+    tm.commit()
+    return time.perf_counter() - t
+
+
+def bump(objects):
+    for o in objects:
+        o.value += 1
+
+
 objs = [Counter() for _ in range(N)]
-t = time.perf_counter()
-c1.root()['objs'] = objs_list = __import__('persistent.list').list.PersistentList(objs)
-tm1.commit()
-out['add'] = time.perf_counter() - t
-for o in objs:
-    o.value += 1
-t = time.perf_counter()
-tm1.commit()
-out['update'] = time.perf_counter() - t
+c1.root()['objs'] = PersistentList(objs)
+out['add'] = timed_commit(tm1)
+bump(objs)
+out['update'] = timed_commit(tm1)
 tm2.begin()
-others = c2.root()['objs']
-for o in others:
-    o.value += 1
+bump(c2.root()['objs'])
 tm2.commit()
-for o in objs:
-    o.value += 1
-t = time.perf_counter()
-tm1.commit()
-out['conflicting'] = time.perf_counter() - t
+bump(objs)                       # now stale: every object conflicts
+out['conflicting'] = timed_commit(tm1)
 tm2.begin()
 assert sum(o.value for o in c2.root()['objs']) == 3 * N
 c1.close(); c2.close(); db.close()
