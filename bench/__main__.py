@@ -356,8 +356,15 @@ def write_outputs(results, output_dir):
     with open(json_path, 'w') as f:
         json.dump(results, f, indent=1, sort_keys=True)
     md_path = os.path.join(output_dir, 'benchmarks.md')
+    # Figures of the stand-alone scripts (bench/commit_size.py, ...),
+    # written by hand with their commands: kept in every rewrite.
+    extra_path = os.path.join(output_dir, 'benchmarks-extra.md')
+    extra = None
+    if os.path.exists(extra_path):
+        with open(extra_path) as f:
+            extra = f.read()
     with open(md_path, 'w') as f:
-        f.write(report.markdown(results))
+        f.write(report.markdown(results, extra))
     png_path = os.path.join(output_dir, 'benchmarks.png')
     report.chart(results, png_path)
     say('wrote %s, %s, %s' % (md_path, png_path, json_path))

@@ -7,14 +7,34 @@ history mode:
 
 - pack time and zodbpack's peak RSS;
 - the writer's commit latency (median, p99, max) and throughput before and
-  during the pack;
+  during the pack, and how many commits took longer than
+  pack-batch-timeout;
 - the longest time the pack held the commit lock (zodbpack's summary);
-- the time of a second pack right after the first (references reused).
+- the time of a second pack right after the first (the writer stopped;
+  references reused, only its commits made during the first are read),
+  and of a third one with nothing new at all.
 
 Examples::
 
     python -m bench.pack_live --target sqlite --objects 20000
     python -m bench.pack_live --target pg --objects 100000 --history-free
+
+RelStorage 4.3 on the same scenario: run this file (by its path, from a
+neutral directory, so that the checkout's ``relstorage`` is not first on
+``sys.path``) with the peer virtualenv's interpreter (``make bench-peer``)::
+
+    cd /tmp && /work/main/.venv-peer/bin/python /work/main/bench/pack_live.py \\
+        --target pg --objects 1000000 --history-free --template
+
+The script only speaks ZODB and ZConfig (``%import relstorage``), so either
+implementation runs it; the first line of its report says which
+``relstorage`` it imported.  On MariaDB the peer needs
+/work/shared/bench's shim (RS_PEER_MARIADB_COMPAT=1).
+
+``--template`` (PostgreSQL) keeps the populated database as a template
+(``relstoragebench_packtpl_<side>_<mode>_<objects>``) and packs a copy of
+it, so that A/B runs on a million objects do not rebuild it each time;
+``--drop-template`` removes it afterwards.
 
 Server databases are created and dropped (``relstoragebench_pack_*``);
 SQLite data goes to a temporary directory.
@@ -32,55 +52,74 @@ import threading
 import time
 
 import transaction
-import ZODB
+import ZODB.config
 from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
-from relstorage.options import Options
-from relstorage.storage import RelStorage
+import relstorage
 
 WRITER_INTERVAL = 0.02
+#: pack-batch-timeout's default: no commit should wait longer.
+BATCH_TIMEOUT = 1.0
 
 
-def make_target(name, keep_history, scratch):
-    """(adapter factory, ZConfig adapter section, cleanup)."""
-    dbname = 'relstoragebench_pack_%d' % os.getpid()
-    if name == 'sqlite':
-        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
-        data_dir = os.path.join(scratch, 'data')
-        return ((lambda options: Sqlite3Adapter(data_dir, options=options)),
-                '<sqlite3>\n data-dir %s\n</sqlite3>' % data_dir, lambda: None)
-    if name == 'pg':
-        import psycopg
-        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
-        base = os.environ.get('RS_PG_DSN', 'host=127.0.0.1 user=postgres')
-        admin = psycopg.connect(base + ' dbname=postgres', autocommit=True)
-        admin.execute('DROP DATABASE IF EXISTS %s' % dbname)
-        admin.execute('CREATE DATABASE %s' % dbname)
-        dsn = base + ' dbname=%s' % dbname
+def side():
+    """'ours' or 'peer' (RelStorage 4.x), by the imported package."""
+    version = getattr(relstorage, '__version__', None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+            version = dist_version('relstorage')
+        except Exception:  # pylint:disable=broad-except
+            version = '?'
+    here = os.path.dirname(os.path.abspath(relstorage.__file__))
+    peer = '.venv-peer' in here or str(version).startswith('4.')
+    return ('peer' if peer else 'ours'), version, here
 
-        def cleanup():
-            admin.execute('DROP DATABASE IF EXISTS %s WITH (FORCE)' % dbname)
-        return ((lambda options: PostgreSQLAdapter(dsn=dsn, options=options)),
-                '<postgresql>\n dsn %s\n</postgresql>' % dsn, cleanup)
-    if name == 'mariadb':
-        import MySQLdb
-        from relstorage.adapters.mysql.adapter import MySQLAdapter
-        params = dict(host=os.environ.get('RS_MYSQL_HOST', '127.0.0.1'), user='root',
-                      passwd=os.environ.get('RS_MYSQL_PASSWD', ''))
-        admin = MySQLdb.connect(**params)
-        admin.autocommit(True)
-        cur = admin.cursor()
-        cur.execute('DROP DATABASE IF EXISTS %s' % dbname)
-        cur.execute('CREATE DATABASE %s' % dbname)
 
-        def cleanup():
-            cur.execute('DROP DATABASE IF EXISTS %s' % dbname)
-        section = '<mysql>\n host %s\n user root\n db %s\n%s</mysql>' % (
-            params['host'], dbname, (' passwd %s\n' % params['passwd']) if params['passwd'] else '')
-        return ((lambda options: MySQLAdapter(options=options, db=dbname, **params)),
-                section, cleanup)
-    raise SystemExit('unknown target %r (sqlite, pg, mariadb)' % name)
+def pg_admin(statement):
+    import psycopg2
+    base = os.environ.get('RS_PG_DSN', 'host=127.0.0.1 user=postgres')
+    conn = psycopg2.connect(base + ' dbname=postgres')
+    conn.autocommit = True
+    try:
+        cur = conn.cursor()
+        cur.execute(statement)
+        rows = cur.fetchall() if cur.description else None
+        cur.close()
+        return rows
+    finally:
+        conn.close()
+
+
+def pg_exists(name):
+    return bool(pg_admin("SELECT 1 FROM pg_database WHERE datname = '%s'" % name))
+
+
+def mysql_admin(statement):
+    import MySQLdb
+    conn = MySQLdb.connect(host=os.environ.get('RS_MYSQL_HOST', '127.0.0.1'), user='root',
+                           passwd=os.environ.get('RS_MYSQL_PASSWD', ''))
+    try:
+        conn.cursor().execute(statement)
+    finally:
+        conn.close()
+
+
+def pg_section(dbname):
+    base = os.environ.get('RS_PG_DSN', 'host=127.0.0.1 user=postgres')
+    return '<postgresql>\n dsn %s dbname=%s\n</postgresql>' % (base, dbname)
+
+
+def storage_config(keep_history, section):
+    return ('%%import relstorage\n<relstorage>\n keep-history %s\n'
+            ' commit-lock-timeout 30\n%s\n</relstorage>\n'
+            % ('true' if keep_history else 'false', section))
+
+
+def open_db(keep_history, section):
+    return ZODB.config.databaseFromString(
+        '<zodb>\n%s</zodb>\n' % storage_config(keep_history, section))
 
 
 def populate(db, objects):
@@ -99,6 +138,71 @@ def populate(db, objects):
             tree = conn.root()['tree']
             for i in range(start, min(objects, start + per_txn), 2):
                 del tree[i]
+        conn.cacheMinimize()
+
+
+class Target:
+    """A database to pack: ``section`` (ZConfig), ``make()``, ``cleanup()``."""
+
+    def __init__(self, args, keep_history, scratch, who):
+        self.args = args
+        self.keep_history = keep_history
+        self.scratch = scratch
+        name = args.target
+        mode = 'hp' if keep_history else 'hf'
+        self.dbname = 'relstoragebench_pack_%d' % os.getpid()
+        self.template = 'relstoragebench_packtpl_%s_%s_%d' % (who, mode, args.objects)
+        if name == 'sqlite':
+            data_dir = os.path.join(scratch, 'data')
+            self.section = '<sqlite3>\n data-dir %s\n</sqlite3>' % data_dir
+        elif name == 'pg':
+            self.section = pg_section(self.dbname)
+        elif name == 'mariadb':
+            self.section = ('<mysql>\n host %s\n user root\n db %s\n%s</mysql>' % (
+                os.environ.get('RS_MYSQL_HOST', '127.0.0.1'), self.dbname,
+                (' passwd %s\n' % os.environ['RS_MYSQL_PASSWD'])
+                if os.environ.get('RS_MYSQL_PASSWD') else ''))
+        else:
+            raise SystemExit('unknown target %r (sqlite, pg, mariadb)' % name)
+
+    def make(self):
+        """Create the database with its objects; return the seconds spent
+        populating (0 when copied from a template)."""
+        target = self.args.target
+        if target == 'pg':
+            pg_admin('DROP DATABASE IF EXISTS %s' % self.dbname)
+            if self.args.template:
+                if not pg_exists(self.template):
+                    pg_admin('CREATE DATABASE %s' % self.template)
+                    seconds = self._populate(pg_section(self.template))
+                    print('populated template %s in %.1fs' % (self.template, seconds))
+                started = time.time()
+                pg_admin('CREATE DATABASE %s TEMPLATE %s' % (self.dbname, self.template))
+                print('copied template %s in %.1fs' % (self.template, time.time() - started))
+                return 0
+            pg_admin('CREATE DATABASE %s' % self.dbname)
+        elif target == 'mariadb':
+            mysql_admin('DROP DATABASE IF EXISTS %s' % self.dbname)
+            mysql_admin('CREATE DATABASE %s' % self.dbname)
+        return self._populate(self.section)
+
+    def _populate(self, section):
+        db = open_db(self.keep_history, section)
+        try:
+            started = time.time()
+            populate(db, self.args.objects)
+            return time.time() - started
+        finally:
+            db.close()
+
+    def cleanup(self):
+        target = self.args.target
+        if target == 'pg':
+            pg_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % self.dbname)
+            if self.args.drop_template:
+                pg_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % self.template)
+        elif target == 'mariadb':
+            mysql_admin('DROP DATABASE IF EXISTS %s' % self.dbname)
 
 
 class Writer(threading.Thread):
@@ -107,7 +211,7 @@ class Writer(threading.Thread):
     def __init__(self, db):
         super().__init__(daemon=True)
         self.db = db
-        self.samples = []           # (start time, latency)
+        self.samples = []           # (start time, latency, committed)
         self.stop = threading.Event()
 
     def run(self):
@@ -116,6 +220,7 @@ class Writer(threading.Thread):
         n = 0
         while not self.stop.is_set():
             started = time.time()
+            ok = True
             try:
                 tm.begin()
                 root = conn.root()
@@ -124,34 +229,65 @@ class Writer(threading.Thread):
                 tm.commit()
             except Exception:  # pylint:disable=broad-except
                 tm.abort()
-            self.samples.append((started, time.time() - started))
+                ok = False
+            self.samples.append((started, time.time() - started, ok))
             n += 1
             time.sleep(max(0, WRITER_INTERVAL - (time.time() - started)))
         conn.close()
 
     def stats(self, start, end):
-        lat = sorted(l for t, l in self.samples if start <= t < end)
+        chosen = [(l, ok) for t, l, ok in self.samples if start <= t < end]
+        lat = sorted(l for l, _ok in chosen)
         if not lat:
             return None
-        return {'commits_per_s': len(lat) / (end - start),
-                'median_ms': 1000 * statistics.median(lat),
-                'p99_ms': 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-                'max_ms': 1000 * lat[-1]}
+        return {'commits_per_s': round(sum(1 for _l, ok in chosen if ok) / (end - start), 1),
+                'failed': sum(1 for _l, ok in chosen if not ok),
+                'median_ms': round(1000 * statistics.median(lat), 1),
+                'p99_ms': round(1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], 1),
+                'max_ms': round(1000 * lat[-1], 1),
+                'over_batch_timeout': sum(1 for l in lat if l > BATCH_TIMEOUT)}
 
 
 def run_zodbpack(config):
+    """Run zodbpack in a child, sampling its RSS (the children's
+    ru_maxrss would report the largest child ever waited for)."""
     started = time.time()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     script = os.path.join(os.path.dirname(sys.executable), 'zodbpack')
-    proc = subprocess.run([script, '-d', '0', config], capture_output=True, text=True)
+    argv = [script, '-d', '0', config]
+    if os.environ.get('RS_PACK_LIVE_DEBUG'):
+        # zodbpack logs the traceback of a failure at DEBUG level.
+        argv = [sys.executable, '-c',
+                'import logging, sys; logging.basicConfig(level=logging.DEBUG); '
+                'from relstorage import zodbpack; sys.exit(zodbpack.main(sys.argv[1:]))',
+                '-d', '0', config]
+    # Files, not pipes: nothing reads the pipes until the pack ends.
+    out_file = tempfile.TemporaryFile('w+')
+    err_file = tempfile.TemporaryFile('w+')
+    proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)
+    peak = 0
+    status = '/proc/%d/status' % proc.pid
+    while proc.poll() is None:
+        try:
+            with open(status) as f:
+                for line in f:
+                    if line.startswith('VmHWM:'):
+                        peak = max(peak, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    proc.wait()
+    out_file.seek(0)
+    err_file.seek(0)
+    out, err = out_file.read(), err_file.read()
+    out_file.close()
+    err_file.close()
     elapsed = time.time() - started
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode:
-        raise SystemExit('zodbpack failed: %s' % proc.stderr.strip())
-    longest = re.search(r'longest ([0-9.]+)s', proc.stdout)
-    return {'seconds': elapsed, 'peak_rss_mb': max(rss, before) / 1024.0,
+        raise SystemExit('zodbpack failed: %s' % err.strip()[-3000:])
+    longest = re.search(r'longest ([0-9.]+)s', out)
+    return {'seconds': elapsed, 'peak_rss_mb': peak / 1024.0,
             'longest_lock_s': float(longest.group(1)) if longest else None,
-            'summary': proc.stdout.strip()}
+            'summary': (out.strip() or err.strip()).splitlines()[-1:] }
 
 
 def main(argv=None):
@@ -161,41 +297,61 @@ def main(argv=None):
     parser.add_argument('--history-free', action='store_true')
     parser.add_argument('--before', type=float, default=5.0,
                         help='seconds of writer latency measured before the pack')
+    parser.add_argument('--template', action='store_true',
+                        help='PostgreSQL: keep the populated database as a template '
+                        'and pack a copy (reused by the next run of the same size)')
+    parser.add_argument('--drop-template', action='store_true',
+                        help='drop the template at the end')
+    parser.add_argument('--populate-only', action='store_true',
+                        help='with --template: build the template and stop')
     args = parser.parse_args(argv)
     keep_history = not args.history_free
+    who, version, where = side()
+    print('relstorage %s from %s (%s)' % (version, where, who))
     scratch = tempfile.mkdtemp(prefix='relstoragebench_pack_')
-    make_adapter, section, cleanup = make_target(args.target, keep_history, scratch)
+    target = Target(args, keep_history, scratch, who)
     try:
-        options = Options(keep_history=keep_history, commit_lock_timeout=30)
-        db = ZODB.DB(RelStorage(make_adapter(options), options=options))
-        t0 = time.time()
-        populate(db, args.objects)
-        print('populated %d objects in %.1fs' % (args.objects, time.time() - t0))
+        if args.populate_only:
+            args.template = True
+            if not pg_exists(target.template):
+                target.make()
+            return
+        seconds = target.make()
+        if seconds:
+            print('populated %d objects in %.1fs' % (args.objects, seconds))
         config = os.path.join(scratch, 'pack.conf')
         with open(config, 'w') as f:
-            f.write('%%import relstorage\n<relstorage>\n keep-history %s\n%s\n</relstorage>\n'
-                    % ('true' if keep_history else 'false', section))
+            f.write(storage_config(keep_history, target.section))
+        db = open_db(keep_history, target.section)
         writer = Writer(db)
         writer.start()
         time.sleep(args.before)
         pack_start = time.time()
         first = run_zodbpack(config)
         pack_end = time.time()
-        second = run_zodbpack(config)
         writer.stop.set()
         writer.join()
         db.close()
-        print('target %s, %s, %d objects (half garbage)' % (
+        # The writer's commits during the first pack are new to the
+        # second (references read again for them only); the third has
+        # nothing new at all.
+        second = run_zodbpack(config)
+        third = run_zodbpack(config)
+        print('target %s, %s, %d objects (half garbage), %s' % (
             args.target, 'history-preserving' if keep_history else 'history-free',
-            args.objects))
+            args.objects, who))
         print('  writer before the pack: %s' % writer.stats(pack_start - args.before, pack_start))
         print('  writer during the pack: %s' % writer.stats(pack_start, pack_end))
         print('  first pack:  %.1fs, peak RSS %.0f MB, longest commit-lock hold %ss'
               % (first['seconds'], first['peak_rss_mb'], first['longest_lock_s']))
         print('               %s' % first['summary'])
-        print('  second pack: %.1fs (nothing new)' % second['seconds'])
+        print('  second pack: %.1fs, peak RSS %.0f MB (after the writer stopped)'
+              % (second['seconds'], second['peak_rss_mb']))
+        print('               %s' % second['summary'])
+        print('  third pack:  %.1fs (nothing new)' % third['seconds'])
+        print('               %s' % third['summary'])
     finally:
-        cleanup()
+        target.cleanup()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -81,7 +81,10 @@ def _median(result):
     return None
 
 
-def markdown(results):
+def markdown(results, extra=None):
+    """The report; ``extra``: markdown kept by hand beside it
+    (benchmarks-extra.md: figures of the stand-alone scripts), put after
+    the round trips."""
     meta = results['meta']
     targets = results['targets']
     objects = meta['objects']
@@ -178,9 +181,21 @@ def markdown(results):
       'UPDATE + COMMIT for the empty commit); *ratio* = RelStorage median ÷ '
       'bare-driver median: what the storage costs on top of the database. '
       'See `bench/baseline.py`.' % objects)
-    w('- Every comparison with RelStorage 4.3 below was measured in this '
-      'same run, side by side (see the next section). These are '
-      'comparisons, not tests: nothing fails on a number.')
+    peer = results.get('peer') or {}
+    if peer.get('date') and (peer.get('date') != meta.get('date')
+                             or peer.get('revision') != meta.get('revision')):
+        # A --peer-only run keeps the earlier run's figures of our targets.
+        w('- The comparison with RelStorage 4.3 (next section) was run on %s '
+          'at %s, side by side in that run; the per-database tables further '
+          'down are from the earlier run of %s at %s. Compare within a '
+          'section, not across them. These are comparisons, not tests: '
+          'nothing fails on a number.'
+          % (peer['date'], peer.get('revision', '?'), meta.get('date', '?'),
+             meta.get('revision', '?')))
+    else:
+        w('- Every comparison with RelStorage 4.3 below was measured in this '
+          'same run, side by side (see the next section). These are '
+          'comparisons, not tests: nothing fails on a number.')
     w('')
     w('¹ n/a: zodbshootout disables this benchmark for this storage with '
       'several processes (FileStorage cannot be opened by two processes; '
@@ -191,6 +206,9 @@ def markdown(results):
     ran = [n for n in results['order'] if targets[n].get('status') == 'ok']
     out.extend(peer_markdown(results.get('peer'), meta))
     out.extend(roundtrips_markdown(results.get('roundtrips'), targets, objects))
+    if extra:
+        out.extend(extra.rstrip('\n').split('\n'))
+        w('')
     w('## What ran')
     w('')
     for name in results['order']:

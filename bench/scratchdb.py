@@ -5,8 +5,11 @@ write_ab.py): open a storage on one, create it fresh, drop it.
 (a directory for SQLite, a database name on the local test servers) and
 ``keep_history``.
 """
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 
 def open_storage(spec):
@@ -58,3 +61,17 @@ def drop(db, where):
         shutil.rmtree(where, ignore_errors=True)
     else:
         _server_sql(db, 'DROP DATABASE IF EXISTS %s' % where)
+
+
+def run_in_tree(tree, script, spec, here):
+    """Run ``script`` (``python -c``, argv: ``spec`` as JSON and ``here``,
+    this directory) with ``tree`` on the path, from a neutral directory;
+    return the JSON it prints, after checking that it imported that tree's
+    relstorage (its ``relstorage`` key)."""
+    out = subprocess.run([sys.executable, '-c', script, json.dumps(spec), here],
+                         env=dict(os.environ, PYTHONPATH=tree), capture_output=True,
+                         check=True, cwd='/tmp').stdout
+    result = json.loads(out)
+    if not result['relstorage'].startswith(tree):
+        raise SystemExit('%s ran %s' % (tree, result['relstorage']))
+    return result

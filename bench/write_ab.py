@@ -17,11 +17,10 @@ Prints the median of the rounds per tree and phase, and the ratio
 prints which relstorage it imported, so the report shows what ran.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
+
+from scratchdb import run_in_tree
 
 RUN = r'''
 import json, os, sys, time, shutil, tempfile, transaction, ZODB
@@ -85,8 +84,10 @@ print(json.dumps(out))
 PHASES = ('add', 'update', 'conflicting')
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, run=RUN, phases=PHASES, description=__doc__.splitlines()[0]):
+    """Time ``phases`` (keys of the JSON the script ``run`` prints)
+    for two trees, alternating; read_ab.py uses it with its own script."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument('--db', default='sqlite', choices=('sqlite', 'postgresql', 'mysql'))
     parser.add_argument('--trees', required=True, help='two checkouts, comma-separated')
     parser.add_argument('--rounds', type=int, default=5)
@@ -96,22 +97,17 @@ def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     where = ('/tmp/relstoragebench_ab_%d' % os.getpid() if args.db == 'sqlite'
              else 'relstoragebench_ab_%d' % os.getpid())
-    spec = json.dumps({'db': args.db, 'where': where, 'keep_history': args.history_preserving})
-    times = {tree: {p: [] for p in PHASES} for tree in trees}
+    spec = {'db': args.db, 'where': where, 'keep_history': args.history_preserving}
+    times = {tree: {p: [] for p in phases} for tree in trees}
     for _ in range(args.rounds):
         for tree in trees:
-            env = dict(os.environ, PYTHONPATH=tree)
-            out = subprocess.run([sys.executable, '-c', RUN, spec, here], env=env,
-                                 capture_output=True, check=True, cwd='/tmp').stdout
-            result = json.loads(out)
-            if not result['relstorage'].startswith(tree):
-                raise SystemExit('%s ran %s' % (tree, result['relstorage']))
-            for p in PHASES:
+            result = run_in_tree(tree, run, spec, here)
+            for p in phases:
                 times[tree][p].append(result[p] * 1000)
     a, b = trees
     print('%s %s, %d rounds, median ms (ran: %s | %s)'
           % (args.db, 'HP' if args.history_preserving else 'HF', args.rounds, a, b))
-    for p in PHASES:
+    for p in phases:
         ma, mb = statistics.median(times[a][p]), statistics.median(times[b][p])
         print('  %-12s %8.1f %8.1f   ratio %.2f' % (p, ma, mb, ma / mb))
 

@@ -257,9 +257,7 @@ class MySQLAdapterFactory(AdapterFactory):
     database = 'mysql'
 
     #: Keys passed to the driver's connect(), when set.
-    CONNECT_KEYS = ('host', 'port', 'user', 'passwd', 'db', 'unix_socket',
-                    'connect_timeout', 'compress', 'read_default_file',
-                    'read_default_group')
+    CONNECT_KEYS = mysql_drivers.CONNECT_KEYS
 
     @property
     def connect_kwargs(self):

@@ -45,6 +45,11 @@ class UnableToAcquireCommitLockError(UnableToAcquireLockError):
     """Timed out waiting for the database-wide commit lock."""
 
 
+class SessionPoolExhaustedError(UnableToAcquireLockError):
+    """Every store session of the process's pool (session-pool-size) stayed
+    in use for commit-lock-timeout seconds."""
+
+
 class DisconnectedError(RelStorageError, transaction.interfaces.TransientError):
     """The database connection was lost; the next transaction reconnects."""
 
@@ -192,11 +197,31 @@ class IRelStorageAdapter(Interface):
         """Lock the current rows of ``oids`` exclusively and of
         ``read_current_oids`` shared, in OID order, within
         commit-lock-timeout; UnableToLockRowsError (a ConflictError) after
-        rolling back otherwise."""
+        rolling back otherwise.  Returns {oid: current tid} of the rows
+        locked when the locking statements read them, else None."""
 
-    def detect_conflicts(conn):
-        """(oid, committed_tid, prev_tid) for every uploaded object whose
-        current revision is not the one it was based on."""
+    def lock_hold_seconds():
+        """How long (seconds of idleness) a store transaction that lost a
+        conflict keeps its row locks for the retry; 0 where the vendor
+        cannot bound an idle transaction or keep-locks-on-conflict is 0."""
+
+    def hold_locks(conn, seconds):
+        """Leave the store transaction of ``conn`` open with its locks and
+        have the server end it when idle more than ``seconds``."""
+
+    def end_hold(conn):
+        """Undo ``hold_locks``'s idle limit before the held transaction
+        goes on (a retry votes in it) or is rolled back."""
+
+    def detect_conflicts(conn, rows, current=None):
+        """(oid, committed_tid, prev_tid) for every ``(oid, prev_tid)`` of
+        ``rows`` whose current revision exists and is not ``prev_tid``;
+        ``current`` is what lock_objects_checked returned."""
+
+    def claim_fresh_oids(oids):
+        """The OIDs of ``oids`` handed out by ``new_oid`` in this process and
+        not claimed by a vote since (no other transaction can have their
+        rows); removes them from that set."""
 
     def replace_temp_many(conn, rows):
         """Replace uploaded states by (oid, prev_tid, state) rows."""

@@ -198,9 +198,16 @@ OPTIONS = (
     Option('commit-lock-timeout', 30, 'integer',
            'Seconds to wait for the commit lock before giving up.',
            active=True),
-    Option('commit-lock-id', 0, 'integer',
-           'Identifier of the commit lock, for databases with named locks.',
-           active=True),
+    Option('keep-locks-on-conflict', 2.0, 'float',
+           'After a conflict found in vote, seconds the failed transaction '
+           'keeps its row locks so that its retry on the same connection '
+           'cannot lose to a third committer (0 turns it off; not on SQLite).',
+           active=True, valid=_NOT_NEGATIVE),
+    Option('session-pool-size', 7, 'integer',
+           'Database sessions for committing kept per process and storage (a '
+           'commit waits up to commit-lock-timeout when all are in use); idle '
+           'load sessions are kept up to the same number.',
+           active=True, valid=_POSITIVE),
     # Keys of earlier releases that no longer apply: accepted and ignored,
     # with a warning saying what replaced them.
     Option('poll-interval', None, 'integer',
@@ -221,6 +228,12 @@ OPTIONS = (
     Option('cache-local-dir-compress', None, 'boolean',
            'Compress the cache files.',
            replaced_by='cache-local-compression, which the saved cache keeps'),
+    # Configuration generators still write "commit-lock-id 0": only
+    # another value is worth a warning.
+    Option('commit-lock-id', 0, 'integer',
+           'Identifier of the commit lock, for databases with named locks.',
+           replaced_by="nothing: the commit lock is a row of the database's own "
+                       "commit_lock table, which no other storage shares"),
     # Set from the adapter section, not a <relstorage> key.
     Option('driver', 'auto', 'string',
            'DB-API driver to use; set in the adapter section.', active=True),
@@ -324,7 +337,7 @@ class Options:
         for option in self.OPTIONS:
             value = getattr(self, option.attribute)
             if option.legacy:
-                if value is not None:
+                if value is not None and value != option.default:
                     logger.warning(
                         'option %s is from an earlier release and no '
                         'longer used; replaced by: %s', option.name, option.replaced_by)

@@ -191,8 +191,8 @@ def _name(storage):
     try:
         name = storage.getName()
         if copy.is_relstorage(storage):
-            name = '%s (%s, %s)' % (name, storage._adapter.describe(),
-                                    'history-preserving' if storage._adapter.keep_history
+            name = '%s (%s, %s)' % (name, storage.adapter.describe(),
+                                    'history-preserving' if storage.adapter.keep_history
                                     else 'history-free')
         return redact_secrets(name)
     except Exception:  # pylint:disable=broad-except
@@ -392,12 +392,12 @@ class Converter:
             _close(dest)
             raise UsageError('--clear works only with a RelStorage destination; %s '
                              'is a %s' % (_name(dest), type(dest).__name__))
-        if not dest._options.create_schema:
+        if not dest.options.create_schema:
             _close(dest)
             raise UsageError('--clear needs create-schema true in the destination '
                              'section (the schema is dropped and created again)')
         self.say('Clearing the destination %s' % _name(dest))
-        adapter = dest._adapter
+        adapter = dest.adapter
         dest.close()
         adapter.drop_all()
         return open_storage(factory, 'destination')

@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl
 from urllib.parse import unquote
 from urllib.parse import urlsplit
 
+from relstorage.adapters.mysql import drivers as mysql_drivers
 from relstorage.options import Options
 
 #: Query arguments handed back for ZODB.DB (zodburi converts them).
@@ -165,14 +166,14 @@ def _legacy_adapter_keys(database):
 class MySQLResolver(Resolver):
     scheme = 'mysql'
     database = 'mysql'
-    adapter_keys = ('unix_socket', 'connect_timeout', 'compress', 'read_default_file',
-                    'read_default_group') + _legacy_adapter_keys('mysql')
+    adapter_keys = tuple(key for key in mysql_drivers.CONNECT_KEYS
+                         if key not in mysql_drivers.URI_NETLOC_KEYS
+                         ) + _legacy_adapter_keys('mysql')
 
     def section(self, parts, adapter_values):
         from relstorage import config
         driver = self._driver(adapter_values)
-        values = dict.fromkeys(config.MySQLAdapterFactory.CONNECT_KEYS
-                               + _legacy_adapter_keys('mysql'))
+        values = dict.fromkeys(mysql_drivers.CONNECT_KEYS + _legacy_adapter_keys('mysql'))
         values['host'] = unquote(parts.hostname) if parts.hostname else None
         values['port'] = _port(parts, self.scheme)
         values['user'] = unquote(parts.username) if parts.username else None

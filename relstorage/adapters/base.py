@@ -22,6 +22,7 @@ from ..interfaces import describe_oids
 from ..options import Options
 from .connections import DBConnection
 from .servers import ServerChooser
+from .sessions import SessionPool
 from .packing import PackVerbs
 from .sql import Statements
 
@@ -63,6 +64,11 @@ class Adapter(PackVerbs):
     placeholder = '%s'
     #: How many values one IN (...) list may hold.
     max_in_list = 500
+    #: Whether IN lists of OIDs are written into the statement's text
+    #: (``%d``, integers only) rather than bound one placeholder each: a
+    #: driver that binds client-side (mysqlclient, PyMySQL) costs a Python
+    #: call per value, several times the formatting.
+    oid_lists_as_text = False
     #: Rows per multi-row INSERT when uploading a transaction.
     upload_batch = 200
     statements_class = Statements
@@ -74,6 +80,12 @@ class Adapter(PackVerbs):
     #: The database lives on a server (not in a file): replica-conf and
     #: ro-replica-conf apply, and the vendor implements ``connect_to``.
     has_host = False
+    #: The server can end a session that keeps a transaction idle for too
+    #: long (``hold_locks``), so a store transaction may stay open after a
+    #: conflict to keep its row locks for the retry.  Not where writers
+    #: serialize on the whole database (SQLite) or where nothing bounds
+    #: an idle transaction.
+    holds_locks_for_retry = False
 
     def __init__(self, options=None):
         self.options = options if options is not None else Options()
@@ -83,6 +95,16 @@ class Adapter(PackVerbs):
         self._oid_lock = threading.Lock()
         self._oid_conn = None
         self._oid_block = []          # preallocated, descending (pop() gives lowest)
+        self._fresh_oids = set()      # see claim_fresh_oids
+        # Sessions shared by the storage instances (see sessions.py).
+        size = self.options.session_pool_size
+        self.store_sessions = SessionPool(
+            self.open_store, self.session_alive, size, 'store',
+            timeout=float(self.options.commit_lock_timeout), describe=self.describe)
+        # (Unchecked: a snapshot that finds its session dead begins again
+        # on a new one, see RelStorage._ensure_snapshot.)
+        self.load_sessions = SessionPool(self.open_load, None, size, 'load',
+                                         describe=self.describe)
         if self.has_host:
             # Reads the replica files now: a missing or empty one fails the open.
             self.servers = ServerChooser(self.options, self.describe)
@@ -151,7 +173,10 @@ class Adapter(PackVerbs):
     def lock_objects(self, conn, oids, read_current_oids):
         """Lock the current rows of ``oids`` exclusively and those of
         ``read_current_oids`` shared, in OID order, bounded by
-        commit-lock-timeout.  Single-writer vendors need nothing."""
+        commit-lock-timeout.  Single-writer vendors need nothing.
+        Returns {oid: current tid} of the rows locked when the locking
+        statements read it (saving vote the queries of detect_conflicts
+        and current_tids), else None."""
         raise NotImplementedError
 
     def lock_commit(self, conn):
@@ -188,6 +213,29 @@ class Adapter(PackVerbs):
 
     def in_list(self, sql, count):
         return self.q(sql.format(in_list=','.join(['%s'] * count)))
+
+    def oid_statements(self, sql, oids):
+        """(statement, params) pairs that run ``sql`` over the OIDs
+        ``oids``.  A statement written with ``IN ({in_list})`` runs once
+        per ``max_in_list`` OIDs with one placeholder each; one written
+        with a single ``%s`` (PostgreSQL's ``= ANY(%s::bigint[])``) runs
+        once, with every OID in one array parameter (``oid_array``): the
+        server and the driver then parse one short statement instead of a
+        long one per chunk.  With ``oid_lists_as_text`` the params are
+        None: the statement holds the OIDs."""
+        if '{in_list}' not in sql:
+            yield self.q(sql), (self.oid_array(oids),)
+            return
+        for chunk in chunks(oids, self.max_in_list):
+            if self.oid_lists_as_text:
+                yield sql.format(in_list=','.join(['%d' % oid for oid in chunk])), None
+            else:
+                yield self.in_list(sql, len(chunk)), chunk
+
+    def oid_array(self, oids):
+        """``oids`` as the one parameter of an array statement (see
+        oid_statements); vendors whose statements take arrays override."""
+        raise NotImplementedError
 
     def translate_error(self, exc, conn):
         kind = self.classify_error(exc)
@@ -280,8 +328,30 @@ class Adapter(PackVerbs):
             names |= {'current_object', 'transaction_log'}
         return names
 
+    def session_alive(self, conn):
+        """Whether the idle session ``conn`` still answers (one round
+        trip); it is left outside any transaction."""
+        try:
+            conn.query_value(self.sql.PING)
+            conn.rollback()
+        except Exception:  # pylint:disable=broad-except
+            # Whatever the driver says, a session that cannot answer this
+            # is no use to a commit.
+            return False
+        return not conn.broken
+
+    def __del__(self):
+        # An adapter collected without close() (its storage never closed).
+        conn = self.__dict__.get('_oid_conn')
+        if conn is not None:
+            conn.close()
+
     def close(self):
+        self.store_sessions.close()
+        self.load_sessions.close()
         with self._oid_lock:
+            # drop_all closes first: a new schema restarts the counters.
+            self._fresh_oids.clear()
             if self._oid_conn is not None:
                 self._oid_conn.close()
                 self._oid_conn = None
@@ -295,7 +365,29 @@ class Adapter(PackVerbs):
             if not self._oid_block:
                 block = self._on_oid_conn(self.allocate_oid_block)
                 self._oid_block = sorted(block, reverse=True)
-            return self._oid_block.pop()
+            oid = self._oid_block.pop()
+            fresh = self._fresh_oids
+            if len(fresh) >= FRESH_OIDS_MAX:
+                # OIDs allocated and never stored (or a huge transaction):
+                # forgetting them only costs their commit a lock and a check.
+                fresh.clear()
+            fresh.add(oid)
+            return oid
+
+    def claim_fresh_oids(self, oids):
+        """The OIDs of ``oids`` that ``new_oid`` handed out in this process
+        and that no vote has claimed since, removed from that set.
+
+        OIDs are unique to the allocation: no other transaction can have a
+        row for one of them, so a transaction storing such an object as new
+        needs neither its row lock nor its conflict check (on an add, that
+        is every object).  Claimed once: a later store of the same OID is
+        checked like any other."""
+        with self._oid_lock:
+            fresh = self._fresh_oids
+            claimed = fresh.intersection(oids)
+            fresh.difference_update(claimed)
+        return claimed
 
     def note_oids_used(self, max_oid):
         """Called at commit with the highest OID stored (restore may store
@@ -374,10 +466,11 @@ class Adapter(PackVerbs):
 
     def load_current_many(self, conn, oids):
         result = {}
-        for chunk in chunks(oids, self.max_in_list):
-            for zoid, state, tid in conn.query_all(
-                    self.in_list(self.sql.LOAD_CURRENT_MANY, len(chunk)), chunk):
-                result[zoid] = (_bytes(state), tid)
+        for stmt, params in self.oid_statements(self.sql.LOAD_CURRENT_MANY, oids):
+            for zoid, state, tid in conn.query_all(stmt, params):
+                # _bytes, inlined: called for every row of a prefetch.
+                result[zoid] = (state if state is None or type(state) is bytes
+                                else bytes(state), tid)
         return result
 
     def load_revision(self, conn, oid, tid):
@@ -403,9 +496,8 @@ class Adapter(PackVerbs):
 
     def current_tids(self, conn, oids):
         result = {}
-        for chunk in chunks(oids, self.max_in_list):
-            result.update(conn.query_all(
-                self.in_list(self.sql.CURRENT_TIDS, len(chunk)), chunk))
+        for stmt, params in self.oid_statements(self.sql.CURRENT_TIDS, oids):
+            result.update(conn.query_all(stmt, params))
         return result
 
     def count_objects(self, conn):
@@ -429,26 +521,46 @@ class Adapter(PackVerbs):
         for chunk in chunks(rows, self.upload_batch):
             conn.executemany(stmt, chunk)
 
-    def detect_conflicts(self, conn):
-        return conn.query_all(self.q(self.sql.DETECT_CONFLICTS))
+    def detect_conflicts(self, conn, rows, current=None):
+        """(oid, committed_tid, prev_tid) for each ``(oid, prev_tid)`` of
+        ``rows`` whose current revision is another one.  The current tids
+        come from one primary-key lookup per OID (``current_tids``), not a
+        join with temp_store: the planner never analyses a temporary table,
+        and its guess made PostgreSQL scan the whole object table, a cost
+        growing with the database.  ``current``: {oid: tid} already read
+        by ``lock_objects_checked`` (then no query at all)."""
+        rows = list(rows)
+        if not rows:
+            return []
+        if current is None:
+            current = self.current_tids(conn, [oid for oid, _ in rows])
+        return [(oid, current[oid], prev_tid) for oid, prev_tid in rows
+                if oid in current and current[oid] != prev_tid]
 
     def replace_temp_many(self, conn, rows):
         """Replace uploaded states by ``(oid, prev_tid, state)`` rows
         (resolved conflicts): one delete and one bulk upload, instead of an
         UPDATE round trip per object."""
         rows = list(rows)
-        for chunk in chunks([oid for oid, _, _ in rows], self.max_in_list):
-            conn.execute(self.in_list(self.sql.DELETE_TEMP_MANY, len(chunk)), chunk)
+        for stmt, params in self.oid_statements(self.sql.DELETE_TEMP_MANY,
+                                                [oid for oid, _, _ in rows]):
+            conn.execute(stmt, params)
         self.upload(conn, rows)
 
     def lock_objects_checked(self, conn, oids, read_current_oids):
-        """``lock_objects`` with its lock failures reported by OID."""
+        """``lock_objects`` with its lock failures reported by OID; returns
+        what it returns ({oid: current tid} of the locked rows, or None)."""
+        current = {}
         try:
             for exclusive, run in lock_runs(oids, read_current_oids):
                 if exclusive:
-                    self.lock_objects(conn, run, ())
+                    found = self.lock_objects(conn, run, ())
                 else:
-                    self.lock_objects(conn, (), run)
+                    found = self.lock_objects(conn, (), run)
+                if found is None:
+                    current = None
+                elif current is not None:
+                    current.update(found)
         except Exception as exc:
             if self.classify_error(exc) != 'lock':
                 raise
@@ -458,6 +570,7 @@ class Adapter(PackVerbs):
                 "Could not lock objects %s within %ss (lock timeout or deadlock: %s)"
                 % (describe_oids(all_oids), self.options.commit_lock_timeout, _one_line(exc)),
                 all_oids) from exc
+        return current
 
     def lock_commit_checked(self, conn):
         try:
@@ -525,6 +638,24 @@ class Adapter(PackVerbs):
         finally:
             conn.rollback()
             conn.close()
+
+    def lock_hold_seconds(self):
+        """How long a store transaction that lost a conflict keeps its
+        row locks for the retry (0: not at all)."""
+        if not self.holds_locks_for_retry:
+            return 0
+        return float(getattr(self.options, 'keep_locks_on_conflict', 0) or 0)
+
+    def hold_locks(self, conn, seconds):
+        """Leave the store transaction of ``conn`` open with its row locks,
+        and have the server end it (rolling back, releasing the locks) when
+        it stays idle more than ``seconds``."""
+        raise NotImplementedError
+
+    def end_hold(self, conn):
+        """Undo ``hold_locks``'s idle limit: the held transaction goes on
+        (a retry votes in it) or is about to be rolled back."""
+        raise NotImplementedError
 
     def begin_store_checked(self, conn):
         """``begin_store`` (on the server chosen now: see
@@ -698,6 +829,11 @@ class Adapter(PackVerbs):
         finally:
             conn.close()
         return old_last, mark
+
+
+#: At most this many OIDs handed out and not yet stored are remembered
+#: (see Adapter.claim_fresh_oids); about 6 MB.
+FRESH_OIDS_MAX = 100000
 
 
 def lock_runs(oids, read_current_oids):

@@ -29,6 +29,9 @@ class DBConnection:
         self.server = None
         self.replica = False            # a read-only replica (ro-replica-conf)
         self.server_generation = 0
+        # A store transaction left open after a conflict, keeping its row
+        # locks for the retry (see storage/commit.py, "Fairness").
+        self.holding_locks = False
 
     def adopt(self, other):
         """Take over the driver connection of ``other`` (a new connection
@@ -38,7 +41,7 @@ class DBConnection:
         self.raw, self.cursor = other.raw, other.cursor
         self.server, self.replica = other.server, other.replica
         self.server_generation = other.server_generation
-        self.in_transaction = self.broken = False
+        self.in_transaction = self.broken = self.holding_locks = False
         self.temp_dirty = self._temp_dirty_at_commit = False
 
     def _run(self, func, *args):
@@ -84,14 +87,14 @@ class DBConnection:
 
     def commit(self):
         self._run(self.raw.commit)
-        self.in_transaction = False
+        self.in_transaction = self.holding_locks = False
         if not self.adapter.temp_rows_survive_commit:
             self.temp_dirty = False
         self._temp_dirty_at_commit = self.temp_dirty
 
     def rollback(self):
         """End the transaction, discarding it; never raises for a dead link."""
-        self.in_transaction = False
+        self.in_transaction = self.holding_locks = False
         self.temp_dirty = self._temp_dirty_at_commit
         if self.broken:
             return
@@ -104,7 +107,7 @@ class DBConnection:
             self.broken = True
 
     def close(self):
-        self.in_transaction = False
+        self.in_transaction = self.holding_locks = False
         try:
             self.cursor.close()
         except Exception:  # pylint:disable=broad-except

@@ -39,6 +39,12 @@ class PackVerbs:
     """Mixed into Adapter.  A vendor supplies ``pack_schema()``,
     ``pack_temp_tables()`` and, in its statements, ``TRY_PACK_LOCK``."""
 
+    #: Whether the commit lock is the database's write lock (SQLite), so
+    #: that a pack's deletions hold it from their first statement.
+    #: Elsewhere a batch deletes first and takes the commit lock only to
+    #: re-check the last commits and commit (storage/pack.py).
+    pack_lock_is_write_lock = False
+
     def pack_schema(self):
         """DDL creating the permanent pack tables if they are missing."""
         raise NotImplementedError
@@ -90,6 +96,8 @@ class PackVerbs:
         conn.execute('DELETE FROM %s' % name)
 
     def _analyze_temp(self, conn, name):
+        """Fresh planner statistics for table ``name``, where the vendor
+        needs them (PACK_ANALYZE)."""
         stmt = getattr(self.sql, 'PACK_ANALYZE', None)
         if stmt:
             conn.execute(stmt.format(table=name))
@@ -134,8 +142,14 @@ class PackVerbs:
         ``oids`` just analysed.  History-free, an object's earlier
         references go first: its new revision replaced the old one."""
         if not self.keep_history:
-            for chunk in _chunks(sorted(oids), self.max_in_list):
-                conn.execute(self.in_list(self.sql.PACK_REFS_FORGET_OBJECTS, len(chunk)), chunk)
+            self.forget_refs_of(conn, sorted(oids))
+        self.insert_refs(conn, rows)
+
+    def forget_refs_of(self, conn, oids):
+        for chunk in _chunks(oids, self.max_in_list):
+            conn.execute(self.in_list(self.sql.PACK_REFS_FORGET_OBJECTS, len(chunk)), chunk)
+
+    def insert_refs(self, conn, rows):
         self._insert_values(conn, self.sql.PACK_REFS_INSERT, 3, rows)
 
     def _insert_values(self, conn, prefix, width, rows):
@@ -155,6 +169,9 @@ class PackVerbs:
         sql = self.sql
         for name in self.pack_temp_tables():
             self.clear_pack_temp(conn, name)
+        # The analysis may just have filled object_ref: without fresh
+        # statistics the planner scans it whole for every join.
+        self._analyze_temp(conn, 'object_ref')
         conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
         self._analyze_temp(conn, 'temp_pack_current')
         steps = 0
@@ -180,6 +197,9 @@ class PackVerbs:
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
         conn.execute(self.q(sql.PACK_CANDIDATES), (flag, pack_tid, flag))
+        # The deletion batches join ranges of it (merge joins on the keys
+        # once the planner knows its size).
+        self._analyze_temp(conn, 'pack_object')
         return steps
 
     def _any(self, conn, name):
@@ -227,17 +247,22 @@ class PackVerbs:
 
     # --- deletion -----------------------------------------------------------
 
-    def delete_pack_batch(self, conn, after_oid, limit):
-        """Delete the next ``limit`` candidates after ``after_oid``.
+    def delete_pack_batch(self, conn, after_oid, limit, mark=None):
+        """Delete the next ``limit`` candidates after ``after_oid``; with a
+        ``mark`` callable, log them in pack_removed under the mark it
+        returns (called only when there is something to delete).
 
         Returns (rows, revisions, objects, blobs): rows are (oid, below,
         garbage) of the batch, empty when nothing is left."""
         sql = self.sql
         self.clear_pack_temp(conn, 'temp_pack_batch')
         conn.execute(self.q(sql.PACK_FILL_BATCH), (ALL_REVISIONS, after_oid, limit))
+        self._analyze_temp(conn, 'temp_pack_batch')
         rows = conn.query_all(self.q(sql.PACK_BATCH_ROWS))
         if not rows:
             return rows, 0, 0, 0
+        if mark is not None:
+            conn.execute(self.q(sql.PACK_REMOVED_LOG), (mark(),))
         blobs = 0
         if self.has_blob_chunk:
             blobs = conn.query_value(self.q(sql.PACK_BATCH_BLOBS)) or 0
@@ -252,6 +277,48 @@ class PackVerbs:
         conn.execute(self.q(sql.PACK_DELETE_REFS))
         conn.execute(self.q(sql.PACK_DELETE_DONE))
         return rows, revisions, objects, blobs
+
+    # --- what other processes drop from their caches ---------------------
+
+    def new_removal_mark(self, conn):
+        """Move the pack mark on for a deletion batch (in its transaction)
+        and say that the batch logs its removals under it; returns it."""
+        mark = self.bump_pack_mark(conn)
+        conn.execute(self.q(self.sql.PACK_REMOVED_WRITTEN), (mark,))
+        return mark
+
+    def clear_pack_removals(self, conn):
+        """Forget the removal lists of earlier packs (a process that did
+        not read them yet drops its whole cache instead)."""
+        conn.execute(self.q(self.sql.PACK_REMOVED_CLEAR))
+
+    _pack_removed_exists = False
+
+    def pack_removals(self, conn, after_mark, upto_mark):
+        """(oid, below) of what the deletion batches with marks in
+        (after_mark, upto_mark] removed: the revisions of oid older than
+        below (ALL_REVISIONS: the whole object), as the snapshot of
+        ``conn`` shows them.  None when some mark of the range has no list
+        (zap_all, or a list already emptied): anything may be gone."""
+        if upto_mark <= after_mark:
+            return []
+        if not self._pack_removed_exists:
+            # Asked only when the mark moved; the first pack creates the
+            # table, and zap_all moves the mark without it.
+            if 'pack_removed' not in self.list_tables(conn):
+                return None
+            self._pack_removed_exists = True
+        written = conn.query_value(self.q(self.sql.PACK_REMOVED_MARKS), (after_mark, upto_mark))
+        if written != upto_mark - after_mark:
+            return None
+        return conn.query_all(self.q(self.sql.PACK_REMOVED_GET), (after_mark, upto_mark))
+
+    def any_garbage_candidate(self, conn, oids):
+        """Is one of ``oids`` still a garbage candidate of the pack?"""
+        for chunk in _chunks(sorted(oids), self.max_in_list):
+            if conn.query_all(self.in_list(self.sql.PACK_ANY_GARBAGE, len(chunk)), chunk):
+                return True
+        return False
 
     def finish_pack(self, conn, pack_tid):
         """History-preserving: transactions up to the pack time can no

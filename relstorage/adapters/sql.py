@@ -12,9 +12,10 @@ Tables (both modes):
                      Locking that row is the database-wide commit lock, and
                      reading it is how pollers learn the newest snapshot.
                      Row 1 (written by the first pack): the pack mark, a
-                     counter every pack increments, so that other processes
-                     learn, with the same query, that cached revisions and
-                     objects may be gone.
+                     counter every pack deletion batch (and zap_all)
+                     increments, so that other processes learn, with the
+                     same query, that cached revisions and objects may be
+                     gone; ``pack_removed`` says which.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
@@ -35,6 +36,13 @@ Pack tables, created by the first pack (see storage/pack.py):
 ``pack_object``      the pre-pack's result: objects whose revisions older
                      than ``keep_tid`` go, and (``garbage`` = 1) objects that
                      go entirely.
+``pack_removed``     (mark, zoid, below): what the deletion batch that set
+                     the pack mark to ``mark`` removed: the revisions of
+                     ``zoid`` older than ``below`` (all of them for a
+                     garbage object).  Row (mark, -1, 0) says the batch
+                     wrote its list; a mark without it (zap_all, or rows of
+                     an earlier pack already emptied) means "anything may
+                     be gone".
 ``temp_pack_*``      per-connection work tables of the pack's reachability
                      and deletion batches.
 """
@@ -73,6 +81,8 @@ class Statements:
     # --- snapshot reads -------------------------------------------------
 
     GET_LAST_TID = "SELECT tid FROM commit_lock WHERE id = 0"
+    #: Whether an idle session still answers (sessions.py).
+    PING = "SELECT 1"
     GET_SNAPSHOT_MARKS = "SELECT id, tid FROM commit_lock WHERE id IN (0, 1)"
     GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
     SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"
@@ -225,19 +235,6 @@ class Statements:
 
     DELETE_TEMP_MANY = "DELETE FROM temp_store WHERE zoid IN ({in_list})"
 
-    DETECT_CONFLICTS = """
-        SELECT t.zoid, c.tid, t.prev_tid
-        FROM temp_store t
-        JOIN current_object c ON c.zoid = t.zoid
-        WHERE c.tid <> t.prev_tid
-    """
-    DETECT_CONFLICTS_HF = """
-        SELECT t.zoid, s.tid, t.prev_tid
-        FROM temp_store t
-        JOIN object_state s ON s.zoid = t.zoid
-        WHERE s.tid <> t.prev_tid
-    """
-
     FIX_PREV_TIDS = """
         UPDATE temp_store SET prev_tid = COALESCE(
             (SELECT c.tid FROM current_object c WHERE c.zoid = temp_store.zoid), 0)
@@ -324,7 +321,7 @@ class Statements:
     #: The pack's permanent tables (created by the first pack): emptied by
     #: zap_all too, or a later pack would trust references recorded for
     #: the old history (pack_info's refs_tid) and skip new revisions.
-    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info')
+    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_removed')
 
     # --- pack -------------------------------------------------------------
 
@@ -509,6 +506,21 @@ class Statements:
         DELETE FROM current_object
         WHERE zoid IN (SELECT zoid FROM temp_pack_batch WHERE garbage = 1)
     """
+    # The removal log read by other processes (see pack_removed above).
+    PACK_REMOVED_LOG = """
+        INSERT INTO pack_removed (mark, zoid, below)
+        SELECT %s, zoid, below FROM temp_pack_batch
+    """
+    PACK_REMOVED_WRITTEN = "INSERT INTO pack_removed (mark, zoid, below) VALUES (%s, -1, 0)"
+    PACK_REMOVED_CLEAR = "DELETE FROM pack_removed"
+    PACK_REMOVED_MARKS = """
+        SELECT COUNT(*) FROM pack_removed WHERE zoid = -1 AND mark > %s AND mark <= %s
+    """
+    PACK_REMOVED_GET = """
+        SELECT zoid, below FROM pack_removed WHERE mark > %s AND mark <= %s AND zoid >= 0
+    """
+    PACK_ANY_GARBAGE = "SELECT zoid FROM pack_object WHERE garbage = 1 AND zoid IN ({in_list})"
+
     PACK_DELETE_DONE = """
         DELETE FROM pack_object WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
     """

@@ -61,11 +61,7 @@ class LocalStateCache:
     def put(self, oid_int, tid_int, state):
         if state is None or not self.limit or len(state) > self.object_max:
             return
-        state = bytes(state)
-        if self.compress and len(state) >= COMPRESS_MIN:
-            packed = zlib.compress(state)
-            if len(packed) < len(state):
-                state = _Compressed(packed)
+        state = self._packed(state) if self.compress else bytes(state)
         key = (oid_int, tid_int)
         with self._lock:
             old = self._data.pop(key, None)
@@ -76,6 +72,43 @@ class LocalStateCache:
             while self._size > self.limit and self._data:
                 _, evicted = self._data.popitem(last=False)
                 self._size -= len(evicted)
+
+    def put_many(self, entries):
+        """``put`` for each (oid, tid, state) of ``entries`` (states are
+        bytes, not None: not copied), under one acquisition of the lock."""
+        if not self.limit:
+            return
+        object_max = self.object_max
+        if self.compress:
+            entries = [(oid_int, tid_int, self._packed(state))
+                       for oid_int, tid_int, state in entries if len(state) <= object_max]
+            object_max = float('inf')       # checked before compression
+        data = self._data
+        with self._lock:
+            size = self._size
+            for oid_int, tid_int, state in entries:
+                length = len(state)
+                if length > object_max:
+                    continue
+                key = (oid_int, tid_int)
+                old = data.pop(key, None)
+                if old is not None:
+                    size -= len(old)
+                data[key] = state
+                size += length
+            while size > self.limit and data:
+                _, evicted = data.popitem(last=False)
+                size -= len(evicted)
+            self._size = size
+
+    @staticmethod
+    def _packed(state):
+        state = bytes(state)
+        if len(state) >= COMPRESS_MIN:
+            packed = zlib.compress(state)
+            if len(packed) < len(state):
+                return _Compressed(packed)
+        return state
 
     def discard(self, oid_int, tid_int):
         with self._lock:

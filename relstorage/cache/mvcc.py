@@ -94,6 +94,41 @@ class ChangeIndex:
             self._reset_log()
             self._known.clear()
 
+    def forget(self, removed):
+        """A pack removed, for each (oid, below) of ``removed``, the
+        revisions of oid older than tid ``below``: forget what says one of
+        them is current.  Returns the (oid, tid) pairs forgotten."""
+        gone = []
+        with self._lock:
+            known = self._known
+            changes = self._changes
+            for oid, below in removed:
+                entry = known.get(oid)
+                if entry is not None and entry[0] < below:
+                    del known[oid]
+                    gone.append((oid, entry[0]))
+                tids = changes.get(oid)
+                if not tids or tids[0] >= below:
+                    continue
+                # A trimmed object keeps its newer entries: a poll over a
+                # range holding a removed tid holds ``below`` too (the pack
+                # time is before every snapshot that sees the removal), so
+                # it still reports the object changed.
+                keep = [t for t in tids if t >= below]
+                for tid in tids[:len(tids) - len(keep)]:
+                    gone.append((oid, tid))
+                    oids = self._by_tid[tid]
+                    oids.remove(oid)
+                    self._count -= 1
+                    if not oids:
+                        del self._by_tid[tid]
+                        del self._tids[bisect_left(self._tids, tid)]
+                if keep:
+                    changes[oid] = keep
+                else:
+                    del changes[oid]
+        return gone
+
     def rolled_back(self, new_last, old_max):
         """The database's last tid went back from ``old_max`` to ``new_last``
         (restored from a backup).  Forget everything, and never again accept
@@ -127,6 +162,22 @@ class ChangeIndex:
             else:
                 self.answered += 1
             return tid
+
+    def tids_at(self, oids, snapshot):
+        """``tid_at`` for each of ``oids`` (a list of tids or Nones, in the
+        same order), under one acquisition of the lock: prefetch asks
+        for hundreds at a time."""
+        with self._lock:
+            tid_at = self._tid_at
+            known, changes = self._known, self._changes
+            # An object neither checked nor in the log is unknown (the
+            # usual case of a cold prefetch): skip the full test.
+            tids = [tid_at(oid, snapshot) if oid in known or oid in changes else None
+                    for oid in oids]
+            unknown = tids.count(None)
+            self.unknown += unknown
+            self.answered += len(tids) - unknown
+            return tids
 
     def peek(self, oid, snapshot):
         """Like tid_at, without counting in the statistics."""
@@ -169,6 +220,23 @@ class ChangeIndex:
             if self._poisoned and self._is_poisoned(snapshot):
                 return
             self._record(oid, tid, snapshot)
+            if len(self._known) > self.limit:
+                self._shrink_known()
+
+    def record_many(self, pairs, snapshot):
+        """``record`` for each (oid, tid) of ``pairs``, under one lock."""
+        with self._lock:
+            if self._poisoned and self._is_poisoned(snapshot):
+                return
+            known = self._known
+            for oid, tid in pairs:
+                # _record, inlined.
+                old = known.get(oid)
+                if old is not None:
+                    if snapshot <= old[1]:
+                        continue
+                    del known[oid]
+                known[oid] = (tid, snapshot)
             if len(self._known) > self.limit:
                 self._shrink_known()
 

@@ -34,6 +34,8 @@ MB = 1024 * 1024
 #: States read from the database are sent to the shared cache this many at a time
 #: (and at every poll).
 SHARED_BATCH = 100
+#: States put into the local cache under one lock at the end of a commit.
+LOCAL_BATCH = 1000
 #: Seconds between two publications of the hot list to the shared cache (also
 #: published on close).
 HOT_INTERVAL = 300.0
@@ -170,14 +172,19 @@ class StorageCache:
 
     def prefetch(self, adapter, conn, oids, snapshot):
         """Make the current states of ``oids`` in ``snapshot`` cached, with
-        one database query for those not found in a cache."""
+        one database query for those not found in a cache.  Returns
+        {oid: (state, tid)} of the existing objects read from the database
+        (current in ``snapshot``)."""
+        # Batch calls of the index and the local cache (one lock each):
+        # per-object calls cost as much as the query itself.
+        oids = list(oids)
+        local = self.local
         missing = []
         from_shared = []
-        for oid in oids:
-            tid = self.index.tid_at(oid, snapshot)
+        for oid, tid in zip(oids, self.index.tids_at(oids, snapshot)):
             if tid is None:
                 missing.append(oid)
-            elif (oid, tid) not in self.local:
+            elif (oid, tid) not in local:
                 from_shared.append((oid, tid))
         if self.shared is not None:
             if missing:
@@ -185,29 +192,29 @@ class StorageCache:
                 if hinted:
                     missing = [oid for oid in missing if oid not in hinted]
                     from_shared.extend(pair for pair in hinted.items()
-                                         if pair not in self.local)
+                                         if pair not in local)
             if from_shared:
                 found = self.shared.get_many(from_shared)
-                for (oid, tid), state in found.items():
-                    self.local.put(oid, tid, state)
+                local.put_many([(oid, tid, state) for (oid, tid), state in found.items()])
                 missing.extend(oid for oid, tid in from_shared if (oid, tid) not in found)
         else:
             missing.extend(oid for oid, _ in from_shared)
         if not missing:
-            return 0
+            return {}
         rows = adapter.load_current_many(conn, missing)
         self.db_loads += len(rows)
-        fresh = {}
-        hints = {}
-        for oid, (state, tid) in rows.items():
-            self.index.record(oid, tid, snapshot)
-            if state is not None:
-                self.local.put(oid, tid, state)
-                fresh[(oid, tid)] = state
-                hints[oid] = (tid, snapshot)
+        fresh = [(oid, tid, state) for oid, (state, tid) in rows.items()]
+        self.index.record_many([(oid, tid) for oid, tid, _ in fresh], snapshot)
+        if len(fresh) != len(missing) or any(state is None for _, _, state in fresh):
+            # Deleted objects (state None) are known to the index, not
+            # kept; missing ones were not there at all.
+            fresh = [row for row in fresh if row[2] is not None]
+            rows = {oid: (state, tid) for oid, tid, state in fresh}
+        local.put_many(fresh)
         if fresh and self.shared is not None:
-            self._send(fresh, hints)
-        return len(rows)
+            self._send({(oid, tid): state for oid, tid, state in fresh},
+                       {oid: (tid, snapshot) for oid, tid, _ in fresh})
+        return rows
 
     def poll(self, adapter, conn, prev, snapshot):
         """The (oid, tid) changes in (prev, snapshot], keeping the index's
@@ -350,13 +357,23 @@ class StorageCache:
         (``rows``: (oid, state) pairs): into the local cache, and into
         the shared cache in batches whose replies are awaited, so that
         another process that learns of ``tid`` by polling finds them there."""
+        local = self.local
+        if self.shared is None:
+            # In batches (one lock each): a huge transaction is not held whole.
+            batch = []
+            for oid, state in rows:
+                if state is not None:
+                    batch.append((oid, tid, state))
+                    if len(batch) >= LOCAL_BATCH:
+                        local.put_many(batch)
+                        batch = []
+            local.put_many(batch)
+            return
         fresh = {}
         hints = {}
-        local = self.local
-        sharing = self.shared is not None
         for oid, state in rows:
             local.put(oid, tid, state)
-            if state is not None and sharing:
+            if state is not None:
                 fresh[(oid, tid)] = state
                 hints[oid] = (tid, tid)
                 if len(fresh) >= SHARED_BATCH:
@@ -371,12 +388,15 @@ class StorageCache:
         self.local.clear()
         self.index.clear()
 
-    def note_pack_mark(self, mark, snapshot):
+    def note_pack_mark(self, mark, snapshot, removals=None):
         """A snapshot ``snapshot`` saw pack mark ``mark`` (see
         adapters/sql.py, commit_lock).  The first time a greater mark is
-        seen, everything cached may describe objects or revisions the pack
-        removed: forget it all, and move to a shared-cache namespace of the
-        new mark, where only what is learned from now on goes.  Marks only
+        seen, what is cached may describe objects or revisions the pack
+        removed.  ``removals(after, upto)`` (on the snapshot's connection)
+        lists them per pack batch: only those are forgotten.  Without a
+        list (zap_all, or a list of an earlier pack already emptied),
+        forget it all, and move to a shared-cache namespace of the new
+        mark, where only what is learned from now on goes.  Marks only
         grow; an older snapshot still showing the previous mark changes
         nothing."""
         with self._mark_lock:
@@ -386,7 +406,18 @@ class StorageCache:
             first = self._pack_mark is None
             if not first and mark <= self._pack_mark:
                 return
-            self._pack_mark = mark
+            previous, self._pack_mark = self._pack_mark, mark
+            if not first and removals is not None:
+                removed = removals(previous, mark)
+                if removed is not None:
+                    # States are immutable per (oid, tid): what the pack
+                    # left is still right, and the shared cache keeps its
+                    # namespace.  An instance still in an older snapshot
+                    # may read a removed garbage object again; only a
+                    # holder of a stale reference could ask for it, and
+                    # it gets the state it would have had before the pack.
+                    self.forget_removed(removed)
+                    return
             if self.shared is not None:
                 self.shared.prefix = self.prefix if not mark else '%s:p%x' % (self.prefix, mark)
             if first:
@@ -408,6 +439,13 @@ class StorageCache:
                 self.index.rolled_back(snapshot, newest)
             log.info("The database was packed or zapped (pack mark %d): cleared the cache.",
                      mark)
+
+    def forget_removed(self, removed):
+        """``removed``: (oid, below) pairs, the revisions of oid older than
+        tid ``below`` that a pack removed: the index no longer says they
+        are current, and the local cache drops their states."""
+        for oid, tid in self.index.forget(removed):
+            self.local.discard(oid, tid)
 
     def zapped(self, mark, old_last):
         """This process emptied the database (zap_all) whose last tid was

@@ -28,6 +28,18 @@ other resource managers' votes, and the COMMIT.  A lost connection during
 the COMMIT is the one failure left; it is reported as such
 (``CommitUnknownError``), because the server may have committed.
 
+Fairness.  A transaction that loses a conflict (its rows locked, a newer
+revision found that cannot be merged) would, retried, read the winner's
+state and vote again, and could lose again to a third committer: under
+contention one process can need dozens of attempts.  Where the server can
+bound an idle transaction (``Adapter.holds_locks_for_retry``), the loser's
+store transaction stays open with its row locks instead of rolling back,
+for at most ``keep-locks-on-conflict`` seconds of idleness: the retry on
+the same ZODB connection then votes in that transaction, and nobody can
+have changed the objects it lost on.  The hold ends with that vote, with
+the instance's release, or when the server ends the idle session; the
+next vote then simply reconnects.
+
 ``Commit`` holds the state from ``tpc_begin`` to the end; the storage keeps
 one per transaction and lower layers get what they need as arguments.
 ``RelStorageWriter`` (copy.py) runs the same steps for batches of copied
@@ -90,12 +102,15 @@ class Commit:
         self.tstore = TempStore()
         self.read_current = {}          # oid_int -> tid_int seen
         self.resolved = set()           # oid_ints whose conflict was resolved
+        self.fresh = None               # new OIDs nobody else can hold (_claim_fresh)
         self.restoring = False          # restore(): copy history verbatim
         self.btxn = blobs.begin() if blobs is not None else None
         self.copied = []                # CopiedTransaction (copy.py's batches)
         self.tid = None                 # chosen in vote
         self.conn = None                # store connection, from vote on
         self.voted = False
+        self.locked = False             # our row locks are taken
+        self.lost = False               # a conflict check failed under them
         fault_point('begin')
 
     # ------------------------------------------------------------------
@@ -133,6 +148,12 @@ class Commit:
                 self._vote_copied(conn)
             else:
                 self._vote(conn, resolve)
+        except POSException.ConflictError:
+            # Only a conflict found under our row locks is worth holding
+            # them for; a lock timeout has already rolled back.
+            if not (self.lost and self._hold_locks()):
+                self._rollback()
+            raise
         except BaseException:
             self._rollback()
             raise
@@ -141,7 +162,12 @@ class Commit:
 
     def _vote(self, conn, resolve):
         adapter, tstore = self.adapter, self.tstore
-        adapter.begin_store_checked(conn)
+        if conn.holding_locks:
+            # Our previous attempt's transaction, with its row locks.
+            adapter.end_hold(conn)
+            conn.holding_locks = False
+        else:
+            adapter.begin_store_checked(conn)
         self._clear_temp(conn)
         if len(tstore):
             conn.temp_dirty = True
@@ -149,21 +175,27 @@ class Commit:
         fault_point('vote.uploaded')
         read_current = {oid: tid for oid, tid in self.read_current.items()
                         if oid not in tstore}
-        if len(tstore) or read_current:
-            adapter.lock_objects_checked(conn, tstore.oids(), sorted(read_current))
+        fresh = self._claim_fresh()
+        to_lock = [oid for oid in tstore.oids() if oid not in fresh]
+        # {oid: current tid} of the locked rows, when the vendor's locking
+        # statements read it: then checking costs no query.
+        current = None
+        if to_lock or read_current:
+            current = adapter.lock_objects_checked(conn, to_lock, sorted(read_current))
+            self.locked = True
         fault_point('vote.locked')
         if self.restoring:
             # restore() copies history verbatim: whatever is current now is
             # simply the previous revision of what we write.
             adapter.fix_prev_tids(conn)
-        elif len(tstore):
-            self._resolve_conflicts(conn, resolve)
+        elif len(tstore) > len(fresh):
+            self._lost_if_raises(self._resolve_conflicts, conn, resolve, fresh, current)
         fault_point('vote.resolved')
         if self.btxn:
             conn.temp_dirty = True
             self.blobs.vote(adapter, conn, self.btxn, tstore)
         if read_current:
-            self._check_read_current(conn, read_current)
+            self._lost_if_raises(self._check_read_current, conn, read_current, current)
         self.tid = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
         user, description, extension, status = self.meta
@@ -175,6 +207,15 @@ class Commit:
             adapter.note_oids_used(tstore.max_oid)
         fault_point('vote.moved')
 
+    def _lost_if_raises(self, check, *args):
+        """Run a conflict check; a ConflictError from it means this
+        transaction lost to another committer (see "Fairness")."""
+        try:
+            check(*args)
+        except POSException.ConflictError:
+            self.lost = True
+            raise
+
     def _clear_temp(self, conn):
         if conn.temp_dirty:
             self.adapter.clear_temp(conn)
@@ -182,9 +223,23 @@ class Commit:
                 self.adapter.clear_temp_blobs(conn)
             conn.temp_dirty = False
 
-    def _resolve_conflicts(self, conn, resolve):
+    def _claim_fresh(self):
+        """The stored OIDs that this process's new_oid handed out and that
+        are stored as new: no other transaction can have their rows, so
+        they need no row lock and no conflict check.  Claimed at the first
+        vote (a vote retried on a new connection keeps them)."""
+        if self.fresh is None:
+            if self.restoring:
+                self.fresh = frozenset()
+            else:
+                self.fresh = self.adapter.claim_fresh_oids(
+                    [oid for oid, prev_tid in self.tstore.prev_tids() if not prev_tid])
+        return self.fresh
+
+    def _resolve_conflicts(self, conn, resolve, fresh, current):
         adapter, tstore = self.adapter, self.tstore
-        conflicts = adapter.detect_conflicts(conn)
+        conflicts = adapter.detect_conflicts(
+            conn, [row for row in tstore.prev_tids() if row[0] not in fresh], current)
         if not conflicts:
             return
         for oid, committed_tid, prev_tid in conflicts:
@@ -210,8 +265,9 @@ class Commit:
             self.resolved.add(oid)
         adapter.replace_temp_many(conn, resolved_rows)
 
-    def _check_read_current(self, conn, read_current):
-        current = self.adapter.current_tids(conn, list(read_current))
+    def _check_read_current(self, conn, read_current, current):
+        if current is None:
+            current = self.adapter.current_tids(conn, list(read_current))
         for oid, expected in sorted(read_current.items()):
             actual = current.get(oid, 0)
             if actual != expected:
@@ -320,9 +376,27 @@ class Commit:
         ) from exc
 
     def abort(self):
-        """Roll back whatever vote did; never raises for a dead link."""
-        if self.conn is not None:
+        """Roll back whatever vote did (unless it kept its row locks for
+        the retry); never raises for a dead link."""
+        if self.conn is not None and not self.conn.holding_locks:
             self._rollback()
+
+    def _hold_locks(self):
+        """After a conflict found under our row locks: keep the store
+        transaction open for the retry (see "Fairness" above).  False when
+        it must be rolled back instead."""
+        seconds = self.adapter.lock_hold_seconds()
+        if not (self.locked and seconds and self.tid is None and self.conn.in_transaction):
+            return False
+        try:
+            self.adapter.hold_locks(self.conn, seconds)
+        except Exception:  # pylint:disable=broad-except
+            log.debug("Could not keep the row locks after a conflict", exc_info=True)
+            return False
+        self.conn.holding_locks = True
+        if self.btxn is not None:
+            self.btxn.unplace()
+        return True
 
     def _rollback(self):
         self.conn.rollback()

@@ -514,7 +514,7 @@ def is_relstorage(storage):
 
 def is_history_free(storage):
     """True for a history-free RelStorage (the only kind we can tell)."""
-    return is_relstorage(storage) and not storage._adapter.keep_history
+    return is_relstorage(storage) and not storage.adapter.keep_history
 
 
 # ----------------------------------------------------------------------
@@ -600,7 +600,7 @@ def _mb(size):
 
 
 def _relstorage_history(source):
-    adapter = source._adapter
+    adapter = source.adapter
     if not adapter.keep_history:
         objects = len(source)
         return HistoryEstimate(objects, objects, 'history-free RelStorage source: '

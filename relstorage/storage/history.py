@@ -36,8 +36,8 @@ def tid_time(tid_int):
     return TimeStamp(p64(tid_int)).timeTime()
 
 
-def object_history(storage, conn, oid, size):
-    rows = storage._adapter.history(conn, u64(oid), size or 1)
+def object_history(adapter, conn, oid, size):
+    rows = adapter.history(conn, u64(oid), size or 1)
     if not rows:
         raise POSException.POSKeyError(oid)
     result = []
@@ -57,11 +57,10 @@ def object_history(storage, conn, oid, size):
     return result
 
 
-def undo_log(storage, conn, first, last, filter):
+def undo_log(adapter, conn, snapshot_tid, first, last, filter):
     if last < 0:
         last = first - last
-    adapter = storage._adapter
-    cursor = adapter.undo_log(conn, storage._snapshot_tid)
+    cursor = adapter.undo_log(conn, snapshot_tid)
     result = []
     skipped = 0
     while len(result) < last - first:
@@ -140,9 +139,9 @@ def undo(adapter, conn, tid, pending, resolve):
     return oids
 
 
-def record_iternext(storage, conn, next_oid):
+def record_iternext(adapter, conn, next_oid):
     start = u64(next_oid) if next_oid is not None else 0
-    rows = storage._adapter.record_iternext(conn, start)
+    rows = adapter.record_iternext(conn, start)
     if not rows:
         raise POSException.POSKeyError(next_oid if next_oid is not None else p64(0))
     oid, tid, state = rows[0]

@@ -10,14 +10,23 @@ Two phases (docs/pack.rst tells the user's side):
    database (adapters/packing.py): the result, in ``pack_object``, lists
    the objects to remove and the revisions to trim.
 
-2. The deletion, in batches.  Each batch is a short transaction holding
-   the commit lock (taken like a commit takes it) for at most
-   ``pack-batch-timeout``; before deleting, it re-checks the candidates
-   against everything committed since the analysis, so that an object a
-   new commit made reachable again stays, with what it references.  It
-   bumps the pack mark, so other processes drop what it removed.  Between
-   batches the pack sleeps per ``pack-duty-cycle``.  Blob files go after
-   the batch that removed their rows has committed.
+2. The deletion, in batches.  Each batch is a short transaction that
+   deletes candidates first, without the commit lock (commits write other
+   rows meanwhile), then re-checks the commits made since the previous
+   batch, takes the commit lock (as a commit does) to read the last ones,
+   and commits.  Holding the lock from that last re-check to the commit
+   is what makes it safe: no commit can land between them.  If a commit
+   changed or references a candidate, the batch is undone, what the
+   commits made reachable again is kept (with what it reaches through
+   other candidates), and the batch is redone.  Where the commit lock is
+   the database's write lock (SQLite) the batch holds it throughout and
+   is kept short.  The batch moves the pack mark on and lists what it
+   removed in ``pack_removed``, so other processes forget only that.
+   Between batches the pack sleeps per ``pack-duty-cycle``.  Blob files go
+   after the batch that removed their rows has committed.
+
+A pack with nothing committed since the last completed one stops at once
+(``_up_to_date``).
 
 Only one pack runs at a time (``acquire_pack_lock``).
 """
@@ -68,8 +77,12 @@ class PackReport:
         self.seconds = 0.0
         self.prepack_only = False
         self.orphan_blob_files = []
+        self.up_to_date = False     # nothing committed since the last pack
 
     def summary(self):
+        if self.up_to_date:
+            return ('nothing to remove: no transaction was committed since the last '
+                    'completed pack (%.1fs)' % self.seconds)
         if self.prepack_only:
             objects, revisions, size, blobs = self.candidates
             return ('pre-pack only: would remove %d objects, %d revisions (%d bytes), '
@@ -115,6 +128,8 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                     "No pre-pack analysis of %s to use: run zodbpack --prepack "
                     "(or pack-prepack-only) first." % adapter.describe())
             report.pack_tid = info['pack_tid']
+        elif not prepack_only and _up_to_date(adapter, conn, gc):
+            report.up_to_date = True
         else:
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress)
             report.pack_tid = min(pack_tid_for(t), snapshot_tid)
@@ -122,12 +137,15 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             bar.update(adapter.compute_pack_candidates(conn, report.pack_tid, gc))
             bar.close()
             adapter.set_pack_info(conn, pack_tid=report.pack_tid,
-                                  checked_tid=snapshot_tid, prepared=1)
+                                  checked_tid=snapshot_tid, prepared=1,
+                                  prepared_gc=1 if gc else 0)
             conn.commit()
-        report.candidates = adapter.pack_candidate_stats(conn)
+        if not report.up_to_date:
+            report.candidates = adapter.pack_candidate_stats(conn)
         conn.rollback()
         if not prepack_only:
-            _delete(adapter, conn, options, referencesf, blobs, report, progress)
+            if not report.up_to_date:
+                _delete(adapter, conn, options, referencesf, blobs, report, progress)
             if blobs is not None and not blobs.in_database:
                 report.orphan_blob_files = orphan_blob_files(adapter, blobs)
     except BaseException:
@@ -138,7 +156,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         if conn is not None:
             conn.close()
         lock.close()
-        if cache is not None and not prepack_only:
+        if cache is not None and not prepack_only and not report.up_to_date:
             cache.clear()
     report.seconds = time.time() - started
     log.info("Pack of %s to %x: %s", adapter.describe(), report.pack_tid, report.summary())
@@ -163,6 +181,20 @@ def check_references(adapter, referencesf, progress=None):
         if conn is not None:
             conn.close()
         lock.close()
+
+
+def _up_to_date(adapter, conn, gc):
+    """True when the last pack completed (with GC if ``gc``) and no
+    transaction was committed since its pack time: then it removed all a
+    pack can remove now (a later pack time sees the same database), and
+    the analysis and reachability need not run again."""
+    adapter.begin_store_checked(conn)
+    info = adapter.pack_info(conn)
+    last = adapter.get_last_tid(conn)
+    conn.rollback()
+    packed = info.get('packed_tid')
+    return (packed is not None and not info.get('prepared')
+            and (info.get('packed_gc') or not gc) and 0 < last <= packed)
 
 
 def _acquire(adapter):
@@ -236,7 +268,7 @@ def _references(referencesf, oid, tid, state):
 
 
 def _record(adapter, conn, oids, rows, completed_tid):
-    adapter.begin_store_checked(conn)
+    _begin_write(adapter, conn)
     adapter.add_refs(conn, oids, rows)
     adapter.set_pack_info(conn, refs_tid=completed_tid)
     conn.commit()
@@ -249,77 +281,206 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     info = adapter.pack_info(conn)
     conn.rollback()
     checked = info['checked_tid']
+    gc = info.get('prepared_gc', 0)
     # Catch up with the commits made during the analysis without the lock;
     # under the lock only the last few remain to be read.
     adapter.begin_store_checked(conn)
     last = adapter.get_last_tid(conn)
     report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last)
     adapter.set_pack_info(conn, checked_tid=last)
+    adapter.clear_pack_removals(conn)
     conn.commit()
     checked = last
 
     bar = progress('deleting', report.candidates[0] + report.candidates[1] or None, 'rows')
+    write_lock = adapter.pack_lock_is_write_lock
+    # How long the deletions of one batch may take.  Where the commit
+    # lock is the database's write lock (SQLite), a commit waits for all
+    # of it; elsewhere the deletions run before the lock is taken, and
+    # the batch size only bounds the work lost when a batch is redone
+    # (larger batches spread the cost of the re-check and the commit).
+    target = options.pack_batch_timeout / (20.0 if write_lock else 1.0)
     size = FIRST_DELETE_SIZE
     after_oid = -1
+    busy = 0
     try:
         while True:
-            locked_at, last = _lock_commit(adapter, conn, options)
+            batch = _Batch()
+            started = time.time()
+            if write_lock:
+                started, last = _lock_commit(adapter, conn, options)
+            else:
+                adapter.begin_store_checked(conn)
             try:
-                report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last)
-                removed, trimmed = [], []
-                batch_revisions = 0
-                finished = False
                 while True:
                     part_started = time.time()
-                    rows, revisions, objects, blob_count = adapter.delete_pack_batch(
-                        conn, after_oid, size)
-                    if not rows:
-                        finished = True
+                    if not batch.delete_part(adapter, conn, after_oid, size):
                         break
-                    after_oid = rows[-1][0]
-                    for oid, below, garbage in rows:
-                        if garbage:
-                            removed.append(oid)
-                        else:
-                            trimmed.append((oid, below))
-                    report.revisions_removed += revisions
-                    report.objects_removed += objects
-                    report.blobs_removed += blob_count
-                    batch_revisions += revisions
+                    after_oid = batch.last_oid
                     part = time.time() - part_started
-                    size = _next_size(size, part, options.pack_batch_timeout)
-                    if time.time() - locked_at + part >= options.pack_batch_timeout:
+                    size = _next_size(size, part, target)
+                    if time.time() - started + part >= target:
                         break
+                if write_lock:
+                    locked_at = started
+                    touched = _touched(adapter, conn, referencesf, checked, last, batch)
+                else:
+                    # Most commits since the last check are read without
+                    # the lock; under it, only those of the last moments.
+                    seen = adapter.get_last_tid(conn)
+                    touched = _touched(adapter, conn, referencesf, checked, seen, batch)
+                    if not touched:
+                        locked_at, last = _lock_in_batch(adapter, conn)
+                        touched = _touched(adapter, conn, referencesf, seen, last, batch)
+                if touched:
+                    # A commit since the last check changed or referenced
+                    # a candidate: undo the batch, keep what the commits
+                    # brought back (and what it reaches), then redo it.
+                    conn.rollback()
+                    after_oid = batch.first_after
+                    adapter.begin_store_checked(conn)
+                    last = adapter.get_last_tid(conn)
+                    report.kept_by_new_commits += _recheck(
+                        adapter, conn, referencesf, checked, last)
+                    adapter.set_pack_info(conn, checked_tid=last)
+                    conn.commit()
+                    checked = last
+                    continue
                 adapter.set_pack_info(conn, checked_tid=last)
-                if removed or trimmed:
-                    # In the batch's transaction: whoever sees the deletions
-                    # sees the new mark, and drops its caches.
-                    adapter.bump_pack_mark(conn)
                 conn.commit()
+            except _LockBusy:
+                conn.rollback()
+                after_oid = batch.first_after
+                busy += 1
+                if busy >= LOCK_ATTEMPTS:
+                    raise UnableToAcquireCommitLockError(
+                        "The pack of %s could not take the commit lock %d times in a row"
+                        % (adapter.describe(), busy))
+                log.info("The commit lock of %s is busy; the pack waits %.1fs",
+                         adapter.describe(), options.pack_commit_busy_delay)
+                time.sleep(options.pack_commit_busy_delay)
+                continue
             except BaseException:
                 conn.rollback()
                 raise
             held = time.time() - locked_at
             checked = last
+            busy = 0
+            report.revisions_removed += batch.revisions
+            report.objects_removed += batch.objects
+            report.blobs_removed += batch.blobs
             report.batches += 1
             report.lock_seconds += held
             report.longest_lock = max(report.longest_lock, held)
-            if blobs is not None and (removed or trimmed):
+            if blobs is not None and (batch.removed or batch.trimmed):
                 # Only now that the rows are gone for good.
-                files = blobs.forget(removed, trimmed)
+                files = blobs.forget(batch.removed, batch.trimmed)
                 if not blobs.in_database:
                     report.blobs_removed += files
             # After the commit: a display (or a test) sees a finished batch.
-            bar.update(batch_revisions)
-            if finished:
+            bar.update(batch.revisions)
+            if batch.finished:
                 break
+            # The duty cycle is the share of time the pack holds the commit
+            # lock (what commits wait for).
             time.sleep(_duty_cycle_sleep(held, options))
         adapter.begin_store_checked(conn)
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
-        adapter.set_pack_info(conn, prepared=None, pack_tid=None, checked_tid=None)
+        # What the next pack checks to know it has nothing to do.
+        adapter.set_pack_info(conn, prepared=None, prepared_gc=None, pack_tid=None,
+                              checked_tid=None, packed_tid=report.pack_tid, packed_gc=gc)
         conn.commit()
     finally:
         bar.close()
+
+
+class _LockBusy(Exception):
+    """The commit lock stayed busy while a batch waited for it."""
+
+
+class _Batch:
+    """What one deletion batch removed (counted once it commits)."""
+
+    def __init__(self):
+        self.first_after = None
+        self.last_oid = None
+        self.removed = []           # garbage OIDs
+        self.removed_set = set()
+        self.trimmed = []           # (oid, below): older revisions removed
+        self.revisions = self.objects = self.blobs = 0
+        self.finished = False
+        self.mark = None
+
+    def _mark(self, adapter, conn):
+        # In the batch's transaction: whoever sees its deletions sees the
+        # new pack mark, and in pack_removed the list of what went, so
+        # other processes drop only that from their caches.
+        if self.mark is None:
+            self.mark = adapter.new_removal_mark(conn)
+        return self.mark
+
+    def delete_part(self, adapter, conn, after_oid, size):
+        """Delete the next ``size`` candidates; False when none is left."""
+        if self.first_after is None:
+            self.first_after = after_oid
+        rows, revisions, objects, blobs = adapter.delete_pack_batch(
+            conn, after_oid, size, mark=lambda: self._mark(adapter, conn))
+        if not rows:
+            self.finished = True
+            return False
+        self.last_oid = rows[-1][0]
+        for oid, below, garbage in rows:
+            if garbage:
+                self.removed.append(oid)
+                self.removed_set.add(oid)
+            else:
+                self.trimmed.append((oid, below))
+        self.revisions += revisions
+        self.objects += objects
+        self.blobs += blobs
+        return True
+
+
+def _lock_in_batch(adapter, conn):
+    """Take the commit lock inside a batch's transaction, which already
+    holds the row locks of its deletions.  A commit that waits for one of
+    those rows holds the commit lock: waiting for it would be a deadlock,
+    so a busy lock makes the batch start again later (_LockBusy)."""
+    try:
+        return time.time(), adapter.lock_commit_checked(conn)
+    except UnableToAcquireCommitLockError:
+        raise _LockBusy()
+
+
+def _touched(adapter, conn, referencesf, after_tid, upto_tid, batch):
+    """Did a commit in (after_tid, upto_tid] change or reference a garbage
+    candidate, of this batch or still to come?"""
+    if upto_tid <= after_tid:
+        return False
+    oids = set()
+    for oid, tid, state in adapter.new_revisions(conn, after_tid, upto_tid):
+        oids.add(oid)
+        oids.update(_references(referencesf, oid, tid, state))
+    if not oids:
+        return False
+    if not oids.isdisjoint(batch.removed_set):
+        return True
+    return adapter.any_garbage_candidate(conn, oids)
+
+
+def _begin_write(adapter, conn):
+    """begin_store_checked, tried again when the database stays busy
+    (SQLite: a write transaction waits commit-lock-timeout for the
+    database's write lock, and a busy site may keep it that long)."""
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            adapter.begin_store_checked(conn)
+            return
+        except UnableToAcquireCommitLockError:
+            conn.rollback()
+            if attempt == LOCK_ATTEMPTS:
+                raise
+            log.info("%s is busy; the pack's analysis tries again", adapter.describe())
 
 
 def _lock_commit(adapter, conn, options):
@@ -356,10 +517,12 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid):
     return kept
 
 
-def _next_size(size, seconds, timeout):
-    if seconds > timeout / 4:
+def _next_size(size, seconds, target):
+    """The next part's size, so that a part takes a quarter to a half of
+    the batch's ``target`` time."""
+    if seconds > target / 2:
         return max(50, size // 2)
-    if seconds < timeout / 20:
+    if seconds < target / 4:
         return min(MAX_DELETE_SIZE, size * 2)
     return size
 

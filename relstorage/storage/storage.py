@@ -1,16 +1,25 @@
 """RelStorage: the ZODB storage.
 
 One ``RelStorage`` object is created from the configuration; ZODB.DB then
-asks it for one ``new_instance()`` per ZODB connection.  Every instance owns
-two database connections:
+asks it for one ``new_instance()`` per ZODB connection.  Every instance uses
+two database connections (sessions):
 
 - a *load* connection holding one read-only snapshot from
   ``poll_invalidations`` until ``afterCompletion`` (MVCC by polling);
 - a *store* connection, used only while committing.
 
-The instances share the adapter (and with it the OID allocator) and the
-state cache.  ZODB does not wrap an IMVCCStorage in its MVCC adapter, so
-this class implements the per-connection life cycle itself.
+Neither is held while idle: both come from pools shared by the instances
+(``adapters/sessions.py``).  An instance takes a load session when it begins
+a snapshot and gives it back at ``afterCompletion``; it takes a store
+session when its commit first needs the database (``tpc_vote``; ``store``
+only buffers) and gives it back after ``tpc_finish`` / ``tpc_abort``.  So
+ZODB connections that are closed (in ZODB.DB's pool) hold no session, and
+only those committing right now hold a store session.
+
+The instances share the adapter (and with it the OID allocator and the
+session pools) and the state cache.  ZODB does not wrap an IMVCCStorage in
+its MVCC adapter, so this class implements the per-connection life cycle
+itself.
 
 Two-phase commit, in short (see commit.py for the steps):
 ``store`` only buffers; ``tpc_vote`` uploads, locks the changed rows,
@@ -19,6 +28,7 @@ commit lock, chooses the transaction id and moves the rows into place;
 ``tpc_finish`` only commits (ZODB's contract: once vote has returned,
 finish must not fail for a reason vote could have detected).
 """
+import contextlib
 import logging
 import threading
 import weakref
@@ -40,6 +50,7 @@ from ZODB.interfaces import IStorageUndoable
 from ZODB.utils import p64
 from ZODB.utils import u64
 
+from ..adapters.packing import ALL_REVISIONS
 from ..blobs import make_blobs
 from ..cache.storage_cache import StorageCache
 from ..interfaces import DisconnectedError
@@ -116,8 +127,11 @@ class RelStorage(ConflictResolvingStorage):
         self._lock = threading.RLock()
         # _tpc_cond serializes two-phase commits on this instance.
         self._tpc_cond = threading.Condition()
-        self._load_conn = None
-        self._store_conn = None
+        self._load_conn = None          # from the snapshot's start to afterCompletion
+        self._store_conn = None         # from vote to the end of the commit
+        # A store session keeping a lost vote's row locks for the retry
+        # (commit.py, "Fairness"), outside the pool's count meanwhile.
+        self._held_conn = None
         self._snapshot_open = False
         self._snapshot_tid = 0
         self._poll_tid = None          # what the ZODB connection has been told
@@ -133,6 +147,7 @@ class RelStorage(ConflictResolvingStorage):
         self._ra_next = self._ra_run = 0      # read-ahead state (see _read_ahead)
         self._ra_until = -1
         self._last_load = None          # (oid, snapshot, (state, serial)), see load
+        self._prefetched = {}           # oid_int -> (state, tid_int), see load
         self._own_tids = set()          # committed here since the last poll
         # The storage object made from the configuration is used directly by
         # ZODB.DB (undoLog, pack, lastTransaction, ...) and by tools; until
@@ -165,11 +180,20 @@ class RelStorage(ConflictResolvingStorage):
 
     def release(self):
         with self._lock:
-            for conn in (self._load_conn, self._store_conn):
-                if conn is not None:
-                    conn.close()
-            self._load_conn = self._store_conn = None
             self._snapshot_open = False
+            self._give_back_load_conn()
+            self._give_back_store_conn()
+            self._close_held_conn()
+
+    def __del__(self):
+        # An instance dropped without release() (ZODB's own tests do it)
+        # closes its sessions instead of leaving open driver connections
+        # to the collector.  No pool is touched: the collector may run
+        # while this thread holds a pool's lock.
+        for name in ('_load_conn', '_store_conn', '_held_conn'):
+            conn = self.__dict__.get(name)
+            if conn is not None:
+                conn.close()
 
     def close(self):
         if self._closed:
@@ -189,11 +213,18 @@ class RelStorage(ConflictResolvingStorage):
     # The snapshot (load connection)
 
     def _get_load_conn(self):
-        if self._load_conn is None or self._load_conn.broken:
-            if self._load_conn is not None:
-                self._load_conn.close()
-            self._load_conn = self._adapter.open_load()
+        if self._load_conn is not None and self._load_conn.broken:
+            self._give_back_load_conn()
+        if self._load_conn is None:
+            self._load_conn = self._adapter.load_sessions.take()
         return self._load_conn
+
+    def _give_back_load_conn(self):
+        """Outside a snapshot: the pool gets the load session (it closes a
+        broken one)."""
+        conn, self._load_conn = self._load_conn, None
+        if conn is not None:
+            self._adapter.load_sessions.give_back(conn)
 
     def _read(self):
         """``with self._read() as conn``: a read call on the load connection."""
@@ -213,8 +244,8 @@ class RelStorage(ConflictResolvingStorage):
             except DisconnectedError:
                 # The server restarted or dropped us since the last
                 # transaction: nothing was in flight, so reconnect once.
-                conn.close()
-                self._load_conn = None
+                conn.rollback()
+                self._give_back_load_conn()
                 if attempt == 2:
                     raise
         self._snapshot_open = True
@@ -226,7 +257,8 @@ class RelStorage(ConflictResolvingStorage):
             self._seen_tid = max(self._seen_tid, tid)
         # A pack happened since the cache last looked: it drops what
         # may be gone (see StorageCache.note_pack_mark).
-        self._cache.note_pack_mark(pack_mark, tid)
+        self._cache.note_pack_mark(
+            pack_mark, tid, lambda after, upto: self._adapter.pack_removals(conn, after, upto))
         if self._poll_tid is None:
             self._poll_tid = tid
         return conn
@@ -270,14 +302,14 @@ class RelStorage(ConflictResolvingStorage):
         # A later snapshot may carry the same tid yet differ (a pack does
         # not change the last tid).
         self._last_load = None
+        self._prefetched = {}
         if self._snapshot_open:
             self._snapshot_open = False
             conn = self._load_conn
             if conn is not None:
                 conn.rollback()
                 if conn.broken:
-                    conn.close()
-                    self._load_conn = None
+                    self._give_back_load_conn()
 
     def poll_invalidations(self):
         with self._lock:
@@ -299,10 +331,17 @@ class RelStorage(ConflictResolvingStorage):
                 self._own_tids = set()
                 return None
             mark, self._poll_pack_mark = self._poll_pack_mark, self._snapshot_pack_mark
+            removed = []
             if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
-                # Packed since our last poll: objects our ZODB connection
-                # caches may be gone, so it must drop everything.  The
-                # shared change log restarts at this (post-pack) snapshot.
+                # Pack batches since our last poll: the objects they removed
+                # are invalidated (a ghost of one raises POSKeyError when
+                # loaded).  Revisions they trimmed were not current.
+                removed = self._pack_removals(conn, mark, self._snapshot_pack_mark)
+            if removed is None:
+                # zap_all, or a pack whose list we cannot read: objects
+                # our ZODB connection caches may be gone, so it must drop
+                # everything.  The shared change log restarts at this
+                # (post-pack) snapshot.
                 self._own_tids = set()
                 # After zap_all our commits are history that is gone.
                 self._last_commit_tid = 0
@@ -313,7 +352,7 @@ class RelStorage(ConflictResolvingStorage):
                 # Nothing to invalidate, but keep the shared change log
                 # up to this snapshot.
                 self._cache.poll(self._adapter, conn, previous, current)
-                return []
+                return removed
             if current < previous:
                 # The database went back in time (restored from a backup):
                 # nothing the connection caches can be trusted.
@@ -328,15 +367,29 @@ class RelStorage(ConflictResolvingStorage):
             self._own_tids = set()
             # What this instance committed itself is already in its ZODB
             # connection's cache: invalidating it would only cost reloads.
-            return [p64(oid) for oid, tid in changes if tid not in own]
+            return [p64(oid) for oid, tid in changes if tid not in own] + removed
+
+    def _pack_removals(self, conn, after_mark, upto_mark):
+        """OIDs (bytes) the pack batches of marks (after_mark, upto_mark]
+        removed, or None when anything may be gone (see pack_removed in
+        adapters/sql.py)."""
+        if upto_mark < after_mark:
+            return None
+        rows = self._adapter.pack_removals(conn, after_mark, upto_mark)
+        if rows is None:
+            return None
+        return [p64(oid) for oid, below in rows if below == ALL_REVISIONS]
 
     def sync(self, force=True):
         with self._lock:
             self._end_snapshot()
 
     def afterCompletion(self):
+        # The end of a transaction, or the ZODB connection was closed: the
+        # next snapshot (poll_invalidations) takes a session again.
         with self._lock:
             self._end_snapshot()
+            self._give_back_load_conn()
 
     # ------------------------------------------------------------------
     # Loading
@@ -347,23 +400,35 @@ class RelStorage(ConflictResolvingStorage):
             if result is None:
                 raise POSException.POSKeyError(oid)
             return result[:2]
+        with self._lock:
+            if self._snapshot_open and not self._autorefresh and not self._stale_snapshot:
+                # An instance inside its snapshot (ZODB's usual case): what
+                # _Read would do comes down to this lock.
+                return self._load_in_snapshot(self._load_conn, oid)
         with self._read() as conn:
-            snapshot = self._snapshot_tid
-            last = self._last_load
-            if last is not None and last[0] == oid and last[1] == snapshot:
-                # ZODB's Connection.get loads a state to make the ghost and
-                # again to activate it; in one snapshot the answer is the
-                # same, so the second load costs nothing.
-                return last[2]
-            oid_int = u64(oid)
-            self._read_ahead(conn, oid_int)
+            return self._load_in_snapshot(conn, oid)
+
+    def _load_in_snapshot(self, conn, oid):
+        snapshot = self._snapshot_tid
+        last = self._last_load
+        if last is not None and last[0] == oid and last[1] == snapshot:
+            # ZODB's Connection.get loads a state to make the ghost and
+            # again to activate it; in one snapshot the answer is the
+            # same, so the second load costs nothing.
+            return last[2]
+        oid_int = u64(oid)
+        self._read_ahead(conn, oid_int)
+        # Read by prefetch or read-ahead in this snapshot, not loaded
+        # since: the answer without asking the index and the cache.
+        result = self._prefetched.pop(oid_int, None)
+        if result is None:
             # The revision current in our snapshot: from the caches when
             # the shared index knows its tid, else from the database.
             result = self._cache.load(self._adapter, conn, oid_int, snapshot)
             if result is None or result[0] is None:
                 raise POSException.POSKeyError(oid)
-            answer = result[0], p64(result[1])
-            self._last_load = (oid, snapshot, answer)
+        answer = result[0], p64(result[1])
+        self._last_load = (oid, snapshot, answer)
         return answer
 
     def _read_ahead(self, conn, oid_int):
@@ -388,10 +453,12 @@ class RelStorage(ConflictResolvingStorage):
             self._ra_run = 0
         self._ra_next = oid_int + 1
         if (self._ra_run >= READ_AHEAD_AFTER and oid_int > self._ra_until
-                and self._cache.local.limit):
+                and self._cache.local.limit and oid_int + 1 not in self._prefetched):
+            # (The next object already read by a prefetch: nothing to
+            # read ahead yet; asked again at the next load.)
             self._ra_until = oid_int + READ_AHEAD - 1
-            self._cache.prefetch(self._adapter, conn, range(oid_int, oid_int + READ_AHEAD),
-                                 self._snapshot_tid)
+            self._prefetched.update(self._cache.prefetch(
+                self._adapter, conn, range(oid_int, oid_int + READ_AHEAD), self._snapshot_tid))
 
     def loadBefore(self, oid, tid):
         oid_int = u64(oid)
@@ -425,10 +492,8 @@ class RelStorage(ConflictResolvingStorage):
             if not found:
                 # A revision committed after our snapshot began: revisions
                 # never change, so reading it outside the snapshot is safe.
-                found, state = self._adapter.load_revision(
-                    self._get_store_conn(), oid_int, tid_int)
-                if not self._tpc_active():
-                    self._store_conn.rollback()
+                with self._fresh_read() as fresh:
+                    found, state = self._adapter.load_revision(fresh, oid_int, tid_int)
         if not found or state is None:
             raise POSException.POSKeyError(oid)
         self._cache.put(oid_int, tid_int, state)
@@ -436,11 +501,16 @@ class RelStorage(ConflictResolvingStorage):
 
     def prefetch(self, oids):
         """Load many objects in one query, warming the state cache."""
-        oid_ints = [u64(oid) for oid in oids]
+        # int.from_bytes is u64 without a Python call per OID.
+        oid_ints = [int.from_bytes(oid, 'big') for oid in oids]
         if not oid_ints or self._before is not None:
             return
         with self._read() as conn:
-            self._cache.prefetch(self._adapter, conn, oid_ints, self._snapshot_tid)
+            fetched = self._cache.prefetch(self._adapter, conn, oid_ints, self._snapshot_tid)
+            if not self._autorefresh:
+                # Kept for this snapshot's loads (see load); the root
+                # storage's snapshot ends with this call.
+                self._prefetched.update(fetched)
 
     def lastTransaction(self):
         if self._before is not None:
@@ -451,15 +521,67 @@ class RelStorage(ConflictResolvingStorage):
     # ------------------------------------------------------------------
     # Two-phase commit
 
-    def _get_store_conn(self):
-        if self._store_conn is None or self._store_conn.broken:
-            if self._store_conn is not None:
-                self._store_conn.close()
-            self._store_conn = self._adapter.open_store()
+    # Store sessions: taken from the pool when the commit first needs the
+    # database, given back by _end_tpc.
+
+    def _take_store_conn(self):
+        if self._store_conn is None:
+            pool = self._adapter.store_sessions
+            held, self._held_conn = self._held_conn, None
+            if held is not None:
+                # The retry votes in the held transaction.
+                pool.attach()
+                self._store_conn = held
+            else:
+                self._store_conn = pool.take()
         return self._store_conn
 
-    def _tpc_active(self):
-        return self._commit is not None
+    def _give_back_store_conn(self, keep_held=False):
+        """Return the store session to the pool.  One that holds the row
+        locks of a lost vote for its retry (commit.py, "Fairness") stays
+        with this instance when ``keep_held``, outside the pool's count:
+        the retry may never come (the server then ends the hold), and the
+        other connections of the process must not wait for it."""
+        conn, self._store_conn = self._store_conn, None
+        if conn is None:
+            return
+        pool = self._adapter.store_sessions
+        if conn.holding_locks and keep_held:
+            self._held_conn = conn
+            pool.detach()
+            return
+        if conn.holding_locks:
+            self._end_hold(conn)
+        pool.give_back(conn)
+
+    def _end_hold(self, conn):
+        try:
+            self._adapter.end_hold(conn)
+        except Exception:  # pylint:disable=broad-except
+            log.debug("Could not end the hold of row locks", exc_info=True)
+        conn.rollback()
+
+    def _close_held_conn(self):
+        held, self._held_conn = self._held_conn, None
+        if held is not None:
+            self._end_hold(held)
+            held.close()
+
+    @contextlib.contextmanager
+    def _fresh_read(self):
+        """A session that sees what was committed after our snapshot
+        began (a store session, so on the primary): the commit's own while
+        it holds one, else one borrowed for this read."""
+        if self._store_conn is not None:
+            yield self._store_conn
+            return
+        pool = self._adapter.store_sessions
+        conn = pool.take()
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+            pool.give_back(conn)
 
     def _check_txn(self, txn):
         if self._commit is None or txn is not self._commit.txn:
@@ -525,7 +647,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _vote(self, pending):
         for attempt in (1, 2):
-            conn = self._get_store_conn()
+            conn = self._take_store_conn()
             try:
                 return pending.vote(conn, self.tryToResolveConflict)
             except DisconnectedError:
@@ -535,6 +657,7 @@ class RelStorage(ConflictResolvingStorage):
                 # still buffered, so vote once more on a new connection.
                 if attempt == 2 or pending.tid is not None:
                     raise
+                self._give_back_store_conn()    # broken: the pool closes it
 
     def tpc_finish(self, txn, f=None):
         pending = self._check_txn(txn)
@@ -572,6 +695,8 @@ class RelStorage(ConflictResolvingStorage):
             if self._commit is not None:
                 self._commit.close()
             self._commit = None
+            with self._lock:
+                self._give_back_store_conn(keep_held=True)
             self._tpc_cond.notify_all()
 
     def copy_transactions_in(self, copied):
@@ -629,25 +754,23 @@ class RelStorage(ConflictResolvingStorage):
         adapter = self._adapter
         with self._read() as conn:
             count = adapter.blob_chunk_count(conn, oid_int, tid_int)
-            fresh = False
-            if not count:
-                # Committed after our snapshot began? Revisions never change,
-                # so the latest committed data is as good.
-                conn = self._get_store_conn()
-                fresh = True
-                count = adapter.blob_chunk_count(conn, oid_int, tid_int)
-            try:
+            if count:
+                return self._copy_blob_chunks(conn, oid_int, tid_int, count, write)
+            # Committed after our snapshot began? Revisions never change,
+            # so the latest committed data is as good.
+            with self._fresh_read() as fresh:
+                count = adapter.blob_chunk_count(fresh, oid_int, tid_int)
                 if not count:
                     return None
-                size = 0
-                for num in range(count):
-                    data = adapter.load_blob_chunk(conn, oid_int, tid_int, num)
-                    write(data)
-                    size += len(data)
-                return size
-            finally:
-                if fresh and not self._tpc_active():
-                    conn.rollback()
+                return self._copy_blob_chunks(fresh, oid_int, tid_int, count, write)
+
+    def _copy_blob_chunks(self, conn, oid_int, tid_int, count, write):
+        size = 0
+        for num in range(count):
+            data = self._adapter.load_blob_chunk(conn, oid_int, tid_int, num)
+            write(data)
+            size += len(data)
+        return size
 
     def new_oid(self):
         if self._is_read_only:
@@ -662,13 +785,14 @@ class RelStorage(ConflictResolvingStorage):
 
     def history(self, oid, size=1):
         with self._read() as conn:
-            return history.object_history(self, conn, oid, size)
+            return history.object_history(self._adapter, conn, oid, size)
 
     def undoLog(self, first=0, last=-20, filter=None):
         if not self._adapter.keep_history:
             return []
         with self._read() as conn:
-            return history.undo_log(self, conn, first, last, filter)
+            return history.undo_log(self._adapter, conn, self._snapshot_tid,
+                                    first, last, filter)
 
     def undoInfo(self, first=0, last=-20, specification=None):
         if specification:
@@ -694,7 +818,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def record_iternext(self, next=None):
         with self._read() as conn:
-            return history.record_iternext(self, conn, next)
+            return history.record_iternext(self._adapter, conn, next)
 
     def copyTransactionsFrom(self, other, verbose=False):
         """Copy every transaction of ``other`` (any IStorageIteration),
@@ -753,6 +877,17 @@ class RelStorage(ConflictResolvingStorage):
         if self._blobs is not None:
             self._blobs.forget_all()
 
+    @property
+    def adapter(self):
+        """The database adapter (``interfaces.IRelStorageAdapter``), for
+        tools such as zodbconvert; ZODB itself never needs it."""
+        return self._adapter
+
+    @property
+    def options(self):
+        """The ``Options`` this storage was opened with (read only)."""
+        return self._options
+
     # ------------------------------------------------------------------
     # Small IStorage methods
 
@@ -810,6 +945,7 @@ class _Read:
         try:
             if storage._autorefresh and not storage._reads:
                 storage._close_snapshot()
+                storage._give_back_load_conn()
         finally:
             storage._lock.release()
 

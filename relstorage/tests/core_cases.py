@@ -147,6 +147,83 @@ class TidAndOidTests(FactoryCase):
         self.assertGreater(other.new_oid(), high)
 
 
+class NewObjectCommitTests(FactoryCase):
+    """Objects stored as new under OIDs this process's new_oid handed out
+    need no row lock and no conflict check; anything else still gets both."""
+
+    def _spy(self, storage):
+        adapter = storage._adapter
+        seen = {'locked': [], 'checked': []}
+        lock_objects, detect = adapter.lock_objects, adapter.detect_conflicts
+
+        def spy_lock(conn, oids, read_oids):
+            seen['locked'].extend(oids)
+            return lock_objects(conn, oids, read_oids)
+
+        def spy_detect(conn, rows, current=None):
+            rows = list(rows)
+            seen['checked'].extend(oid for oid, _ in rows)
+            return detect(conn, rows, current)
+        adapter.lock_objects, adapter.detect_conflicts = spy_lock, spy_detect
+        return seen
+
+    def test_new_objects_skip_locks_and_checks(self):
+        storage = self.storage()
+        old = storage.new_oid()
+        old_tid = self.commit(storage, old, z64, 1)
+        seen = self._spy(storage)
+        new = [storage.new_oid() for _ in range(5)]
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for i, oid in enumerate(new):
+            storage.store(oid, z64, zodb_pickle(MinPO(i)), '', txn)
+        storage.store(old, old_tid, zodb_pickle(MinPO(2)), '', txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        self.assertEqual(seen, {'locked': [u64(old)], 'checked': [u64(old)]})
+        # Committed: the same OIDs stored as new again are checked (and
+        # refused, they exist).
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(new[0], z64, zodb_pickle(MinPO(9)), '', txn)
+        with self.assertRaises(ConflictError):
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        self.assertIn(u64(new[0]), seen['checked'])
+
+    def test_oid_from_elsewhere_stored_as_new_is_checked(self):
+        # An OID this process did not allocate (another process's, or
+        # restore's) may exist: its creation must still be checked.
+        storage = self.storage()
+        other = self.storage()
+        oid = other.new_oid()
+        self.commit(other, oid, z64, 1)
+        seen = self._spy(storage)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, z64, zodb_pickle(MinPO(2)), '', txn)
+        with self.assertRaises(ConflictError):
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        self.assertEqual(seen['checked'], [u64(oid)])
+
+    def test_fresh_oids_are_bounded(self):
+        # OIDs allocated and never stored are not remembered without end;
+        # what is forgotten is just checked like any other OID.
+        from relstorage.adapters import base
+        storage = self.storage()
+        old_max = base.FRESH_OIDS_MAX
+        base.FRESH_OIDS_MAX = 3
+        try:
+            oids = [u64(storage.new_oid()) for _ in range(7)]
+        finally:
+            base.FRESH_OIDS_MAX = old_max
+        claimed = storage._adapter.claim_fresh_oids(oids)
+        self.assertLessEqual(len(claimed), 3)
+        self.assertIn(oids[-1], claimed)
+        self.assertEqual(storage._adapter.claim_fresh_oids(oids), set())
+
+
 class ConcurrencyTests(FactoryCase):
 
     def test_conflict_resolution_across_storages(self):
@@ -221,13 +298,14 @@ class ConcurrencyTests(FactoryCase):
             state = {'first': True}
 
             def lock_objects(conn, oids, read_oids, original=original, state=state):
-                original(conn, oids, read_oids)
+                found = original(conn, oids, read_oids)
                 if state['first']:
                     state['first'] = False
                     try:
                         after_first_lock.wait()
                     except threading.BrokenBarrierError:
                         pass
+                return found
             adapter.lock_objects = lock_objects
 
         def run(storage, write, read, key):
@@ -575,6 +653,128 @@ class _FailingManager:
     abort = tpc_abort
 
 
+class FairnessTests(FactoryCase):
+    """After a conflict found in vote, the loser keeps its row locks for
+    its retry (keep-locks-on-conflict), so that a third
+    committer cannot make the retry lose again; the hold ends when the
+    server ends the idle transaction."""
+
+    def _skip_unless_held(self, storage):
+        if not storage._adapter.holds_locks_for_retry:
+            self.skipTest('%s serializes writers on the whole database'
+                          % storage._adapter.vendor)
+
+    def _dbs(self, count, **kw):
+        dbs = [ZODB.DB(self.storage(**kw)) for _ in range(count)]
+        self.addCleanup(lambda: [db.close() for db in dbs])
+        return dbs
+
+    def _commit_in_thread(self, tm, change):
+        result = {}
+
+        def run():
+            try:
+                tm.begin()
+                change()
+                tm.commit()
+                result['ok'] = True
+            except BaseException as exc:  # pylint:disable=broad-except
+                result['error'] = exc
+                tm.abort()
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread, result
+
+    def _lose(self, times, hold):
+        """The loser's connection loses ``times`` votes in a row to the
+        winner's commits."""
+        loser, winner, third = self._dbs(3, keep_locks_on_conflict=hold)
+        self._skip_unless_held(loser.storage)
+        tms = [transaction.TransactionManager() for _ in range(3)]
+        c_l, c_w, c_t = [db.open(tm) for db, tm in zip((loser, winner, third), tms)]
+        c_w.root()['m'] = PersistentMapping()
+        tms[1].commit()
+        for value in range(times):
+            tms[0].begin()
+            m_l = c_l.root()['m']
+            m_l.keys()                  # read before the winner commits
+            tms[1].begin()
+            c_w.root()['m']['w'] = value
+            tms[1].commit()
+            m_l['l'] = 1
+            with self.assertRaises(ConflictError):
+                tms[0].commit()
+            tms[0].abort()
+        return tms, (c_l, c_w, c_t)
+
+    def test_retry_cannot_lose_to_a_third_committer(self):
+        tms, (c_l, _, c_t) = self._lose(1, hold=5)
+        # The retry reads the winner's state; meanwhile a third committer
+        # changes the same object: it must wait for the retry.
+        tms[0].begin()
+        c_l.root()['m']['l'] = 1
+        thread, result = self._commit_in_thread(
+            tms[2], lambda: c_t.root()['m'].__setitem__('t', 1))
+        thread.join(0.5)
+        self.assertTrue(thread.is_alive(), result)
+        tms[0].commit()                 # no second conflict
+        thread.join(10)
+        self.assertIsInstance(result.get('error'), ConflictError)
+        tms[2].begin()
+        self.assertEqual(dict(c_t.root()['m']), {'w': 0, 'l': 1})
+
+    def _winner_commits_within(self, tms, c_w, seconds, value):
+        started = time.time()
+        tms[1].begin()
+        c_w.root()['m']['w'] = value
+        tms[1].commit()
+        self.assertLess(time.time() - started, seconds)
+
+    def test_hold_ends_when_the_loser_stays_idle(self):
+        tms, (c_l, c_w, _) = self._lose(1, hold=1)
+        time.sleep(1.5)
+        # The server ended the held transaction.
+        self._winner_commits_within(tms, c_w, 4.5, 2)
+        # The loser's next commit reconnects and works.
+        tms[0].begin()
+        c_l.root()['m']['l'] = 2
+        tms[0].commit()
+        tms[1].begin()
+        self.assertEqual(dict(c_w.root()['m']), {'w': 2, 'l': 2})
+
+    def test_a_held_session_does_not_hold_up_the_pool(self):
+        # The loser's connection may never retry: the session it keeps must
+        # not count against session-pool-size for the process's others.
+        loser, winner = self._dbs(2, keep_locks_on_conflict=30, session_pool_size=1)
+        self._skip_unless_held(loser.storage)
+        tm_l, tm_o, tm_w = [transaction.TransactionManager() for _ in range(3)]
+        c_l, c_o, c_w = loser.open(tm_l), loser.open(tm_o), winner.open(tm_w)
+        c_w.root()['m'], c_w.root()['n'] = PersistentMapping(), PersistentMapping()
+        tm_w.commit()
+        tm_l.begin()
+        c_l.root()['m'].keys()
+        c_w.root()['m']['w'] = 1
+        tm_w.commit()
+        c_l.root()['m']['l'] = 1
+        with self.assertRaises(ConflictError):
+            tm_l.commit()
+        tm_l.abort()                    # holds its locks and its session
+        started = time.time()
+        tm_o.begin()
+        c_o.root()['n']['o'] = 1
+        tm_o.commit()                   # another object, the only pooled session
+        self.assertLess(time.time() - started, 5)
+        tm_l.begin()
+        c_l.root()['m']['l'] = 1
+        tm_l.commit()                   # the retry, in the held transaction
+        tm_w.begin()
+        self.assertEqual(dict(c_w.root()['m']), {'w': 1, 'l': 1})
+
+    def test_zero_turns_it_off(self):
+        tms, (_, c_w, _) = self._lose(1, hold=0)
+        self._winner_commits_within(tms, c_w, 3, 3)
+
+
 def vote_behind(test, s1, t1, s2, t2):
     """s1 has voted; s2 votes in a thread, which must wait for s1's commit
     lock and no longer; returns both tids."""
@@ -774,8 +974,9 @@ class RootStorageTests(FactoryCase):
         del unused
 
 
-ALL = (SchemaModeTests, TidAndOidTests, ConcurrencyTests, ReadAheadTests,
-       PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests, LifecycleTests,
+ALL = (SchemaModeTests, TidAndOidTests, NewObjectCommitTests, ConcurrencyTests,
+       ReadAheadTests, PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests,
+       FairnessTests, LifecycleTests,
        RootStorageTests)
 
 

@@ -180,6 +180,9 @@ class ZODBTestsOnRelStorage(RelStorageTestCase, ZODB.tests.testZODB.ZODBTests):
 
     def setUp(self):
         RelStorageTestCase.setUp(self)
+        # ZODBTests.setUp (reached through the chain above) opened a
+        # FileStorage and its DB, which ours replaces: close them.
+        self._db.close()
         self._db = ZODB.DB(self._storage)
         if not self.keep_history and self._testMethodName in HP_ONLY_ZODB_TESTS:
             self.skipTest(HP_ONLY_ZODB_TESTS[self._testMethodName])
@@ -253,9 +256,11 @@ def make_suite(factory, extra_cases=()):
     from . import core_cases
     from . import crash_cases
     from . import pack_cases
+    from . import session_cases
     from . import zap_cases
     for case in (tuple(core_cases.CASES) + tuple(blob_cases.CASES) + tuple(crash_cases.CASES)
                  + tuple(zap_cases.CASES) + tuple(pack_cases.CASES)
+                 + tuple(session_cases.CASES)
                  + tuple(extra_cases)):
         suite.addTest(loader.loadTestsFromTestCase(
             type(case.__name__ + '_' + factory.name.replace('-', '_'), (case,),

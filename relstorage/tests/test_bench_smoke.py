@@ -114,5 +114,10 @@ class TestBenchSmoke(unittest.TestCase):
              'relstorage_version': '5'}))
 
 
-def test_suite():
+def _test_suite():
     return unittest.defaultTestLoader.loadTestsFromName(__name__)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

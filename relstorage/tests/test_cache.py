@@ -89,6 +89,22 @@ class LocalStateCacheTests(unittest.TestCase):
         cache.put(3, 1, b'tiny')
         self.assertEqual(cache.get(3, 1), b'tiny')
 
+    def test_put_many_is_put_of_each(self):
+        for compression in ('none', 'zlib'):
+            one, many = (LocalStateCache(1000, 300, compression) for _ in range(2))
+            entries = [(i % 7, i, bytes([i]) * (i * 13 % 400)) for i in range(40)]
+            entries.append((1, 1, b'z' * 120))       # replaces an entry
+            for entry in entries:
+                one.put(*entry)
+            many.put_many(entries[:25])
+            many.put_many(entries[25:])
+            self.assertEqual(list(one.items()), list(many.items()))
+            self.assertEqual(one.size, many.size)
+            self.assertLessEqual(many.size, 1000)
+        off = LocalStateCache(0, 100)
+        off.put_many([(1, 1, b'x')])
+        self.assertEqual(len(off), 0)
+
     def test_stats(self):
         cache = LocalStateCache(1000, 1000)
         cache.put(1, 1, b'x')
@@ -267,6 +283,21 @@ class ChangeIndexTests(unittest.TestCase):
                         if ctid <= snapshot:
                             self.assertEqual(history.current(oid, snapshot), ctid)
                 inst[0] = inst[1] = snapshot
+            elif op < 0.7:
+                # The batch forms prefetch uses answer like the single ones.
+                inst = rnd.choice(instances)
+                snapshot = inst[1]
+                batch = rnd.sample(oids, rnd.randint(1, 8))
+                singles = [index.peek(oid, snapshot) for oid in batch]
+                self.assertEqual(index.tids_at(batch, snapshot), singles)
+                learned = []
+                for oid, known in zip(batch, singles):
+                    truth = history.current(oid, snapshot)
+                    if known is not None:
+                        self.assertEqual(known, truth, (step, oid, snapshot))
+                    elif truth is not None:
+                        learned.append((oid, truth))
+                index.record_many(learned, snapshot)
             else:
                 inst = rnd.choice(instances)
                 snapshot = inst[1]
@@ -527,6 +558,29 @@ class SnapshotIsolationTests(SqliteCacheCase):
         self.assertEqual(main.cache_stats()['db_loads'], loads)
         inst.release()
 
+    def test_prefetched_states_last_one_snapshot(self):
+        # What prefetch read is kept for the loads of its snapshot only:
+        # after a poll, a change committed meanwhile is what loads see.
+        main = self.storage()
+        oids = [main.new_oid() for _ in range(5)]
+        first = self.commit(main, {oid: i for i, oid in enumerate(oids)})
+        main._cache.local.clear()
+        main._cache.index.clear()
+        reader, writer = main.new_instance(), main.new_instance()
+        reader.poll_invalidations()
+        reader.prefetch(oids)
+        writer.poll_invalidations()
+        second = self.commit(writer, {oids[0]: 100, oids[1]: 101},
+                             serials={oids[0]: first, oids[1]: first})
+        # Same snapshot: the prefetched revision, older than the commit.
+        self.assertEqual(self.value(reader, oids[2]), (2, first))
+        changed = reader.poll_invalidations()
+        self.assertEqual(sorted(changed), sorted(oids[:2]))
+        self.assertEqual([self.value(reader, oid) for oid in oids],
+                         [(100, second), (101, second), (2, first), (3, first), (4, first)])
+        reader.release()
+        writer.release()
+
     def test_disabled_local_cache_is_still_correct(self):
         main = self.storage(cache_local_mb=0)
         oid = main.new_oid()
@@ -595,10 +649,15 @@ class HistoryFreeSnapshotIsolationTests(SnapshotIsolationTests):
     keep_history = False
 
 
-def test_suite():
+def _test_suite():
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
     for case in (LocalStateCacheTests, ChangeIndexTests, SnapshotIsolationTests,
                  HistoryFreeSnapshotIsolationTests):
         suite.addTest(loader.loadTestsFromTestCase(case))
     return suite
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

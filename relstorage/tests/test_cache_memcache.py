@@ -62,5 +62,10 @@ class MemcacheTests(SharedCacheTests):
             open_shared_cache('a:1', 'memcache_client_of_the_future')
 
 
-def test_suite():
+def _test_suite():
     return unittest.TestLoader().loadTestsFromTestCase(MemcacheTests)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

@@ -219,5 +219,10 @@ def _writer(path, n):
         persistent.save(path, tid, entries, 10 * 1024 * 1024)
 
 
-def test_suite():
+def _test_suite():
     return unittest.TestLoader().loadTestsFromTestCase(PersistentCacheTests)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

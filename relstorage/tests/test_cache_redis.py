@@ -311,7 +311,12 @@ class _Capture(logging.Handler):
             self.messages.append(logging.Formatter().formatException(record.exc_info))
 
 
-def test_suite():
+def _test_suite():
     loader = unittest.TestLoader()
     return unittest.TestSuite([loader.loadTestsFromTestCase(RedisUrlTests),
                                loader.loadTestsFromTestCase(RedisTests)])
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

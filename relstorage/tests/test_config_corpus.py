@@ -327,5 +327,10 @@ class TestNoticePath(CorpusTestCase):
         self._check(logs)
 
 
-def test_suite():
+def _test_suite():
     return unittest.defaultTestLoader.loadTestsFromName(__name__)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

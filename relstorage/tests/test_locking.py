@@ -26,5 +26,10 @@ class LockRunsTests(unittest.TestCase):
         self.assertEqual(lock_runs([], []), [])
 
 
-def test_suite():
+def _test_suite():
     return unittest.defaultTestLoader.loadTestsFromTestCase(LockRunsTests)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

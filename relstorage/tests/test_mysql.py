@@ -190,6 +190,12 @@ class MySQLFactory(suite.NamedDatabases):
             f.write(SUBPROCESS_FACTORY % (keep_history, self.connect_kwargs(), self.driver))
         return directory
 
+    def server_session_count(self):
+        return len(self.session_ids())
+
+    def kill_server_sessions(self):
+        self.kill_sessions()
+
     def cleanup(self):
         pass
 
@@ -370,11 +376,14 @@ class LockTimeoutTests(MySQLTestCase):
         holder_thread = holder._store_conn.query_value('SELECT CONNECTION_ID()')
         self.assert_no_locks_held(but=(holder_thread,))
         if mysql8_style:
-            conn = waiter._store_conn
+            # The waiter's session, back in its pool since the abort.
+            pool = waiter._adapter.store_sessions
+            conn = pool.take()
             self.assertEqual(
                 conn.query_value('SELECT @@session.innodb_lock_wait_timeout'),
                 conn.query_value('SELECT @@global.innodb_lock_wait_timeout'))
             conn.rollback()
+            pool.give_back(conn)
         holder.tpc_finish(t1)
         # The retry succeeds.
         waiter.poll_invalidations()
@@ -783,7 +792,7 @@ def _wanted():
     return 'mysql' in selected.lower().replace(',', ' ').split()
 
 
-def test_suite():
+def _test_suite():
     tests = unittest.TestSuite()
     if not _wanted():
         return tests
@@ -810,3 +819,8 @@ def test_suite():
         _rehome(driver_suite, factory)
         tests.addTest(driver_suite)
     return tests
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

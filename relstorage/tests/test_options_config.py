@@ -164,7 +164,7 @@ class TestOptions(unittest.TestCase):
             'cache_local_dir': None, 'cache_local_object_max': 16384,
             'cache_local_compression': 'none',
             'cache_delta_size_limit': 100000, 'commit_lock_timeout': 30,
-            'commit_lock_id': 0, 'driver': 'auto', 'pack_dry_run': None,
+            'keep_locks_on_conflict': 2.0, 'session_pool_size': 7, 'commit_lock_id': 0, 'driver': 'auto', 'pack_dry_run': None,
             'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
             'cache_local_dir_write_max_size': None,
             'cache_local_dir_compress': None,
@@ -177,7 +177,8 @@ class TestOptions(unittest.TestCase):
         active = {o.attribute for o in OPTIONS if o.active}
         self.assertEqual(active, {
             'name', 'read_only', 'keep_history', 'create_schema',
-            'commit_lock_timeout', 'commit_lock_id', 'cache_local_mb',
+            'commit_lock_timeout', 'keep_locks_on_conflict', 'cache_local_mb',
+            'session_pool_size',
             'cache_local_object_max', 'cache_local_compression', 'cache_local_dir',
             'cache_servers', 'cache_module_name', 'cache_prefix',
             'cache_delta_size_limit', 'driver',
@@ -281,12 +282,25 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(legacy, {
             'poll_interval', 'pack_dry_run', 'cache_local_dir_count',
             'cache_local_dir_read_count', 'cache_local_dir_write_max_size',
-            'cache_local_dir_compress'})
+            'cache_local_dir_compress', 'commit_lock_id'})
         for option in OPTIONS:
             if option.legacy:
-                self.assertIsNone(option.default)
+                # commit-lock-id 0 is what generators still write: silent.
+                self.assertIn(option.default, (None, 0))
                 self.assertFalse(option.active)
                 self.assertTrue(option.replaced_by)
+
+    def test_commit_lock_id_warns_only_when_it_asks_for_something(self):
+        import logging
+        logger = logging.getLogger('relstorage.test_commit_lock_id')
+        with self.assertLogs(logger, logging.INFO) as logs:
+            Options(commit_lock_id=7).log_notices(logger)
+            logger.info('end')
+        self.assertIn('commit-lock-id is from an earlier release', logs.output[0])
+        with self.assertLogs(logger, logging.INFO) as logs:
+            Options(commit_lock_id=0).log_notices(logger)
+            logger.info('end')
+        self.assertEqual(len(logs.output), 1, logs.output)
 
     def test_pack_dry_run_means_prepack_only(self):
         self.assertTrue(Options(pack_dry_run=True).pack_prepack_only)
@@ -492,7 +506,7 @@ class TestValues(_ParsingTests):
             'cache-local-mb 100', 'cache-local-dir @TMP@/cache',
             'cache-local-object-max 64KB', 'cache-local-compression zlib',
             'cache-delta-size-limit 5000', 'commit-lock-timeout 9',
-            'commit-lock-id 7'])
+            'session-pool-size 3', 'commit-lock-id 7'])
         options = self.load(body).options
         self.assertEqual(options.as_dict(), {
             'name': 'mystorage', 'read_only': True, 'keep_history': False,
@@ -514,7 +528,7 @@ class TestValues(_ParsingTests):
             'cache_local_object_max': 65536,
             'cache_local_compression': 'zlib',
             'cache_delta_size_limit': 5000, 'commit_lock_timeout': 9,
-            'commit_lock_id': 7, 'driver': 'auto', 'pack_dry_run': None,
+            'keep_locks_on_conflict': 2.0, 'session_pool_size': 3, 'commit_lock_id': 7, 'driver': 'auto', 'pack_dry_run': None,
             'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
             'cache_local_dir_write_max_size': None,
             'cache_local_dir_compress': None})
@@ -534,7 +548,7 @@ class TestValues(_ParsingTests):
             'cache_prefix zodb', 'cache_local_mb 100',
             'cache_local_dir @TMP@/cache', 'cache_local_object_max 64KB',
             'cache_local_compression zlib', 'cache_delta_size_limit 5000',
-            'commit_lock_timeout 9', 'commit_lock_id 7'])
+            'commit_lock_timeout 9', 'session_pool_size 3', 'commit_lock_id 7'])
         underscored = self.load(body).options
         dashed = self.load(body.replace('_', '-')).options
         self.assertEqual(underscored, dashed)

@@ -22,6 +22,7 @@ from ZODB.POSException import ConflictError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.tests.StorageTestBase import zodb_unpickle
+from ZODB.utils import u64
 from ZODB.utils import z64
 
 from relstorage.adapters.postgresql import drivers
@@ -184,6 +185,15 @@ class PostgreSQLFactory(suite.NamedDatabases):
             "AND backend_type = 'client backend' "
             "AND (xact_start IS NOT NULL OR backend_xmin IS NOT NULL)", (self.dbname,))
 
+    def server_session_count(self):
+        return ADMIN.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+            (self.dbname,))[0][0]
+
+    def kill_server_sessions(self):
+        ADMIN.terminate(self.dbname)
+
     def cleanup(self):
         pass
 
@@ -272,13 +282,14 @@ class LockTimeoutTests(PGCase):
         with self.assertRaises(UnableToLockRowsError) as cm:
             b.tpc_vote(tb)
         elapsed = time.time() - started
+        # (B's store session goes back to the pool with the abort.)
+        b_pid = b._store_conn.raw.info.backend_pid if self.factory.driver == 'psycopg' \
+            else b._store_conn.raw.get_backend_pid()
         b.tpc_abort(tb)
         self.assertTrue(1.5 <= elapsed < 6, elapsed)
         self.assertIsInstance(cm.exception, ConflictError)
         self.assertIn('0x%x' % int.from_bytes(x, 'big'), str(cm.exception))
         # B rolled back: it holds nothing and is not stuck in a transaction.
-        b_pid = b._store_conn.raw.info.backend_pid if self.factory.driver == 'psycopg' \
-            else b._store_conn.raw.get_backend_pid()
         self.assertNotIn(b_pid, self.idle_in_transaction())
         tid_a = a.tpc_finish(ta)
         # Nothing is left locked: B can commit the same object right away.
@@ -612,11 +623,36 @@ class ReadOnlySnapshotTests(PGCase):
             store.close()
 
 
+class OidAllocationTests(PGCase):
+
+    def test_allocations_grow_and_never_overlap(self):
+        one, two = self.storage(), self.storage()
+        draws = []
+        adapter = one._adapter
+        allocate = adapter.allocate_oid_block
+
+        def counted(conn):
+            block = allocate(conn)
+            draws.append(len(block))
+            return block
+        adapter.allocate_oid_block = counted
+        first = [u64(one.new_oid()) for _ in range(5000)]
+        # 128, 256, 512, 1024, 2048, then 2048 at most: six round trips,
+        # not forty.
+        self.assertEqual(draws, [128, 256, 512, 1024, 2048, 2048])
+        mixed = []
+        for _ in range(1000):
+            mixed.append(u64(one.new_oid()))
+            mixed.append(u64(two.new_oid()))
+        everything = first + mixed
+        self.assertEqual(len(set(everything)), len(everything))
+
+
 PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeoutTestsHF,
             ConcurrentIncrementTests,
             KilledClientTests, KilledClientTestsHF,
             ServerDisconnectTests, ServerDisconnectTestsHF,
-            ConnectionErrorTests, ReadOnlySnapshotTests)
+            ConnectionErrorTests, ReadOnlySnapshotTests, OidAllocationTests)
 
 
 def _big_blob_wanted():
@@ -630,7 +666,7 @@ def _wanted():
     return 'postgresql' in [n.strip() for n in names.split(',')]
 
 
-def test_suite():
+def _test_suite():
     result = unittest.TestSuite()
     if not _wanted():
         return result
@@ -657,3 +693,8 @@ def _rehome(test, factory):
     # Only the per-factory subclasses make_suite creates, never shared ones.
     if cls.__module__ == suite.__name__ and factory.name.replace('-', '_') in cls.__name__:
         cls.__module__ = __name__
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

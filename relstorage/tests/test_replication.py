@@ -477,7 +477,7 @@ def _wanted(name):
     return not names or name in [n.strip() for n in names.split(',')]
 
 
-def test_suite():
+def _test_suite():
     suite = unittest.TestSuite()
     loader = unittest.defaultTestLoader
     suite.addTest(loader.loadTestsFromTestCase(ReplicaConfigTests))
@@ -488,3 +488,8 @@ def test_suite():
         for cls in (MariaDBServerRestartTests, MariaDBReplicaTests):
             suite.addTest(loader.loadTestsFromTestCase(cls))
     return suite
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

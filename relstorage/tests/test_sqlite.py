@@ -256,6 +256,73 @@ db.close()
 '''
 
 
+class SqliteOidBlockTests(unittest.TestCase):
+    """OIDs come in blocks that grow (few durable allocations for many
+    OIDs), never overlap between adapters, and a commit of OIDs the
+    process reserved itself does not touch the counter."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_')
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _adapter(self):
+        adapter = Sqlite3Adapter(data_dir=self.tmp)
+        self.addCleanup(adapter.close)
+        calls = []
+        allocate = adapter.allocate_oid_block
+        raise_floor = adapter.raise_oid_floor
+
+        def counted_allocate(conn):
+            calls.append('allocate')
+            return allocate(conn)
+
+        def counted_raise(conn, max_oid):
+            calls.append('raise')
+            return raise_floor(conn, max_oid)
+        adapter.allocate_oid_block = counted_allocate
+        adapter.raise_oid_floor = counted_raise
+        return adapter, calls
+
+    def test_blocks_grow_and_never_overlap(self):
+        one, calls = self._adapter()
+        two, _ = self._adapter()
+        first = [one.new_oid() for _ in range(5000)]
+        self.assertEqual(first, sorted(set(first)))
+        # 128 + 256 + ... + 4096 >= 5000: six allocations, not forty.
+        self.assertEqual(calls.count('allocate'), 6)
+        mixed = []
+        for _ in range(3000):
+            mixed.append(one.new_oid())
+            mixed.append(two.new_oid())
+        self.assertEqual(len(set(first + mixed)), len(first) + len(mixed))
+        one.close()
+        three, _ = self._adapter()          # a later process
+        self.assertGreater(three.new_oid(), max(first + mixed))
+
+    def test_commit_of_own_oids_needs_no_counter_update(self):
+        adapter, calls = self._adapter()
+        oid = adapter.new_oid()
+        conn = adapter._oid_conn
+        statements = []
+        execute = conn.execute
+
+        def counted_execute(stmt, params=()):
+            statements.append(stmt)
+            return execute(stmt, params)
+        conn.execute = counted_execute
+        adapter.note_oids_used(oid)
+        # Not even BEGIN IMMEDIATE, which would wait for another
+        # process allocating.
+        self.assertEqual(statements, [])
+        # An OID beyond what we reserved (restore) moves the counter on.
+        adapter.note_oids_used(oid + 100000)
+        self.assertIn('BEGIN IMMEDIATE', statements)
+        other, _ = self._adapter()
+        self.assertGreater(other.new_oid(), oid + 100000)
+
+
 class SqliteMultiProcessTests(unittest.TestCase):
 
     def test_processes_committing_to_one_data_dir(self):
@@ -293,9 +360,14 @@ def _storage(data_dir):
     return RelStorage(Sqlite3Adapter(data_dir, options=options), options=options)
 
 
-def test_suite():
+def _test_suite():
     result = suite.make_suite(SqliteFactory())
     loader = unittest.TestLoader()
-    for case in (SqliteConfigTests, SqliteMultiProcessTests):
+    for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests):
         result.addTest(loader.loadTestsFromTestCase(case))
     return result
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

@@ -80,5 +80,10 @@ class ZodbpackTests(unittest.TestCase):
         self.assertFalse(os.path.exists(self.data_dir))
 
 
-def test_suite():
+def _test_suite():
     return unittest.defaultTestLoader.loadTestsFromTestCase(ZodbpackTests)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

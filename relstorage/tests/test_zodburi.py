@@ -128,5 +128,10 @@ class TestResolvers(unittest.TestCase):
         self.assertEqual(factory.adapter_factory.pragmas, {'synchronous': 'off'})
 
 
-def test_suite():
+def _test_suite():
     return unittest.defaultTestLoader.loadTestsFromName(__name__)
+
+
+def test_suite():
+    from . import leaks
+    return leaks.checked(_test_suite(), __name__)

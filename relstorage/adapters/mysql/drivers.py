@@ -16,6 +16,14 @@ DRIVER_NAMES = {
     'pymysql': ('PyMySQL',),
 }
 
+#: Keys of the <mysql> section (and of MySQLAdapter), passed to the
+#: driver's connect() when set, in mysqlclient's spelling.
+CONNECT_KEYS = ('host', 'port', 'user', 'passwd', 'db', 'unix_socket',
+                'connect_timeout', 'compress', 'read_default_file',
+                'read_default_group')
+#: Those a mysql:// URI spells in its network location and path.
+URI_NETLOC_KEYS = ('host', 'port', 'user', 'passwd', 'db')
+
 # Server and client error numbers (see the MySQL/MariaDB error references).
 LOCK_ERRORS = frozenset((
     1205,   # ER_LOCK_WAIT_TIMEOUT

@@ -69,21 +69,23 @@ class MySQLStatements(Statements):
     # The commit lock: one row, locked until commit or rollback.
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 
-    # Row locks taken during vote (see MySQLAdapter.lock_objects).
+    # Row locks taken during vote (see MySQLAdapter.lock_objects).  A
+    # locking read returns the newest committed tid of each row: the
+    # conflict check needs no query of its own.
     LOCK_CURRENT_EXCLUSIVE = """
-        SELECT zoid FROM current_object WHERE zoid IN ({in_list})
+        SELECT zoid, tid FROM current_object WHERE zoid IN ({in_list})
         ORDER BY zoid FOR UPDATE
     """
     LOCK_CURRENT_EXCLUSIVE_HF = """
-        SELECT zoid FROM object_state WHERE zoid IN ({in_list})
+        SELECT zoid, tid FROM object_state WHERE zoid IN ({in_list})
         ORDER BY zoid FOR UPDATE
     """
     LOCK_CURRENT_SHARED = """
-        SELECT zoid FROM current_object WHERE zoid IN ({in_list})
+        SELECT zoid, tid FROM current_object WHERE zoid IN ({in_list})
         ORDER BY zoid {share}
     """
     LOCK_CURRENT_SHARED_HF = """
-        SELECT zoid FROM object_state WHERE zoid IN ({in_list})
+        SELECT zoid, tid FROM object_state WHERE zoid IN ({in_list})
         ORDER BY zoid {share}
     """
 
@@ -147,10 +149,13 @@ class MySQL8Statements(MySQLStatements):
 
 
 OID_BLOCK = 128
+#: The new_oid table keeps at most about this many rows (see
+#: MySQLAdapter.allocate_oid_block).
+OID_PRUNE_EVERY = 16
 
 #: Tables RelStorage owns (dropped by drop_all).
 ALL_TABLES = ('commit_lock', 'new_oid', 'transaction_log', 'current_object',
-              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info')
+              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info', 'pack_removed')
 
 PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS object_ref (
@@ -168,6 +173,12 @@ PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS pack_info (
         name VARCHAR(32) NOT NULL PRIMARY KEY,
         value BIGINT NOT NULL
+    ) ENGINE = InnoDB""",
+    """CREATE TABLE IF NOT EXISTS pack_removed (
+        mark BIGINT NOT NULL,
+        zoid BIGINT NOT NULL,
+        below BIGINT NOT NULL,
+        PRIMARY KEY (mark, zoid)
     ) ENGINE = InnoDB""",
 )
 

@@ -65,7 +65,6 @@ def render_binds(stmt):
 
 class OracleAdapter(Adapter):
     vendor = 'oracle'
-    single_writer = False
     # ORA-01795: at most 1000 expressions in a list.
     max_in_list = 1000
     upload_batch = 1000

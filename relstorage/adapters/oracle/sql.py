@@ -57,6 +57,8 @@ class OracleStatements(Statements):
         for name in ('LOCK_COMMIT', 'LOCK_OBJECTS'):
             setattr(self, name, getattr(self, name).replace('{lock_wait}', lock_wait))
 
+    PING = "SELECT 1 FROM DUAL"
+
     # --- reads limited to the first rows ---------------------------------
 
     LOAD_BEFORE = _fetch_first(Statements.LOAD_BEFORE)
@@ -312,6 +314,14 @@ PACK_TABLES = {
         """CREATE TABLE pack_info (
             name VARCHAR2(32) NOT NULL PRIMARY KEY,
             value NUMBER(20) NOT NULL
+        )""",
+    ),
+    'pack_removed': (
+        """CREATE TABLE pack_removed (
+            mark NUMBER(20) NOT NULL,
+            zoid NUMBER(20) NOT NULL,
+            below NUMBER(20) NOT NULL,
+            PRIMARY KEY (mark, zoid)
         )""",
     ),
 }

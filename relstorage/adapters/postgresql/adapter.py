@@ -53,6 +53,8 @@ class PostgreSQLAdapter(Adapter):
     max_in_list = 1000
     upload_batch = 1000
     statements_class = sql.PostgreSQLStatements
+    # idle_in_transaction_session_timeout ends a held transaction.
+    holds_locks_for_retry = True
 
     def __init__(self, dsn='', options=None, driver=None):
         self._params = {}
@@ -72,6 +74,7 @@ class PostgreSQLAdapter(Adapter):
         self._dsn = self.driver.make_dsn(params)
         self._server_dsns = {}       # servers.Server -> DSN naming that host
         self._oid_floor_seen = 0
+        self._oid_draws = sql.OID_DRAWS_FIRST   # sequence values per allocation
 
     # --- description and errors ------------------------------------------
 
@@ -166,7 +169,13 @@ class PostgreSQLAdapter(Adapter):
     # --- OIDs -------------------------------------------------------------
 
     def allocate_oid_block(self, conn):
-        values = [row[0] for row in conn.query_all(self.sql.NEXT_OID_BLOCK)]
+        draws = self._oid_draws
+        values = [row[0] for row in conn.query_all(self.sql.NEXT_OID_BLOCK, (draws,))]
+        # The next allocation draws twice as many: a process allocating
+        # many OIDs (ZODB asks for one per new object, during the commit)
+        # soon needs a round trip per thousands, and one allocating a few
+        # leaves a small gap when it exits.
+        self._oid_draws = min(draws * 2, sql.OID_DRAWS_MAX)
         self._oid_floor_seen = max([self._oid_floor_seen] + values)
         return [oid for last in values for oid in range(last - sql.OID_BLOCK + 1, last + 1)]
 
@@ -191,16 +200,34 @@ class PostgreSQLAdapter(Adapter):
     def upload(self, conn, rows):
         conn.call(self.driver.copy_in, conn.cursor, self.sql.COPY_TEMP, rows)
 
+    def oid_array(self, oids):
+        # The text form of a bigint[]: both drivers pass a str through
+        # as it is, where a list is converted element by element (psycopg2
+        # spells out ARRAY[...] in Python, about 2 us an element).
+        return '{%s}' % ','.join(map(str, oids))
+
     def lock_objects(self, conn, oids, read_current_oids):
+        current = {}
         oids = list(oids)
         if oids:
-            conn.query_all(self.sql.LOCK_OBJECTS, (oids,))
+            current.update(conn.query_all(self.sql.LOCK_OBJECTS, (self.oid_array(oids),)))
         read_current_oids = list(read_current_oids)
         if read_current_oids:
-            conn.query_all(self.sql.LOCK_READ_CURRENT, (read_current_oids,))
+            current.update(conn.query_all(self.sql.LOCK_READ_CURRENT,
+                                          (self.oid_array(read_current_oids),)))
+        return current
 
     def lock_commit(self, conn):
         return conn.query_value(self.sql.LOCK_COMMIT)
+
+    def hold_locks(self, conn, seconds):
+        # SET LOCAL lasts until the transaction ends: a rollback, or the
+        # server ending the session, undoes it with the locks.
+        conn.execute('SET LOCAL idle_in_transaction_session_timeout = %d'
+                     % max(1, int(seconds * 1000)))
+
+    def end_hold(self, conn):
+        conn.execute('SET LOCAL idle_in_transaction_session_timeout TO DEFAULT')
 
     # --- pack -----------------------------------------------------------
 
@@ -209,6 +236,18 @@ class PostgreSQLAdapter(Adapter):
         would hold the whole result in memory."""
         cursor = conn.call(conn.raw.cursor, 'relstorage_stream')
         return self.stream_rows(conn, cursor, sql, batch, params)
+
+    def forget_refs_of(self, conn, oids):
+        # One array each: statements with thousands of placeholders cost
+        # more to convert in the driver than to run (psycopg caches the
+        # conversion of short statements only).
+        if oids:
+            conn.execute(self.sql.PACK_REFS_FORGET_ARRAY, (list(oids),))
+
+    def insert_refs(self, conn, rows):
+        if rows:
+            conn.execute(self.sql.PACK_REFS_INSERT_ARRAYS,
+                         ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
 
     def pack_schema(self):
         return sql.PACK_SCHEMA

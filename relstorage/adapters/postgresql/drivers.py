@@ -19,8 +19,10 @@ LOCK_NOT_AVAILABLE = '55P03'      # lock_timeout expired, or NOWAIT
 DEADLOCK_DETECTED = '40P01'
 READ_ONLY_TRANSACTION = '25006'
 LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
-#: admin_shutdown, crash_shutdown, cannot_connect_now; class 08 is added below.
-DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03'))
+#: admin_shutdown, crash_shutdown, cannot_connect_now,
+#: idle_in_transaction_session_timeout (the server ended the session: see
+#: hold_locks); class 08 is added below.
+DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03', '25P03'))
 
 
 #: Server refusals at connect time that pass: (libpq reports them as text,

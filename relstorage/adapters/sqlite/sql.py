@@ -42,6 +42,12 @@ PACK_SCHEMA = (
         name TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS pack_removed (
+        mark INTEGER NOT NULL,
+        zoid INTEGER NOT NULL,
+        below INTEGER NOT NULL,
+        PRIMARY KEY (mark, zoid)
+    ) WITHOUT ROWID""",
 )
 
 #: The pack's work tables, named -> DDL.
