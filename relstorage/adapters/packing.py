@@ -5,8 +5,21 @@ in ``object_ref``, reachability in temporary tables expanded by
 ``INSERT ... SELECT`` joins, candidates in ``pack_object`` (see sql.py).
 The client holds one batch of rows at a time.
 """
+import time
+
 #: Greater than every tid: "all revisions" as a ``below`` bound.
 ALL_REVISIONS = (1 << 63) - 1
+
+
+def next_step_size(size, seconds, target, low=50, high=20000):
+    """The size of a pack's next step of work (rows), so that a step
+    takes a quarter to a half of ``target`` seconds; the last one of
+    ``size`` rows took ``seconds``."""
+    if seconds > target / 2:
+        return max(low, size // 2)
+    if seconds < target / 4:
+        return min(high, size * 2)
+    return size
 
 
 class PackLock:
@@ -196,11 +209,44 @@ class PackVerbs:
         self.begin_store_checked(conn)
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
-        conn.execute(self.q(sql.PACK_CANDIDATES), (flag, pack_tid, flag))
+        if self.pack_lock_is_write_lock:
+            self._fill_candidates_in_ranges(conn, (flag, pack_tid, flag))
+        else:
+            conn.execute(self.q(sql.PACK_CANDIDATES), (flag, pack_tid, flag))
         # The deletion batches join ranges of it (merge joins on the keys
         # once the planner knows its size).
         self._analyze_temp(conn, 'pack_object')
         return steps
+
+    #: Seconds one write transaction of the pack may hold a single-writer
+    #: database (every commit waits for all of it), as a share of
+    #: pack-batch-timeout.
+    PACK_WRITE_LOCK_SHARE = 1 / 200.0
+
+    def pack_write_lock_target(self):
+        """How long one write of the pack should hold the commit lock."""
+        timeout = float(getattr(self.options, 'pack_batch_timeout', 1.0) or 1.0)
+        return timeout * (self.PACK_WRITE_LOCK_SHARE if self.pack_lock_is_write_lock else 1.0)
+
+    def _fill_candidates_in_ranges(self, conn, params):
+        """PACK_CANDIDATES a range of current objects per write transaction,
+        each sized to hold the database's write lock a few milliseconds
+        (filled at once, half a million candidates held it seconds).  The
+        candidates count only once pack_info says ``prepared``, so a pack
+        stopped part way leaves nothing another one trusts."""
+        target = self.pack_write_lock_target()
+        size, after = 1000, -1
+        conn.commit()
+        while True:
+            self.begin_store_checked(conn)
+            started = time.time()
+            upto = conn.query_value(self.q(self.sql.PACK_CURRENT_RANGE_END), (after, size))
+            if upto is None:
+                return          # (in a transaction, for the caller's writes)
+            conn.execute(self.q(self.sql.PACK_CANDIDATES_RANGE), params + (after, upto))
+            conn.commit()
+            after = upto
+            size = next_step_size(size, time.time() - started, target)
 
     def _any(self, conn, name):
         return conn.query_one('SELECT zoid FROM %s LIMIT 1' % name) is not None

@@ -423,8 +423,12 @@ class Statements:
         JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
         LEFT JOIN temp_pack_reach x ON x.zoid = c.zoid
         LEFT JOIN {current} n ON n.zoid = c.zoid AND n.tid > %s
-        WHERE c.revisions > 1 OR s.state IS NULL OR (x.zoid IS NULL AND %s = 1)
+        WHERE (c.revisions > 1 OR s.state IS NULL OR (x.zoid IS NULL AND %s = 1))
     """
+    #: The same for the current objects in (%s, %s]: single-writer
+    #: databases fill pack_object a range at a time (see
+    #: compute_pack_candidates).
+    PACK_CANDIDATES_RANGE = PACK_CANDIDATES + "  AND c.zoid > %s AND c.zoid <= %s\n"
     PACK_CLEAR_CANDIDATES = "DELETE FROM pack_object"
 
     # What the candidates amount to: objects, revisions, bytes, blobs.

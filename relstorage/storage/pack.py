@@ -37,6 +37,7 @@ import time
 from persistent.TimeStamp import TimeStamp
 from ZODB.utils import u64
 
+from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
 
@@ -224,28 +225,40 @@ def _analyse(adapter, conn, referencesf, report, progress):
         oids, rows = [], []
         current = None
         completed = done
+        # Where the commit lock is the database's write lock (SQLite),
+        # every commit waits for a whole _record: it is kept a few
+        # milliseconds long.  Elsewhere it only costs the pack.
+        size = ANALYSIS_BATCH
+        target = adapter.pack_write_lock_target()
+        adapt = adapter.pack_lock_is_write_lock
+
+        def record(upto_tid):
+            nonlocal size
+            took = _record(adapter, conn, oids, rows, upto_tid)
+            bar.update(len(oids))
+            if adapt:
+                size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
+                                      high=ANALYSIS_BATCH)
+
         try:
             for oid, tid, state in adapter.iter_revisions(load, done, snapshot_tid):
                 if tid != current:
                     if current is not None:
                         completed = current
                     current = tid
-                    if len(oids) >= ANALYSIS_BATCH:
-                        _record(adapter, conn, oids, rows, completed)
-                        bar.update(len(oids))
+                    if len(oids) >= size:
+                        record(completed)
                         oids, rows = [], []
-                elif len(oids) >= 10 * ANALYSIS_BATCH:
+                elif len(oids) >= 10 * size:
                     # One huge transaction: record it in pieces without
                     # advancing the progress (a rerun forgets them).
-                    _record(adapter, conn, oids, rows, completed)
-                    bar.update(len(oids))
+                    record(completed)
                     oids, rows = [], []
                 oids.append(oid)
                 rows.extend((oid, tid, ref)
                             for ref in sorted(_references(referencesf, oid, tid, state)))
                 report.analysed += 1
-            _record(adapter, conn, oids, rows, snapshot_tid)
-            bar.update(len(oids))
+            record(snapshot_tid)
         finally:
             bar.close()
         return snapshot_tid
@@ -268,10 +281,13 @@ def _references(referencesf, oid, tid, state):
 
 
 def _record(adapter, conn, oids, rows, completed_tid):
+    """Record references; return how long the write transaction took."""
     _begin_write(adapter, conn)
+    started = time.time()
     adapter.add_refs(conn, oids, rows)
     adapter.set_pack_info(conn, refs_tid=completed_tid)
     conn.commit()
+    return time.time() - started
 
 
 # ----------------------------------------------------------------------
@@ -299,7 +315,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # of it; elsewhere the deletions run before the lock is taken, and
     # the batch size only bounds the work lost when a batch is redone
     # (larger batches spread the cost of the re-check and the commit).
-    target = options.pack_batch_timeout / (20.0 if write_lock else 1.0)
+    target = adapter.pack_write_lock_target()
     size = FIRST_DELETE_SIZE
     after_oid = -1
     busy = 0
@@ -318,7 +334,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                         break
                     after_oid = batch.last_oid
                     part = time.time() - part_started
-                    size = _next_size(size, part, target)
+                    size = next_step_size(size, part, target, high=MAX_DELETE_SIZE)
                     if time.time() - started + part >= target:
                         break
                 if write_lock:
@@ -515,16 +531,6 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid):
         log.info("%d pack candidates of %s were made reachable again by new commits "
                  "and are kept", kept, adapter.describe())
     return kept
-
-
-def _next_size(size, seconds, target):
-    """The next part's size, so that a part takes a quarter to a half of
-    the batch's ``target`` time."""
-    if seconds > target / 2:
-        return max(50, size // 2)
-    if seconds < target / 4:
-        return min(MAX_DELETE_SIZE, size * 2)
-    return size
 
 
 def _duty_cycle_sleep(held, options):

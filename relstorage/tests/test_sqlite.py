@@ -353,6 +353,58 @@ class SqliteMultiProcessTests(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: A writer that keeps SQLite's write lock 150 ms at a time (a large
+#: commit, say), letting go of it 4 ms between, until its stop file appears.
+STEADY_WRITER = r'''
+import os, sqlite3, sys, time
+path, stop = sys.argv[1], sys.argv[2]
+con = sqlite3.connect(path, isolation_level=None, timeout=30)
+con.execute('CREATE TABLE IF NOT EXISTS steady (n INTEGER)')
+print('ready', flush=True)
+while not os.path.exists(stop):
+    con.execute('BEGIN IMMEDIATE')
+    con.execute('INSERT INTO steady VALUES (1)')
+    time.sleep(0.15)
+    con.execute('COMMIT')
+    time.sleep(0.004)
+'''
+
+
+class SqliteWriteLockWaitTests(unittest.TestCase):
+    """A commit gets SQLite's write lock in the gaps a steady writer
+    leaves.  Regression: with SQLite's busy handler, which sleeps up to
+    100 ms between tries, a commit (or a pack's batch) missed the short
+    gaps and gave up after commit-lock-timeout; a pack of a million
+    objects never got the lock under a live writer."""
+
+    def test_commit_gets_the_lock_between_a_steady_writers_transactions(self):
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        data_dir = os.path.join(tmp, 'data')
+        db = ZODB.config.databaseFromString(
+            zconfig(data_dir, 'keep-history false\ncommit-lock-timeout 1'))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['n'] = 0
+        stop = os.path.join(tmp, 'stop')
+        writer = subprocess.Popen(
+            [sys.executable, '-c', STEADY_WRITER, os.path.join(data_dir, 'main.sqlite3'), stop],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            self.assertEqual(writer.stdout.readline().strip(), b'ready')
+            for i in range(1, 6):
+                with db.transaction() as conn:
+                    conn.root()['n'] = i
+            with db.transaction() as conn:
+                self.assertEqual(conn.root()['n'], 5)
+        finally:
+            open(stop, 'w').close()
+            _, err = writer.communicate(timeout=60)
+            writer.stdout.close()
+            writer.stderr.close()
+        self.assertEqual(writer.returncode, 0, err.decode())
+
+
 def _storage(data_dir):
     from relstorage.options import Options
     from relstorage.storage import RelStorage
@@ -363,7 +415,8 @@ def _storage(data_dir):
 def _test_suite():
     result = suite.make_suite(SqliteFactory())
     loader = unittest.TestLoader()
-    for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests):
+    for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests,
+                 SqliteWriteLockWaitTests):
         result.addTest(loader.loadTestsFromTestCase(case))
     return result
 

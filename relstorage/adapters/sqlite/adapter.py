@@ -9,9 +9,11 @@ Every connection runs in WAL mode, so readers keep their snapshot while a
 writer commits, and several processes on one host can share the directory.
 Write transactions begin IMMEDIATE: the database-wide lock is taken at once
 (waiting up to commit-lock-timeout) instead of failing later on upgrade.
+The wait for it is ours, not SQLite's busy handler: see ``begin_store``.
 """
 import fcntl
 import os
+import time
 
 from ...interfaces import RelStorageError
 from ..base import Adapter
@@ -31,6 +33,11 @@ PACK_LOCK = 'pack.lock'
 # while one that allocates a few leaves a small gap when it exits.
 OID_BLOCK = 128
 OID_BLOCK_MAX = 16384
+# How often a write transaction asks again for the write lock while
+# another holds it: the first retry after WRITE_WAIT_FIRST seconds, each
+# next one twice as late, up to WRITE_WAIT_MAX.
+WRITE_WAIT_FIRST = 0.0002
+WRITE_WAIT_MAX = 0.002
 
 # Applied before the user's <pragmas>, which may override any of them.
 DEFAULT_PRAGMAS = (
@@ -101,7 +108,36 @@ class Sqlite3Adapter(Adapter):
         conn.execute('BEGIN DEFERRED')
 
     def begin_store(self, conn):
-        conn.execute('BEGIN IMMEDIATE')
+        # SQLite's busy handler sleeps longer and longer between tries (up
+        # to 100 ms each): a waiting commit or pack batch sleeps on long
+        # after a short holder is done, and a process that commits
+        # steadily keeps winning the lock from one that sleeps (a pack's
+        # batches never got it under a live writer).  So the wait is ours,
+        # in steps of at most WRITE_WAIT_MAX, bounded by
+        # commit-lock-timeout; the busy handler still serves every other
+        # statement.
+        raw = conn.raw
+        timeout = float(self.options.commit_lock_timeout)
+        raw.execute('PRAGMA busy_timeout = 0')
+        try:
+            deadline = None
+            delay = WRITE_WAIT_FIRST
+            while True:
+                try:
+                    conn.execute('BEGIN IMMEDIATE')
+                    return
+                except Exception as exc:
+                    if self.classify_error(exc) != 'lock':
+                        raise
+                    now = time.monotonic()
+                    if deadline is None:
+                        deadline = now + timeout
+                    elif now >= deadline:
+                        raise
+                    time.sleep(min(delay, max(deadline - now, 0)))
+                    delay = min(delay * 2, WRITE_WAIT_MAX)
+        finally:
+            raw.execute('PRAGMA busy_timeout = %d' % int(timeout * 1000))
 
     def list_tables(self, conn):
         rows = conn.query_all("SELECT name FROM sqlite_master WHERE type = 'table'")

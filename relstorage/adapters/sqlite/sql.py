@@ -24,6 +24,13 @@ class SqliteStatements(Statements):
     INSERT_IGNORE = 'INSERT OR IGNORE INTO'
     INSERT_IGNORE_END = ''
 
+    #: The last of the next %s current objects after zoid %s (the upper
+    #: end of one range of PACK_CANDIDATES_RANGE).
+    PACK_CURRENT_RANGE_END = """
+        SELECT MAX(zoid) FROM (
+            SELECT zoid FROM temp_pack_current WHERE zoid > %s ORDER BY zoid LIMIT %s)
+    """
+
 
 PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS object_ref (
