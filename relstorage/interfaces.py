@@ -329,9 +329,11 @@ class IRelStorageAdapter(Interface):
     def add_refs(conn, oids, rows):
         """Record (zoid, tid, to_zoid) rows for the revisions of ``oids``."""
 
-    def compute_pack_candidates(conn, pack_tid, gc):
+    def compute_pack_candidates(conn, pack_tid, gc, pause=None):
         """Fill the candidate table with what a pack to ``pack_tid`` removes
-        (unreachable objects when ``gc``), by set-based SQL."""
+        (unreachable objects when ``gc``), by set-based SQL.  Where that
+        takes several write transactions (single-writer databases),
+        ``pause(seconds_held)`` is called after each."""
 
     def pack_candidate_stats(conn):
         """(objects, revisions, bytes, blob revisions) the candidates hold."""

@@ -174,7 +174,7 @@ class PackVerbs:
 
     # --- reachability -----------------------------------------------------------
 
-    def compute_pack_candidates(self, conn, pack_tid, gc):
+    def compute_pack_candidates(self, conn, pack_tid, gc, pause=None):
         """Fill pack_object with what a pack to ``pack_tid`` removes, from
         the references recorded so far.  Returns the number of frontier
         steps.  Work happens in temporary tables; only the final
@@ -210,7 +210,7 @@ class PackVerbs:
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
         if self.pack_lock_is_write_lock:
-            self._fill_candidates_in_ranges(conn, (flag, pack_tid, flag))
+            self._fill_candidates_in_ranges(conn, (flag, pack_tid, flag), pause)
         else:
             conn.execute(self.q(sql.PACK_CANDIDATES), (flag, pack_tid, flag))
         # The deletion batches join ranges of it (merge joins on the keys
@@ -228,7 +228,7 @@ class PackVerbs:
         timeout = float(getattr(self.options, 'pack_batch_timeout', 1.0) or 1.0)
         return timeout * (self.PACK_WRITE_LOCK_SHARE if self.pack_lock_is_write_lock else 1.0)
 
-    def _fill_candidates_in_ranges(self, conn, params):
+    def _fill_candidates_in_ranges(self, conn, params, pause=None):
         """PACK_CANDIDATES a range of current objects per write transaction,
         each sized to hold the database's write lock a few milliseconds
         (filled at once, half a million candidates held it seconds).  The
@@ -245,8 +245,11 @@ class PackVerbs:
                 return          # (in a transaction, for the caller's writes)
             conn.execute(self.q(self.sql.PACK_CANDIDATES_RANGE), params + (after, upto))
             conn.commit()
+            held = time.time() - started
             after = upto
-            size = next_step_size(size, time.time() - started, target)
+            size = next_step_size(size, held, target)
+            if pause is not None:
+                pause(held)
 
     def _any(self, conn, name):
         return conn.query_one('SELECT zoid FROM %s LIMIT 1' % name) is not None

@@ -50,6 +50,9 @@ FIRST_DELETE_SIZE = 100
 MAX_DELETE_SIZE = 20000
 #: Attempts to take a busy commit lock before the pack gives up.
 LOCK_ATTEMPTS = 20
+#: The shortest pause between two writes of the pack on a single-writer
+#: database (seconds): longer than a waiting commit's step (adapters/sqlite).
+WRITERS_TURN = 0.005
 
 
 class PackRunningError(RelStorageError):
@@ -132,10 +135,12 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         elif not prepack_only and _up_to_date(adapter, conn, gc):
             report.up_to_date = True
         else:
-            snapshot_tid = _analyse(adapter, conn, referencesf, report, progress)
+            snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
+                                    _writers_turn(adapter, options))
             report.pack_tid = min(pack_tid_for(t), snapshot_tid)
             bar = progress('computing reachability', None, 'steps')
-            bar.update(adapter.compute_pack_candidates(conn, report.pack_tid, gc))
+            bar.update(adapter.compute_pack_candidates(conn, report.pack_tid, gc,
+                                                       pause=_writers_turn(adapter, options)))
             bar.close()
             adapter.set_pack_info(conn, pack_tid=report.pack_tid,
                                   checked_tid=snapshot_tid, prepared=1,
@@ -208,7 +213,7 @@ def _acquire(adapter):
 # ----------------------------------------------------------------------
 # Phase 1: references.
 
-def _analyse(adapter, conn, referencesf, report, progress):
+def _analyse(adapter, conn, referencesf, report, progress, pause=None):
     """Record the references of every revision committed since the last
     analysis, up to a snapshot; return the snapshot's tid."""
     load = adapter.open_load()
@@ -239,6 +244,8 @@ def _analyse(adapter, conn, referencesf, report, progress):
             if adapt:
                 size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
                                       high=ANALYSIS_BATCH)
+            if pause is not None:
+                pause(took)
 
         try:
             for oid, tid, state in adapter.iter_revisions(load, done, snapshot_tid):
@@ -399,7 +406,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 break
             # The duty cycle is the share of time the pack holds the commit
             # lock (what commits wait for).
-            time.sleep(_duty_cycle_sleep(held, options))
+            time.sleep(_duty_cycle_sleep(held, options, write_lock))
         adapter.begin_store_checked(conn)
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
         # What the next pack checks to know it has nothing to do.
@@ -533,11 +540,28 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid):
     return kept
 
 
-def _duty_cycle_sleep(held, options):
+def _duty_cycle_sleep(held, options, write_lock=False):
     duty = options.pack_duty_cycle
-    if duty >= 1:
-        return 0
-    return min(options.pack_max_delay, held * (1 - duty) / duty)
+    pause = 0 if duty >= 1 else min(options.pack_max_delay, held * (1 - duty) / duty)
+    if write_lock:
+        # A commit waiting for a single-writer database's lock asks again
+        # every few milliseconds (adapters/sqlite): a pack that took the
+        # lock again at once would keep it from every commit.
+        pause = max(pause, WRITERS_TURN)
+    return pause
+
+
+def _writers_turn(adapter, options):
+    """Where the commit lock is the database's write lock, every write
+    of the pack (references recorded, candidates filled) blocks commits:
+    after each, the pack sleeps per the duty cycle, as after a deletion
+    batch.  Elsewhere those writes block no commit: None."""
+    if not adapter.pack_lock_is_write_lock:
+        return None
+
+    def pause(held):
+        time.sleep(_duty_cycle_sleep(held, options, True))
+    return pause
 
 
 # ----------------------------------------------------------------------
