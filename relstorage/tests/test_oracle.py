@@ -387,6 +387,7 @@ NOT_DRIVEN = {
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
     'claim_fresh_oids',         # no SQL
+    'pack_write_lock_target',   # no SQL
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
     # Oracle cannot bound an idle transaction (holds_locks_for_retry is
@@ -418,6 +419,7 @@ def track_verbs(adapter):
 NOT_SENT = {
     'TRANSACTIONS_IN_RANGE': 'the iterator reads ALL_TRANSACTIONS_IN_RANGE',
     'OBJECTS_IN_TRANSACTION': 'no verb uses it (RECORDS_IN_TRANSACTION does the work)',
+    'PACK_CANDIDATES_RANGE': 'only single-writer databases fill candidates a range at a time',
 }
 #: Statements about older revisions, which a history-free database has not:
 #: the verbs send them only when keep-history is on.
