@@ -154,14 +154,23 @@ class SqliteConfigTests(unittest.TestCase):
     def test_checked_pragmas_are_applied(self):
         adapter = Sqlite3Adapter(os.path.join(self.tmp, 'data'), pragmas={
             'synchronous': 'NORMAL', 'temp-store': 'memory', 'cache_spill': 'off',
-            'encoding': 'UTF-8', 'user_version': '7'})
+            'encoding': 'UTF-8', 'user_version': '7', 'busy_timeout': '1234'})
         try:
             conn = adapter.open_load()
             self.assertEqual(conn.query_value('PRAGMA synchronous'), 1)
             self.assertEqual(conn.query_value('PRAGMA temp_store'), 2)
             self.assertEqual(conn.query_value('PRAGMA encoding'), 'UTF-8')
             self.assertEqual(conn.query_value('PRAGMA user_version'), 7)
+            # Regression: commit-lock-timeout replaced a busy_timeout pragma.
+            self.assertEqual(conn.query_value('PRAGMA busy_timeout'), 1234)
             conn.close()
+            # A write transaction waits for its lock in steps of its own,
+            # then gives the connection its busy_timeout back.
+            store = adapter.open_store()
+            adapter.begin_store(store)
+            store.rollback()
+            self.assertEqual(store.query_value('PRAGMA busy_timeout'), 1234)
+            store.close()
         finally:
             adapter.close()
 

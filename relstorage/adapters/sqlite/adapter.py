@@ -94,13 +94,20 @@ class Sqlite3Adapter(Adapter):
         except self.driver.Error as exc:
             raise RelStorageError("Cannot open %s: %s" % (path, exc)) from exc
         cur = raw.cursor()
+        cur.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
         for key, value in self.pragmas.items():
             cur.execute(pragma_statement(key, value))
-        cur.execute('PRAGMA busy_timeout = %d' % int(timeout * 1000))
         if purpose == 'oid':
             cur.execute(sql.OID_SCHEMA)
         cur.close()
         return raw
+
+    def _busy_timeout_ms(self):
+        """How long a statement other than BEGIN IMMEDIATE waits for a lock:
+        ``busy_timeout`` from <pragmas>, else commit-lock-timeout."""
+        if 'busy_timeout' in self.pragmas:
+            return int(self.pragmas['busy_timeout'])
+        return int(float(self.options.commit_lock_timeout) * 1000)
 
     def begin_snapshot(self, conn):
         # A deferred transaction: the snapshot starts at the first read and
@@ -137,7 +144,7 @@ class Sqlite3Adapter(Adapter):
                     time.sleep(min(delay, max(deadline - now, 0)))
                     delay = min(delay * 2, WRITE_WAIT_MAX)
         finally:
-            raw.execute('PRAGMA busy_timeout = %d' % int(timeout * 1000))
+            raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
 
     def list_tables(self, conn):
         rows = conn.query_all("SELECT name FROM sqlite_master WHERE type = 'table'")
