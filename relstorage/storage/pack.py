@@ -305,6 +305,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     conn.rollback()
     checked = info['checked_tid']
     gc = info.get('prepared_gc', 0)
+    write_lock = adapter.pack_lock_is_write_lock
     # Catch up with the commits made during the analysis without the lock;
     # under the lock only the last few remain to be read.
     adapter.begin_store_checked(conn)
@@ -316,7 +317,6 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     checked = last
 
     bar = progress('deleting', report.candidates[0] + report.candidates[1] or None, 'rows')
-    write_lock = adapter.pack_lock_is_write_lock
     # How long the deletions of one batch may take.  Where the commit
     # lock is the database's write lock (SQLite), a commit waits for all
     # of it; elsewhere the deletions run before the lock is taken, and

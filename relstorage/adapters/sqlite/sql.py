@@ -24,6 +24,28 @@ class SqliteStatements(Statements):
     INSERT_IGNORE = 'INSERT OR IGNORE INTO'
     INSERT_IGNORE_END = ''
 
+    # SQLite takes CROSS JOIN as the order to join in.  Without it, and
+    # without statistics (ANALYZE would take the write lock), it drove
+    # these from the large table, scanning every reference (or every
+    # current object) for a frontier of a few objects: half a second per
+    # re-check of a million-object pack, all of it under the write lock.
+    PACK_REACH_STEP = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        CROSS JOIN temp_pack_current c ON c.zoid = f.zoid
+        CROSS JOIN object_ref r ON r.zoid = c.zoid AND r.tid = c.tid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
+    PACK_RESCUE_STEP = """
+        INSERT OR IGNORE INTO temp_pack_next (zoid)
+        SELECT p.zoid FROM temp_pack_frontier f
+        CROSS JOIN pack_object pf ON pf.zoid = f.zoid
+        CROSS JOIN object_ref r ON r.zoid = pf.zoid AND r.tid = pf.keep_tid
+        CROSS JOIN pack_object p ON p.zoid = r.to_zoid
+        WHERE p.garbage = 1
+    """
+
     #: The last of the next %s current objects after zoid %s (the upper
     #: end of one range of PACK_CANDIDATES_RANGE).
     PACK_CURRENT_RANGE_END = """
