@@ -340,12 +340,6 @@ class Adapter(PackVerbs):
             return False
         return not conn.broken
 
-    def __del__(self):
-        # An adapter collected without close() (its storage never closed).
-        conn = self.__dict__.get('_oid_conn')
-        if conn is not None:
-            conn.close()
-
     def close(self):
         self.store_sessions.close()
         self.load_sessions.close()

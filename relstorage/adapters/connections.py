@@ -3,10 +3,37 @@
 It exists so that every statement goes through one place where driver
 errors are translated (``Adapter.translate_error``) and where we know whether
 a transaction is open.  Nothing here knows a vendor.
+
+A DBConnection collected while open (its storage instance, pool or adapter
+dropped without release/close, e.g. a ZODB connection never closed) closes
+its driver connection.  Not in ``__del__``: such an owner usually dies in a
+reference cycle (ZODB connection, its objects, its storage instance), and
+the collector finalizes the objects of a cycle in no set order, so the
+driver's own finalizer could run first and find its connection open (psycopg
+3 then warns "deleted while still open").  A ``weakref.finalize`` callback
+runs before any finalizer of the cycle, and holds the driver connection
+itself, which therefore is not part of the cycle.
 """
 import logging
+import weakref
 
 log = logging.getLogger(__name__)
+
+
+def _close_driver(raw, cursor):
+    for obj in (cursor, raw):
+        try:
+            obj.close()
+        except Exception:  # pylint:disable=broad-except
+            pass
+
+
+def _finalizer(conn):
+    finalizer = weakref.finalize(conn, _close_driver, conn.raw, conn.cursor)
+    # Not at interpreter exit: the process ending closes them anyway, and
+    # the test suite's leak check looks for what is still open then.
+    finalizer.atexit = False
+    return finalizer
 
 
 class DBConnection:
@@ -32,13 +59,17 @@ class DBConnection:
         # A store transaction left open after a conflict, keeping its row
         # locks for the retry (see storage/commit.py, "Fairness").
         self.holding_locks = False
+        self._finalizer = _finalizer(self)
 
     def adopt(self, other):
         """Take over the driver connection of ``other`` (a new connection
         for the same purpose), closing ours: used to move to another
         server between transactions."""
         self.close()
+        # Ours now: ``other``'s collection must not close it.
+        other._finalizer.detach()
         self.raw, self.cursor = other.raw, other.cursor
+        self._finalizer = _finalizer(self)
         self.server, self.replica = other.server, other.replica
         self.server_generation = other.server_generation
         self.in_transaction = self.broken = self.holding_locks = False
@@ -108,12 +139,6 @@ class DBConnection:
 
     def close(self):
         self.in_transaction = self.holding_locks = False
-        try:
-            self.cursor.close()
-        except Exception:  # pylint:disable=broad-except
-            pass
-        try:
-            self.raw.close()
-        except Exception:  # pylint:disable=broad-except
-            pass
+        self._finalizer.detach()
+        _close_driver(self.raw, self.cursor)
         self.broken = True

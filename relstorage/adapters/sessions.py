@@ -78,12 +78,6 @@ class SessionPool:
         #: Counters for tests and benchmarks.
         self.opened = self.replaced = 0
 
-    def __del__(self):
-        # A pool collected with its storage never closed: close the idle
-        # sessions rather than leave them to the driver's finalizer.
-        for conn, _ in self.__dict__.get('_idle', ()):
-            conn.close()
-
     @property
     def bounded(self):
         return self.timeout is not None

@@ -185,16 +185,6 @@ class RelStorage(ConflictResolvingStorage):
             self._give_back_store_conn()
             self._close_held_conn()
 
-    def __del__(self):
-        # An instance dropped without release() (ZODB's own tests do it)
-        # closes its sessions instead of leaving open driver connections
-        # to the collector.  No pool is touched: the collector may run
-        # while this thread holds a pool's lock.
-        for name in ('_load_conn', '_store_conn', '_held_conn'):
-            conn = self.__dict__.get(name)
-            if conn is not None:
-                conn.close()
-
     def close(self):
         if self._closed:
             return

@@ -18,7 +18,10 @@ from ZODB.POSException import ConflictError
 from ZODB.utils import z64
 
 from relstorage.interfaces import SessionPoolExhaustedError
+from relstorage.options import Options
+from relstorage.storage import RelStorage
 
+from . import leaks
 from .core_cases import FactoryCase
 from .core_cases import begin_store
 from .core_cases import make_objects
@@ -217,31 +220,95 @@ class SessionPoolTests(FactoryCase):
         db.close()
         self.assertEqual(adapter.store_sessions.idle_count(), 0)
         self.assertEqual(adapter.load_sessions.idle_count(), 0)
+        self.assert_no_server_sessions()
+
+    def assert_no_server_sessions(self):
         if self.server_sessions() is not None:
             deadline = time.time() + 5
             while self.server_sessions() and time.time() < deadline:
                 time.sleep(0.05)        # (PostgreSQL lists exiting backends)
             self.assertEqual(self.server_sessions(), 0)
 
+    @staticmethod
+    def driver_closed(adapter, raw):
+        """Whether the driver connection ``raw`` is closed (it cannot run
+        the adapter's PING)."""
+        try:
+            cursor = raw.cursor()
+            cursor.execute(adapter.sql.PING)
+            cursor.fetchall()
+        except Exception:  # pylint:disable=broad-except
+            return True
+        raw.rollback()
+        return False
+
     def test_an_instance_dropped_unreleased_closes_its_session(self):
         # ZODB's own tests drop instances without release(): their load
         # session must be closed, not left to the driver's finalizer.
-        import gc
         self.populate(1)
         storage = self.storage()
         instance = storage.new_instance()
         instance.poll_invalidations()
         instance.load(z64)
-        conn = instance._load_conn
-        self.assertIsNotNone(conn)
-        del instance
+        raw = instance._load_conn.raw
+        self.assertFalse(self.driver_closed(storage._adapter, raw))
+        with leaks.recorded() as found:
+            del instance
+        self.assertEqual(found, [])
+        self.assertTrue(self.driver_closed(storage._adapter, raw))
+        del raw
+        self.assert_no_server_sessions()
+
+    def test_an_adopted_session_outlives_the_one_it_came_with(self):
+        # adopt() (moving to another server) takes over the driver
+        # connection of a fresh DBConnection: that one's collection must
+        # not close it.
+        import gc
+        adapter = self.storage()._adapter
+        conn = adapter.open_connection('load')
+        old_raw = conn.raw
+        other = adapter.open_connection('load')
+        conn.adopt(other)
+        self.assertTrue(self.driver_closed(adapter, old_raw))
+        del other, old_raw
         gc.collect()
-        self.assertTrue(conn.broken)    # closed
+        self.assertFalse(self.driver_closed(adapter, conn.raw))
+        # Dropped unclosed, it closes its driver connection.
+        raw = conn.raw
+        with leaks.recorded() as found:
+            del conn
+        self.assertEqual(found, [])
+        self.assertTrue(self.driver_closed(adapter, raw))
+
+    def test_a_database_dropped_unclosed_closes_its_sessions(self):
+        # Issue 15: a ZODB.DB dropped with connections still open, none of
+        # them closed, dies in reference cycles (connection, its objects,
+        # its storage instance, the DB), where the collector runs the
+        # finalizers in no set order: the driver's could run before
+        # ours, and psycopg 3 warned "deleted while still open" (the leak
+        # check records that).
+        self.populate()
+        with leaks.recorded() as found:
+            self._use_then_drop_a_database()
+        self.assertEqual(found, [])
+        self.assert_no_server_sessions()
+
+    def _use_then_drop_a_database(self):
+        options = Options(keep_history=self.keep_history, commit_lock_timeout=10)
+        db = ZODB.DB(RelStorage(self.factory.make_adapter(options), options=options))
+        adapter = db.storage._adapter
+        # Load sessions held by open connections, an idle store session
+        # and the OID session.
+        readers = self.open_readers(db)
+        tm, conn = readers[0]
+        conn.root()['new'] = PersistentMapping()
+        tm.commit()
+        conn.root()['new']['x'] = 1
+        self.assertEqual(adapter.load_sessions.out_count(), READERS)
+        self.assertEqual(adapter.store_sessions.idle_count(), 1)
+        self.assertIsNotNone(adapter._oid_conn)
         if self.server_sessions() is not None:
-            deadline = time.time() + 5
-            while self.server_sessions() and time.time() < deadline:
-                time.sleep(0.05)
-            self.assertEqual(self.server_sessions(), 0)
+            self.assertGreaterEqual(self.server_sessions(), READERS + 2)
 
 
 CASES = (SessionPoolTests,)
