@@ -404,6 +404,18 @@ class Statements:
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE x.zoid IS NULL
     """
+    # History-free: object_ref holds the references of each object's last
+    # analysed revision only (a new one replaces them), and those are
+    # followed whatever its tid.  Joined to the pack-time revisions
+    # instead, an object a commit changed after the analysis (the root,
+    # on a busy site) reached nothing, and all below it was a candidate.
+    PACK_REACH_STEP_HF = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        JOIN object_ref r ON r.zoid = f.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
     PACK_REACH_ADD = """
         INSERT INTO temp_pack_reach (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1
     """

@@ -273,6 +273,34 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(garbage._p_oid))
         self.assert_reachable_objects_load()
 
+    def test_commit_after_the_analysis_keeps_what_the_object_reached(self):
+        # Regression (history-free): an object changed by a commit made
+        # after the analysis, whose analysed revision was the one current
+        # at the pack time, reached nothing.  Everything below it counted
+        # as garbage (a pre-pack reported the whole site as removable), and
+        # only the deletion's re-check kept it, under the lock.
+        db = self.db()
+        with db.transaction() as conn:
+            tree = conn.root()['tree'] = PersistentMapping()
+            for i in range(20):
+                tree[i] = PersistentMapping(v=i)
+            conn.root()['gone'] = PersistentMapping()
+        with db.transaction() as conn:
+            del conn.root()['gone']
+
+        def progress(description, total, unit):
+            if description.startswith('computing'):
+                with db.transaction() as conn:
+                    conn.root()['late'] = 1
+            return Progress(description, [], lambda: None)
+        report = db.storage.run_pack(time.time(), referencesf, gc=True,
+                                     prepack_only=True, progress=progress)
+        self.assertEqual(report.candidates[0], 1)
+        report = db.storage.run_pack(time.time() + 1, referencesf, gc=True)
+        self.assertEqual(report.objects_removed, 1)
+        self.assertEqual(report.kept_by_new_commits, 0)
+        self.assert_reachable_objects_load()
+
     def test_corrupt_pickle_stops_the_pack_and_deletes_nothing(self):
         db = self.db()
         self.populate(db)

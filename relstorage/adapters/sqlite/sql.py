@@ -37,6 +37,13 @@ class SqliteStatements(Statements):
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE x.zoid IS NULL
     """
+    PACK_REACH_STEP_HF = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        CROSS JOIN object_ref r ON r.zoid = f.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
     PACK_RESCUE_STEP = """
         INSERT OR IGNORE INTO temp_pack_next (zoid)
         SELECT p.zoid FROM temp_pack_frontier f
