@@ -59,6 +59,10 @@ class DBConnection:
         # A store transaction left open after a conflict, keeping its row
         # locks for the retry (see storage/commit.py, "Fairness").
         self.holding_locks = False
+        # Session settings a vendor hook changed from their configured
+        # value and may change back ({name: value}): lost with the driver
+        # connection.
+        self.session_settings = {}
         self._finalizer = _finalizer(self)
 
     def adopt(self, other):
@@ -74,6 +78,7 @@ class DBConnection:
         self.server_generation = other.server_generation
         self.in_transaction = self.broken = self.holding_locks = False
         self.temp_dirty = self._temp_dirty_at_commit = False
+        self.session_settings = {}
 
     def _run(self, func, *args):
         try:

@@ -167,7 +167,8 @@ class Commit:
             adapter.end_hold(conn)
             conn.holding_locks = False
         else:
-            adapter.begin_store_checked(conn)
+            adapter.begin_store_checked(
+                conn, writes_data=len(tstore) > 0 or bool(self.btxn))
         self._clear_temp(conn)
         if len(tstore):
             conn.temp_dirty = True

@@ -13,6 +13,7 @@ import ZConfig
 import ZODB
 import ZODB.config
 from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
 
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.interfaces import RelStorageError
@@ -414,6 +415,93 @@ class SqliteWriteLockWaitTests(unittest.TestCase):
         self.assertEqual(writer.returncode, 0, err.decode())
 
 
+class _TracingDriver:
+    """sqlite3, with every statement of the connections it opens recorded."""
+
+    def __init__(self, statements):
+        import sqlite3
+        self._sqlite3 = sqlite3
+        self.statements = statements
+
+    def connect(self, *args, **kwargs):
+        raw = self._sqlite3.connect(*args, **kwargs)
+        raw.set_trace_callback(self.statements.append)
+        return raw
+
+    def __getattr__(self, name):
+        return getattr(self._sqlite3, name)
+
+
+class SqliteEmptyCommitDurabilityTests(unittest.TestCase):
+    """A history-free commit that writes no object commits at synchronous NORMAL: its only effect is a
+    new last tid, and losing that on power loss harms nobody, while the
+    fsync was most of its cost.  Every commit that writes data stays at
+    the configured level."""
+
+    def _db(self, storage_options, adapter_options=''):
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        data_dir = os.path.join(tmp, 'data')
+        statements = []
+        # The storage alone (no <zodb>), so that its first connection is
+        # opened after the tracing driver is in place.
+        text = zconfig(data_dir, storage_options, adapter_options)
+        storage = ZODB.config.storageFromString(
+            text.replace('<zodb>', '').replace('</zodb>', ''))
+        storage.adapter.driver = _TracingDriver(statements)
+        db = ZODB.DB(storage)
+        self.addCleanup(db.close)
+        return db, statements
+
+    @staticmethod
+    def _commits(statements):
+        """The synchronous pragmas and write transactions, in order."""
+        return [s.strip() for s in statements
+                if s.startswith('PRAGMA synchronous') or s.strip() == 'BEGIN IMMEDIATE']
+
+    def _empty_then_data(self, db, statements):
+        conn = db.open()
+        root = conn.root()
+        root['n'] = 1
+        transaction.commit()
+        del statements[:]
+        # A two-phase commit that stores nothing (zodbshootout's "tpc").
+        instance = db.storage.new_instance()
+        txn = TransactionMetaData()
+        instance.tpc_begin(txn)
+        instance.tpc_vote(txn)
+        instance.tpc_finish(txn)
+        instance.release()
+        empty = self._commits(statements)
+        del statements[:]
+        root['n'] = 2
+        transaction.commit()
+        data = self._commits(statements)
+        conn.close()
+        with db.transaction() as conn2:
+            self.assertEqual(conn2.root()['n'], 2)
+        return empty, data
+
+    def test_history_free_empty_commit_is_not_synced(self):
+        db, statements = self._db('keep-history false')
+        empty, data = self._empty_then_data(db, statements)
+        self.assertEqual(empty, ['PRAGMA synchronous = normal', 'BEGIN IMMEDIATE'])
+        self.assertEqual(data, ['PRAGMA synchronous = full', 'BEGIN IMMEDIATE'])
+
+    def test_history_preserving_keeps_the_configured_level(self):
+        db, statements = self._db('keep-history true')
+        empty, data = self._empty_then_data(db, statements)
+        self.assertEqual(empty, ['BEGIN IMMEDIATE'])
+        self.assertEqual(data, ['BEGIN IMMEDIATE'])
+
+    def test_a_stronger_configured_level_is_kept(self):
+        db, statements = self._db('keep-history false',
+                                  '<pragmas>\n synchronous extra\n</pragmas>')
+        empty, data = self._empty_then_data(db, statements)
+        self.assertEqual(empty, ['BEGIN IMMEDIATE'])
+        self.assertEqual(data, ['BEGIN IMMEDIATE'])
+
+
 def _storage(data_dir):
     from relstorage.options import Options
     from relstorage.storage import RelStorage
@@ -425,7 +513,7 @@ def _test_suite():
     result = suite.make_suite(SqliteFactory())
     loader = unittest.TestLoader()
     for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests,
-                 SqliteWriteLockWaitTests):
+                 SqliteWriteLockWaitTests, SqliteEmptyCommitDurabilityTests):
         result.addTest(loader.loadTestsFromTestCase(case))
     return result
 
