@@ -34,6 +34,7 @@ from ZODB.utils import u64
 
 from relstorage import config
 from relstorage.adapters.mysql import drivers
+from relstorage.adapters.mysql import sql as mysql_sql
 from relstorage.adapters.mysql.adapter import MySQLAdapter
 from relstorage.interfaces import DisconnectedError
 from relstorage.interfaces import RelStorageError
@@ -749,8 +750,67 @@ class ConnectionSettingsTests(MySQLTestCase):
             self.make_storage(keep_history=False)
 
 
+class OidBlockTests(MySQLTestCase):
+    """OIDs: each round trip is a durable commit of the OID connection,
+    so a process allocating many draws more counter values per trip (a
+    multi-row INSERT: consecutive values), never overlapping another
+    process's, and the counter table stays small."""
+    keep_history = False
+
+    def _adapter(self):
+        adapter = MySQLAdapter(options=self.make_options(), driver=self.factory.driver,
+                               **self.factory.connect_kwargs())
+        adapter.prepare_schema()
+        self.addCleanup(adapter.close)
+        calls = []
+        allocate = adapter.allocate_oid_block
+
+        def counted(conn):
+            calls.append(conn)
+            return allocate(conn)
+        adapter.allocate_oid_block = counted
+        return adapter, calls
+
+    def test_blocks_grow_and_never_overlap(self):
+        one, calls = self._adapter()
+        two, _ = self._adapter()
+        first = [one.new_oid() for _ in range(5000)]
+        self.assertEqual(first, sorted(set(first)))
+        # 128 + 256 + 512 + 1024 + 2048 + 2048 >= 5000: six round trips,
+        # not forty.
+        self.assertEqual(len(calls), 6)
+        mixed = []
+        for _ in range(5000):
+            mixed.append(one.new_oid())
+            mixed.append(two.new_oid())
+        self.assertEqual(len(set(first + mixed)), len(first) + len(mixed))
+        rows = self.factory.admin_query('SELECT COUNT(*) FROM %s.new_oid'
+                                        % self.factory.db_name)[0][0]
+        self.assertLessEqual(rows, 2 * mysql_sql.OID_PRUNE_EVERY)
+        one.close()
+        two.close()
+        three, _ = self._adapter()          # a later process
+        self.assertGreater(three.new_oid(), max(first + mixed))
+
+    def test_values_apart_draw_one_block_per_trip(self):
+        # A step other than 1 (Galera gives each node its own) would give
+        # a multi-row INSERT values apart: the blocks between them belong
+        # to other sessions.
+        adapter, _ = self._adapter()
+        raw = adapter.connect('oid')
+        try:
+            self.assertEqual(adapter._consecutive_values(raw), mysql_sql.OID_VALUES_MAX)
+            cur = raw.cursor()
+            cur.execute('SET SESSION auto_increment_increment = 2')
+            cur.close()
+            self.assertEqual(adapter._consecutive_values(raw), 1)
+        finally:
+            raw.close()
+
+
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
-               DisconnectTests, LargeStateTests, ConnectionSettingsTests)
+               DisconnectTests, LargeStateTests, ConnectionSettingsTests,
+               OidBlockTests)
 
 
 # ----------------------------------------------------------------------

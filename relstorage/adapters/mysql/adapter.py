@@ -126,6 +126,9 @@ class MySQLAdapter(Adapter):
         self.server = None
         self.max_allowed_packet = None
         self._oid_high = 0          # every OID <= this is already allocated
+        # Counter values drawn per round trip (see allocate_oid_block).
+        self._oid_values = 1
+        self._oid_values_max = 1
         self._warned_blob_chunk = False
 
     # ------------------------------------------------------------------
@@ -186,8 +189,30 @@ class MySQLAdapter(Adapter):
         finally:
             cur.close()
         self._note_max_allowed_packet(int(packet))
+        if purpose == 'oid':
+            self._oid_values_max = self._consecutive_values(raw)
         raw.autocommit(purpose == 'oid')
         raw.commit()
+
+    @staticmethod
+    def _consecutive_values(raw):
+        """How many counter values one INSERT of several rows may draw:
+        sql.OID_VALUES_MAX when the server gives such an insert consecutive
+        values (InnoDB's traditional or consecutive auto-increment lock
+        mode, step 1), else 1.  Interleaved mode, or a step other than 1
+        (Galera sets one per node), could give values apart, and the block
+        of each value we did not get would be another session's."""
+        cur = raw.cursor()
+        try:
+            cur.execute("SELECT @@innodb_autoinc_lock_mode, @@session.auto_increment_increment")
+            mode, step = cur.fetchone()
+        except raw.Error:
+            log.info("Cannot read the auto-increment lock mode; OIDs drawn one block "
+                     "per round trip", exc_info=True)
+            return 1
+        finally:
+            cur.close()
+        return sql.OID_VALUES_MAX if int(mode) in (0, 1) and int(step) == 1 else 1
 
     def _note_max_allowed_packet(self, packet):
         self.max_allowed_packet = packet
@@ -301,16 +326,25 @@ class MySQLAdapter(Adapter):
 
     def allocate_oid_block(self, conn):
         # (The base retries once on a new connection if this one died.)
-        conn.execute(self.sql.NEW_OID_BLOCK)
+        # Each round trip is a durable commit (a log flush) of the OID
+        # connection: a process that allocates many OIDs draws more values
+        # per trip, 1, 2, 4... up to OID_VALUES_MAX (2048 OIDs), while one
+        # that allocates a few leaves a small gap when it exits.
+        count = min(self._oid_values, self._oid_values_max)
+        conn.execute(self.sql.NEW_OID_BLOCKS_PREFIX + ','.join(['()'] * count))
+        # The first value of the insert; the others follow it (see
+        # _consecutive_values).
         n = conn.cursor.lastrowid
+        last_n = n + count - 1
+        self._oid_values = min(count * 2, sql.OID_VALUES_MAX)
         # Keep the newest row: an empty table could restart the counter
-        # after a server restart on old servers.  Pruned at every
-        # OID_PRUNE_EVERY-th block only (by whichever process draws it): a
-        # round trip per block doubled the cost of allocating.
-        if n % sql.OID_PRUNE_EVERY == 0:
-            conn.execute(self.sql.PRUNE_OID_BLOCKS, (n,))
+        # after a server restart on old servers.  Pruned when a value drawn
+        # is a multiple of OID_PRUNE_EVERY only (by whichever process draws
+        # it): a round trip per block doubled the cost of allocating.
+        if last_n // sql.OID_PRUNE_EVERY != (n - 1) // sql.OID_PRUNE_EVERY:
+            conn.execute(self.sql.PRUNE_OID_BLOCKS, (last_n,))
         first = (n - 1) * sql.OID_BLOCK + 1
-        last = n * sql.OID_BLOCK
+        last = last_n * sql.OID_BLOCK
         self._oid_high = max(self._oid_high, last)
         return list(range(first, last + 1))
 

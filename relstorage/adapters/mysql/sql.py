@@ -99,7 +99,9 @@ class MySQLStatements(Statements):
 
     # OIDs: an AUTO_INCREMENT counter (never rolled back); each value n
     # stands for the block of OIDs ((n - 1) * OID_BLOCK, n * OID_BLOCK].
-    NEW_OID_BLOCK = "INSERT INTO new_oid VALUES ()"
+    # A multi-row insert draws several consecutive values (followed by
+    # "()" once per value).
+    NEW_OID_BLOCKS_PREFIX = "INSERT INTO new_oid VALUES "
     PRUNE_OID_BLOCKS = "DELETE FROM new_oid WHERE zoid < %s"
     RAISE_OID_BLOCK = "INSERT IGNORE INTO new_oid (zoid) VALUES (%s)"
 
@@ -149,6 +151,8 @@ class MySQL8Statements(MySQLStatements):
 
 
 OID_BLOCK = 128
+#: Most counter values one allocation draws (16 blocks: 2048 OIDs).
+OID_VALUES_MAX = 16
 #: The new_oid table keeps at most about this many rows (see
 #: MySQLAdapter.allocate_oid_block).
 OID_PRUNE_EVERY = 16
