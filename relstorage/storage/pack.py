@@ -79,6 +79,9 @@ class PackReport:
         self.lock_seconds = 0.0
         self.longest_lock = 0.0
         self.seconds = 0.0
+        # Seconds per phase ('analysis', 'reachability', 'deletion'), in
+        # the order they ran.
+        self.phases = {}
         self.prepack_only = False
         self.orphan_blob_files = []
         self.up_to_date = False     # nothing committed since the last pack
@@ -93,9 +96,15 @@ class PackReport:
                     '%d blobs; nothing removed (%.1fs)'
                     % (objects, revisions, size, blobs, self.seconds))
         return ('removed %d objects, %d revisions, %d blobs in %.1fs '
-                '(commit lock held %.2fs in %d batches, longest %.3fs)'
+                '(%scommit lock held %.2fs in %d batches, longest %.3fs)'
                 % (self.objects_removed, self.revisions_removed, self.blobs_removed,
-                   self.seconds, self.lock_seconds, self.batches, self.longest_lock))
+                   self.seconds, self._phases_text(), self.lock_seconds, self.batches,
+                   self.longest_lock))
+
+    def _phases_text(self):
+        if not self.phases:
+            return ''
+        return ', '.join('%s %.1fs' % item for item in self.phases.items()) + '; '
 
 
 class _NoProgress:
@@ -135,13 +144,17 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         elif not prepack_only and _up_to_date(adapter, conn, gc):
             report.up_to_date = True
         else:
+            phase_start = time.time()
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
                                     _writers_turn(adapter, options))
             report.pack_tid = min(pack_tid_for(t), snapshot_tid)
+            report.phases['analysis'] = time.time() - phase_start
+            phase_start = time.time()
             bar = progress('computing reachability', None, 'steps')
             bar.update(adapter.compute_pack_candidates(conn, report.pack_tid, gc,
                                                        pause=_writers_turn(adapter, options)))
             bar.close()
+            report.phases['reachability'] = time.time() - phase_start
             adapter.set_pack_info(conn, pack_tid=report.pack_tid,
                                   checked_tid=snapshot_tid, prepared=1,
                                   prepared_gc=1 if gc else 0)
@@ -151,7 +164,9 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         conn.rollback()
         if not prepack_only:
             if not report.up_to_date:
+                phase_start = time.time()
                 _delete(adapter, conn, options, referencesf, blobs, report, progress)
+                report.phases['deletion'] = time.time() - phase_start
             if blobs is not None and not blobs.in_database:
                 report.orphan_blob_files = orphan_blob_files(adapter, blobs)
     except BaseException:

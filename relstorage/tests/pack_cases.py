@@ -590,6 +590,9 @@ class ZodbpackScriptTests(PackCase):
         self.assertEqual(len(lines), 1, lines)
         self.assertIn('removed 2 objects', lines[0])
         self.assertIn('commit lock held', lines[0])
+        # Where the time went, per phase.
+        self.assertRegex(lines[0], r'analysis [0-9.]+s, reachability [0-9.]+s, '
+                                   r'deletion [0-9.]+s; ')
         self.assertEqual(proc.stderr, b'')
         self.assertFalse(self.exists(child_oid))
 
