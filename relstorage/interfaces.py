@@ -323,6 +323,10 @@ class IRelStorageAdapter(Interface):
     def count_revisions(conn, after_tid, upto_tid):
         """How many revisions iter_revisions would yield."""
 
+    def pack_refs_tid(conn):
+        """The tid up to which every revision's references are recorded;
+        0 when none are, or when they were lost."""
+
     def forget_refs_after(conn, tid):
         """Drop references recorded for revisions after ``tid`` (leftovers
         of an interrupted analysis)."""

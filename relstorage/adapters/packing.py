@@ -5,7 +5,10 @@ in ``object_ref``, reachability in temporary tables expanded by
 ``INSERT ... SELECT`` joins, candidates in ``pack_object`` (see sql.py).
 The client holds one batch of rows at a time.
 """
+import logging
 import time
+
+log = logging.getLogger(__name__)
 
 #: Greater than every tid: "all revisions" as a ``below`` bound.
 ALL_REVISIONS = (1 << 63) - 1
@@ -146,6 +149,23 @@ class PackVerbs:
     def count_revisions(self, conn, after_tid, upto_tid):
         return conn.query_value(self.q(self.sql.PACK_COUNT_REVISIONS_AFTER),
                                 (after_tid, upto_tid)) or 0
+
+    def pack_refs_tid(self, conn):
+        """The tid up to which object_ref holds the references of every
+        revision (0: none analysed).  Where object_ref can lose its rows
+        on its own (PACK_REFS_MAY_VANISH), an empty object_ref with
+        revisions said to be analysed means they were lost: everything is
+        analysed again rather than a reachability computed without them
+        (which would collect what they reached)."""
+        done = self.pack_info(conn).get('refs_tid', 0)
+        if done and self.sql.PACK_REFS_MAY_VANISH and \
+                conn.query_one(self.sql.PACK_ANY_REF) is None:
+            log.warning("The pack's recorded references in %s are gone (server crash "
+                        "recovery or a promoted standby empties that table); "
+                        "analysing every revision again.", self.describe())
+            self.set_pack_info(conn, refs_tid=None)
+            return 0
+        return done
 
     def forget_refs_after(self, conn, tid):
         conn.execute(self.q(self.sql.PACK_REFS_FORGET_AFTER), (tid,))

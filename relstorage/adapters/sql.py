@@ -322,6 +322,10 @@ class Statements:
     #: zap_all too, or a later pack would trust references recorded for
     #: the old history (pack_info's refs_tid) and skip new revisions.
     ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_removed')
+    #: Whether object_ref may lose its rows without pack_info losing
+    #: refs_tid (PostgreSQL: an UNLOGGED table, emptied by crash recovery).
+    PACK_REFS_MAY_VANISH = False
+    PACK_ANY_REF = "SELECT 1 FROM object_ref LIMIT 1"
 
     # --- pack -------------------------------------------------------------
 

@@ -236,7 +236,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         adapter.begin_snapshot(load)
         snapshot_tid = adapter.get_last_tid(load)
         adapter.begin_store_checked(conn)
-        done = adapter.pack_info(conn).get('refs_tid', 0)
+        done = adapter.pack_refs_tid(conn)
         # An analysis killed part way through a tid left some of its rows.
         adapter.forget_refs_after(conn, done)
         conn.commit()

@@ -23,6 +23,8 @@ SMALL_TABLE_BYTES = 32 << 20
 
 class PostgreSQLStatements(Statements):
 
+    PACK_REFS_MAY_VANISH = True     # object_ref is UNLOGGED (see PACK_SCHEMA)
+
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 
     UPDATE_CURRENT = """
@@ -231,15 +233,21 @@ TEMP_BLOB_CHUNK = """
     ) ON COMMIT DELETE ROWS
 """
 
+# object_ref and pack_object are UNLOGGED: what they hold is derived from
+# object_state and made again when lost, and writing a million rows of them
+# through the WAL made the commits of a live site wait behind the pack's
+# log flushes and checkpoints (the writer's p99 three times lower without
+# it, and the pack 15 % shorter).  A crash, or a standby promoted, leaves
+# them empty; Statements.PACK_REFS_MAY_VANISH makes the next pack see it.
 PACK_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS object_ref (
+    """CREATE UNLOGGED TABLE IF NOT EXISTS object_ref (
         zoid BIGINT NOT NULL,
         tid BIGINT NOT NULL,
         to_zoid BIGINT NOT NULL,
         PRIMARY KEY (zoid, tid, to_zoid)
     )""",
     "CREATE INDEX IF NOT EXISTS object_ref_tid ON object_ref (tid)",
-    """CREATE TABLE IF NOT EXISTS pack_object (
+    """CREATE UNLOGGED TABLE IF NOT EXISTS pack_object (
         zoid BIGINT PRIMARY KEY,
         keep_tid BIGINT NOT NULL,
         garbage SMALLINT NOT NULL
