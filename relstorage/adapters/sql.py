@@ -105,6 +105,16 @@ class Statements:
     LOAD_CURRENT_MANY_HF = """
         SELECT zoid, state, tid FROM object_state WHERE zoid IN ({in_list})
     """
+    #: The same for the OIDs of a range (see base.oid_runs).
+    LOAD_CURRENT_RANGE = """
+        SELECT s.zoid, s.state, s.tid
+        FROM current_object c
+        JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
+        WHERE c.zoid BETWEEN %s AND %s
+    """
+    LOAD_CURRENT_RANGE_HF = """
+        SELECT zoid, state, tid FROM object_state WHERE zoid BETWEEN %s AND %s
+    """
 
     LOAD_REVISION = """
         SELECT state FROM object_state WHERE zoid = %s AND tid = %s

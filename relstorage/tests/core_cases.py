@@ -12,6 +12,7 @@ from ZODB.POSException import ConflictError
 from ZODB.POSException import POSKeyError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.tests.StorageTestBase import zodb_unpickle
 from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
@@ -974,7 +975,49 @@ class RootStorageTests(FactoryCase):
         del unused
 
 
+class PrefetchTests(FactoryCase):
+    """A prefetch reads a run of neighbouring OIDs as one range (the
+    objects not asked for in it are left out) and the others one by one;
+    either way each load then gets the current revision without a query."""
+
+    def test_ranges_and_scattered_oids(self):
+        storage = self.storage()
+        oids, first = make_objects(storage, 60)
+        # A new revision of every third object (history-preserving: the
+        # old one stays, and must not be what a load returns).
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for i in range(0, 60, 3):
+            storage.store(oids[i], first, zodb_pickle(MinPO(100 + i)), '', txn)
+        storage.tpc_vote(txn)
+        second = storage.tpc_finish(txn)
+        # Far from the run: one object, and an OID with no object.
+        skipped = [storage.new_oid() for _ in range(100)]
+        unused = skipped[50]
+        far = storage.new_oid()
+        far_tid = self.commit(storage, far, z64, 7)
+        reader = self.storage()             # a process with a cold cache
+        inst = reader.new_instance()
+        inst.poll_invalidations()
+        # Every other OID of the run (the range holds 30 more), a lone OID
+        # far from it, and one with no object.
+        wanted = oids[0:60:2] + [oids[59], far, unused]
+        inst.prefetch(wanted)
+        loads = reader.cache_stats()['db_loads']
+        self.assertEqual(inst.load(far), (zodb_pickle(MinPO(7)), far_tid))
+        for oid in wanted[:-2]:
+            i = oids.index(oid)
+            expected = (MinPO(100 + i), second) if i % 3 == 0 else (MinPO(i), first)
+            state, tid = inst.load(oid)
+            self.assertEqual((zodb_unpickle(state), tid), expected)
+        self.assertEqual(reader.cache_stats()['db_loads'], loads)
+        with self.assertRaises(POSKeyError):
+            inst.load(unused)
+        inst.release()
+
+
 ALL = (SchemaModeTests, TidAndOidTests, NewObjectCommitTests, ConcurrencyTests,
+       PrefetchTests,
        ReadAheadTests, PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests,
        FairnessTests, LifecycleTests,
        RootStorageTests)
