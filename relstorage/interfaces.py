@@ -137,8 +137,10 @@ class IRelStorageAdapter(Interface):
     def get_last_tid(conn):
         """The last committed tid the connection sees (0 when none)."""
 
-    def poll_changes(conn, after_tid, upto_tid):
-        """(oid, tid) of the objects changed in (after_tid, upto_tid]."""
+    def poll_changes(conn, after_tid, upto_tid, known=None):
+        """(oid, tid) of the objects changed in (after_tid, upto_tid];
+        ``known``: {tid: [oid]} of transactions whose changes the caller
+        knows, which need not be read back."""
 
     def recent_changes(conn, upto_tid, limit):
         """The ``limit`` newest (oid, tid) changes up to ``upto_tid``."""

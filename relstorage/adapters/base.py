@@ -479,8 +479,31 @@ class Adapter(PackVerbs):
         conn.execute(self.q(self.sql.SET_PACK_MARK), (old + 1,))
         return old + 1
 
-    def poll_changes(self, conn, after_tid, upto_tid):
-        return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
+    def poll_changes(self, conn, after_tid, upto_tid, known=None):
+        """The newest (oid, tid) change of every object changed in
+        (after_tid, upto_tid].
+
+        ``known``: {tid: [oid]} of transactions whose every changed object
+        the caller knows (its process's own commits).  The usual poll after
+        a commit spans exactly one of them: its rows are then not read
+        back (a 1000-object commit's poll read 1000 rows), only the
+        ranges of tids on either side of it, where other processes' commits
+        would be."""
+        mine = [tid for tid in known or () if after_tid < tid <= upto_tid]
+        if len(mine) != 1:
+            return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
+        tid = mine[0]
+        rows = conn.query_all(self.q(self.sql.POLL_CHANGES_AROUND),
+                              (after_tid, tid, tid, upto_tid))
+        if not rows:
+            return [(oid, tid) for oid in known[tid]]
+        # Another transaction's row is newer than ours for its object
+        # (ours would be the row otherwise).
+        newest = dict.fromkeys(known[tid], tid)
+        for oid, other in rows:
+            if other > newest.get(oid, 0):
+                newest[oid] = other
+        return list(newest.items())
 
     def recent_changes(self, conn, upto_tid, limit):
         """The ``limit`` newest (oid, tid) changes with tid <= upto_tid,

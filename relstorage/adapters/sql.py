@@ -143,6 +143,15 @@ class Statements:
     POLL_CHANGES_HF = """
         SELECT zoid, tid FROM object_state WHERE tid > %s AND tid <= %s
     """
+    #: The same, but for the tids on either side of one: (a, t) and (t, b].
+    POLL_CHANGES_AROUND = """
+        SELECT zoid, tid FROM current_object
+        WHERE (tid > %s AND tid < %s) OR (tid > %s AND tid <= %s)
+    """
+    POLL_CHANGES_AROUND_HF = """
+        SELECT zoid, tid FROM object_state
+        WHERE (tid > %s AND tid < %s) OR (tid > %s AND tid <= %s)
+    """
 
     # The newest changes up to a snapshot, newest first: a fresh process
     # starts its change log with them (cache/storage_cache.py, backfill).

@@ -43,6 +43,11 @@ HOT_INTERVAL = 300.0
 WARM_BATCH = 1000
 #: Seconds between two DEBUG lines of statistics.
 STATS_LOG_INTERVAL = 60.0
+# The OIDs of this process's own recent commits of at least OWN_MIN_OIDS
+# objects, the last OWN_COMMITS of them: a poll need not read them back
+# (see Adapter.poll_changes).
+OWN_MIN_OIDS = 32
+OWN_COMMITS = 8
 
 
 def safe_prefix(text, length=60):
@@ -86,6 +91,8 @@ class StorageCache:
         self.persistent_loaded = self.persistent_dropped = 0
         self._last_stats_log = time.monotonic()
         self._closed = False
+        self._own_commits = {}      # {tid: [oid]}, see OWN_COMMITS
+        self._own_lock = threading.Lock()
         if adapter is not None and self.persistent_path:
             # Created like blob-dir: a missing directory would otherwise
             # only show as a failed write at every close.
@@ -223,8 +230,10 @@ class StorageCache:
         fresh = prev is None and self.shared is not None and not self._backfilled
         if fresh:
             self._backfill(adapter, conn, snapshot)
+        with self._own_lock:
+            own = dict(self._own_commits)
         changes = self.index.poll(
-            prev, snapshot, lambda after, upto: adapter.poll_changes(conn, after, upto))
+            prev, snapshot, lambda after, upto: adapter.poll_changes(conn, after, upto, own))
         now = time.monotonic()
         if fresh:
             self._warm_from_shared(snapshot)
@@ -339,6 +348,22 @@ class StorageCache:
     def rolled_back(self, new_last, old_last):
         """The database went back in time: forget every tid we knew."""
         self.index.rolled_back(new_last, old_last)
+        self._forget_own_commits()
+
+    def _forget_own_commits(self):
+        with self._own_lock:
+            self._own_commits = {}
+
+    def _note_own_commit(self, tid, oids):
+        """Every object transaction ``tid`` (committed by this process)
+        changed, for the polls that follow."""
+        if len(oids) < OWN_MIN_OIDS:
+            return
+        with self._own_lock:
+            own = self._own_commits
+            own[tid] = oids
+            while len(own) > OWN_COMMITS:
+                del own[min(own)]
 
     # ------------------------------------------------------------------
     # Used by commit, loadSerial, loadBefore and pack
@@ -358,20 +383,24 @@ class StorageCache:
         the shared cache in batches whose replies are awaited, so that
         another process that learns of ``tid`` by polling finds them there."""
         local = self.local
+        oids = []
         if self.shared is None:
             # In batches (one lock each): a huge transaction is not held whole.
             batch = []
             for oid, state in rows:
+                oids.append(oid)
                 if state is not None:
                     batch.append((oid, tid, state))
                     if len(batch) >= LOCAL_BATCH:
                         local.put_many(batch)
                         batch = []
             local.put_many(batch)
+            self._note_own_commit(tid, oids)
             return
         fresh = {}
         hints = {}
         for oid, state in rows:
+            oids.append(oid)
             local.put(oid, tid, state)
             if state is not None:
                 fresh[(oid, tid)] = state
@@ -382,11 +411,13 @@ class StorageCache:
                     fresh, hints = {}, {}
         if fresh:
             self._send(fresh, hints, wait=True)
+        self._note_own_commit(tid, oids)
 
     def clear(self):
         """After pack: revisions may be gone, forget what we knew."""
         self.local.clear()
         self.index.clear()
+        self._forget_own_commits()
 
     def note_pack_mark(self, mark, snapshot, removals=None):
         """A snapshot ``snapshot`` saw pack mark ``mark`` (see
@@ -452,6 +483,7 @@ class StorageCache:
         ``old_last``; the new pack mark is ``mark``."""
         with self._mark_lock:
             self._newest_snapshot = max(self._newest_snapshot, old_last)
+        self._forget_own_commits()
         self.note_pack_mark(mark, 0)
 
     # ------------------------------------------------------------------

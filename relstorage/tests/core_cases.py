@@ -975,6 +975,64 @@ class RootStorageTests(FactoryCase):
         del unused
 
 
+class OwnCommitPollTests(FactoryCase):
+    """The poll after a process's own commit does not read that commit's
+    rows back (it knows them), but still finds what other processes
+    committed before and after it, including a newer change of one of
+    its objects."""
+
+    def test_poll_spanning_an_own_commit(self):
+        db1, db2 = ZODB.DB(self.storage()), ZODB.DB(self.storage())
+        self.addCleanup(db1.close)
+        self.addCleanup(db2.close)
+        calls = []
+        adapter = db1.storage.adapter
+        poll_changes = adapter.poll_changes
+
+        def spy(conn, after, upto, known=None):
+            calls.append((after, upto, sorted(known or ())))
+            return poll_changes(conn, after, upto, known)
+        adapter.poll_changes = spy
+        tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
+        c1 = db1.open(tm1)
+        c1.root()['items'] = PersistentMapping(
+            {i: PersistentMapping(v=0) for i in range(50)})
+        tm1.commit()
+        c2 = db2.open(tm2)
+        items1, items2 = c1.root()['items'], c2.root()['items']
+        tm1.begin()
+        # Another process commits after our poll, before our commit...
+        items2[1]['v'] = 'before'
+        tm2.commit()
+        for i in range(2, 50):
+            items1[i]['v'] = 1
+        tm1.commit()
+        ours = u64(items1[2]._p_serial)
+        # ...and after it, one of our objects among others.
+        tm2.begin()
+        items2[0]['v'] = items2[2]['v'] = 'after'
+        tm2.commit()
+        tm1.begin()
+        self.assertEqual([items1[i]['v'] for i in range(5)], ['after', 'before', 'after', 1, 1])
+        # (ZODB polls right after a commit: that poll spans ours.)
+        self.assertTrue(any(after < ours <= upto and ours in known
+                            for after, upto, known in calls), calls)
+        # Over the whole range, with commits of others on both sides of
+        # ours: the same answer as reading every row.
+        conn = adapter.open_load()
+        try:
+            adapter.begin_snapshot(conn)
+            last = adapter.get_last_tid(conn)
+            start = u64(c1.root()._p_serial)
+            known = {ours: [u64(items1[i]._p_oid) for i in range(2, 50)]}
+            self.assertEqual(sorted(poll_changes(conn, start, last, known)),
+                             sorted(poll_changes(conn, start, last)))
+            self.assertEqual(len(poll_changes(conn, start, last)), 50)
+        finally:
+            conn.rollback()
+            conn.close()
+
+
 class PrefetchTests(FactoryCase):
     """A prefetch reads a run of neighbouring OIDs as one range (the
     objects not asked for in it are left out) and the others one by one;
@@ -1017,7 +1075,7 @@ class PrefetchTests(FactoryCase):
 
 
 ALL = (SchemaModeTests, TidAndOidTests, NewObjectCommitTests, ConcurrencyTests,
-       PrefetchTests,
+       PrefetchTests, OwnCommitPollTests,
        ReadAheadTests, PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests,
        FairnessTests, LifecycleTests,
        RootStorageTests)
