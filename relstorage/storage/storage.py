@@ -607,7 +607,8 @@ class RelStorage(ConflictResolvingStorage):
         pending = self._check_txn(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
-        pending.store(u64(oid), _tid_int(serial), data)
+        # int.from_bytes: u64 without a Python call, once per object.
+        pending.store(int.from_bytes(oid, 'big'), _tid_int(serial), data)
         return None
 
     def restore(self, oid, serial, data, version, prev_txn, txn):
@@ -941,6 +942,8 @@ class _Read:
 
 
 def _tid_int(serial):
+    if type(serial) is bytes:
+        return int.from_bytes(serial, 'big')
     if not serial:
         return 0
     if isinstance(serial, str):
