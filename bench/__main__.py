@@ -371,6 +371,17 @@ def write_outputs(results, output_dir):
     return md_path, png_path, json_path
 
 
+def finish_meta(meta, started, peer_only):
+    """Record the run's length and the load at its end, unless it only
+    compared with the peer: such a run keeps the earlier run's figures and
+    the meta that describes them (its own load is in results['peer'];
+    overwriting load_end made a busy earlier run look quiet)."""
+    if peer_only:
+        return
+    meta['seconds'] = round(time.time() - started)
+    meta['load_end'] = round(os.getloadavg()[0], 2)
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     json_path = os.path.join(args.output_dir, 'benchmarks.json')
@@ -435,8 +446,7 @@ def main(argv=None):
                         results['targets'][n].get('status') == 'ok')]
         results['roundtrips'] = roundtrips.run(
             measured, args.scratch, args.objects, args.object_size, say)
-    meta['seconds'] = round(time.time() - started)
-    meta['load_end'] = round(os.getloadavg()[0], 2)
+    finish_meta(meta, started, args.peer_only)
     write_outputs(results, args.output_dir)
     say('done in %.0f s' % (time.time() - started))
     if args.peer_only:

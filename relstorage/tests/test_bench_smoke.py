@@ -114,6 +114,25 @@ class TestBenchSmoke(unittest.TestCase):
              'relstorage_version': '5'}))
 
 
+class TestBenchMeta(unittest.TestCase):
+
+    def test_a_comparison_only_run_keeps_the_earlier_runs_meta(self):
+        # Regression: --peer-only kept the earlier run's figures but wrote
+        # its own end load over theirs (8.2 became 0.95, and the report
+        # dropped its "other work was running" warning).
+        sys.path.insert(0, ROOT)
+        try:
+            from bench.__main__ import finish_meta
+        finally:
+            sys.path.remove(ROOT)
+        earlier = {'load_end': 8.21, 'seconds': 821}
+        finish_meta(earlier, 0, peer_only=True)
+        self.assertEqual(earlier, {'load_end': 8.21, 'seconds': 821})
+        fresh = {}
+        finish_meta(fresh, 0, peer_only=False)
+        self.assertEqual(sorted(fresh), ['load_end', 'seconds'])
+
+
 def _test_suite():
     return unittest.defaultTestLoader.loadTestsFromName(__name__)
 
