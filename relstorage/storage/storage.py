@@ -65,6 +65,11 @@ log = logging.getLogger(__name__)
 #: Sequential read-ahead (see RelStorage._read_ahead).
 READ_AHEAD_AFTER = 3
 READ_AHEAD = 128
+#: Loads whose OIDs go forward by at most this much count as a run too:
+#: every other object of a range (a container's items, each created with
+#: a sub-object; zodbshootout's "conflicting updates" reads half of its
+#: objects) was read one query per object.
+READ_AHEAD_STRIDE = 4
 
 
 @zope.interface.implementer(
@@ -426,13 +431,14 @@ class RelStorage(ConflictResolvingStorage):
 
         Objects created together get consecutive OIDs and tend to be read
         together (a container and its items, a BTree's buckets).  After
-        READ_AHEAD_AFTER loads of consecutive OIDs on this connection, the
-        next READ_AHEAD OIDs not already known to the cache are read in one
+        READ_AHEAD_AFTER loads of consecutive OIDs on this connection (or
+        OIDs at most READ_AHEAD_STRIDE apart, going forward), the next
+        READ_AHEAD OIDs not already known to the cache are read in one
         query, in the same snapshot, instead of one round trip each.
         Random access never triggers it; a scan of cached objects costs no
         query (prefetch only asks for what the cache does not know).
         """
-        if oid_int == self._ra_next:
+        if 0 <= oid_int - self._ra_next < READ_AHEAD_STRIDE:
             self._ra_run += 1
         elif oid_int == self._ra_next - 1:
             # The same object again: ZODB's Connection.get loads a state to
@@ -447,7 +453,13 @@ class RelStorage(ConflictResolvingStorage):
             # (The next object already read by a prefetch: nothing to
             # read ahead yet; asked again at the next load.)
             self._ra_until = oid_int + READ_AHEAD - 1
-            self._prefetched.update(self._cache.prefetch(
+            prefetched = self._prefetched
+            if len(prefetched) > READ_AHEAD:
+                # What the reader went past without loading (the objects
+                # between a strided run's): the caches still have them.
+                for passed in [oid for oid in prefetched if oid < oid_int]:
+                    del prefetched[passed]
+            prefetched.update(self._cache.prefetch(
                 self._adapter, conn, range(oid_int, oid_int + READ_AHEAD), self._snapshot_tid))
 
     def loadBefore(self, oid, tid):
