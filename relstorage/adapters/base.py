@@ -494,13 +494,19 @@ class Adapter(PackVerbs):
             return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
         tid = mine[0]
         rows = conn.query_all(self.q(self.sql.POLL_CHANGES_AROUND),
-                              (after_tid, tid, tid, upto_tid))
-        if not rows:
-            return [(oid, tid) for oid in known[tid]]
+                              (after_tid, tid, tid, upto_tid, tid))
+        others = [row for row in rows if row[0] is not None]
+        if len(others) == len(rows) or all(row[1] != tid for row in rows
+                                           if row[0] is None):
+            # The database does not have our transaction (lost in a
+            # failover, or a restored backup), or no longer any row of it
+            # (history-free, every object changed or removed since): what
+            # we stored is not what it holds.  Read every row.
+            return conn.query_all(self.q(self.sql.POLL_CHANGES), (after_tid, upto_tid))
         # Another transaction's row is newer than ours for its object
         # (ours would be the row otherwise).
         newest = dict.fromkeys(known[tid], tid)
-        for oid, other in rows:
+        for oid, other in others:
             if other > newest.get(oid, 0):
                 newest[oid] = other
         return list(newest.items())
@@ -519,8 +525,8 @@ class Adapter(PackVerbs):
         runs, rest = oid_runs(oids)
         for low, high, count in runs:
             rows = conn.query_all(self.q(self.sql.LOAD_CURRENT_RANGE), (low, high))
-            if len(rows) > count:
-                # The range holds objects not asked for: only those asked.
+            if high - low + 1 > count:
+                # The range may hold objects not asked for: only those asked.
                 wanted = set(oids)
                 rows = [row for row in rows if row[0] in wanted]
             self._add_states(result, rows)

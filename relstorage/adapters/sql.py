@@ -143,14 +143,20 @@ class Statements:
     POLL_CHANGES_HF = """
         SELECT zoid, tid FROM object_state WHERE tid > %s AND tid <= %s
     """
-    #: The same, but for the tids on either side of one: (a, t) and (t, b].
+    #: The same, but for the tids on either side of one, t: (a, t) and
+    #: (t, b]; plus a row (NULL, t) when the database has transaction t
+    #: (NULL, NULL when not: see Adapter.poll_changes).
     POLL_CHANGES_AROUND = """
         SELECT zoid, tid FROM current_object
         WHERE (tid > %s AND tid < %s) OR (tid > %s AND tid <= %s)
+        UNION ALL
+        SELECT NULL, MAX(tid) FROM transaction_log WHERE tid = %s
     """
     POLL_CHANGES_AROUND_HF = """
         SELECT zoid, tid FROM object_state
         WHERE (tid > %s AND tid < %s) OR (tid > %s AND tid <= %s)
+        UNION ALL
+        SELECT NULL, MAX(tid) FROM object_state WHERE tid = %s
     """
 
     # The newest changes up to a snapshot, newest first: a fresh process
@@ -344,7 +350,6 @@ class Statements:
     #: Whether object_ref may lose its rows without pack_info losing
     #: refs_tid (PostgreSQL: an UNLOGGED table, emptied by crash recovery).
     PACK_REFS_MAY_VANISH = False
-    PACK_ANY_REF = "SELECT 1 FROM object_ref LIMIT 1"
 
     # --- pack -------------------------------------------------------------
 

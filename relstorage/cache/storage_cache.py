@@ -438,6 +438,10 @@ class StorageCache:
             if not first and mark <= self._pack_mark:
                 return
             previous, self._pack_mark = self._pack_mark, mark
+            if not first:
+                # A pack may have removed objects of our own commits:
+                # polls must read what the database holds.
+                self._forget_own_commits()
             if not first and removals is not None:
                 removed = removals(previous, mark)
                 if removed is not None:

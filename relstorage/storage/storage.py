@@ -619,6 +619,8 @@ class RelStorage(ConflictResolvingStorage):
         pending = self._check_txn(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
+        if len(oid) != 8:
+            raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
         # int.from_bytes: u64 without a Python call, once per object.
         pending.store(int.from_bytes(oid, 'big'), _tid_int(serial), data)
         return None

@@ -1056,6 +1056,11 @@ class OwnCommitPollTests(FactoryCase):
             self.assertEqual(sorted(poll_changes(conn, start, last, known)),
                              sorted(poll_changes(conn, start, last)))
             self.assertEqual(len(poll_changes(conn, start, last)), 50)
+            # A commit of ours that the database does not have (lost in a
+            # failover, or a backup restored): not trusted.
+            lost = {ours + 1: [u64(items1[i]._p_oid) for i in range(50)]}
+            self.assertEqual(sorted(poll_changes(conn, start, last, lost)),
+                             sorted(poll_changes(conn, start, last)))
         finally:
             conn.rollback()
             conn.close()

@@ -6,6 +6,7 @@ revisions of its snapshot, never a newer or an older one, whichever other
 connection filled the cache.
 """
 import random
+import time
 import shutil
 import tempfile
 import unittest
@@ -14,6 +15,7 @@ import zlib
 import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
+from ZODB import POSException
 from ZODB.Connection import TransactionMetaData
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
@@ -539,6 +541,35 @@ class SnapshotIsolationTests(SqliteCacheCase):
         self.assertEqual(stats['db_loads'], loads)
         self.assertGreaterEqual(stats['hits'], 50)
         c.close()
+
+    def test_own_commit_collected_by_another_process_pack(self):
+        # Regression: a process remembers the objects of its own commits so
+        # that its polls need not read them back; when another process's
+        # pack removed some of them before any poll of ours passed that
+        # commit, the poll still reported them as current and loads served
+        # them from the local cache.
+        from ZODB.serialize import referencesf
+        main = self.storage()
+        db = ZODB.DB(main)
+        self._closables.append(db)
+        inst = main.new_instance()
+        inst.poll_invalidations()                  # a snapshot before our commit
+        with db.transaction() as conn:
+            kept = [PersistentMapping(v=i) for i in range(20)]
+            conn.root()['kept'] = kept
+            garbage = [PersistentMapping(v=i) for i in range(20)]
+            for obj in garbage:
+                conn.add(obj)                      # referenced by nothing
+        garbage_oids = [obj._p_oid for obj in garbage]
+        kept_oid = kept[0]._p_oid
+        packer = self.storage()                    # another process
+        packer.pack(time.time() + 1, referencesf)
+        inst.poll_invalidations()
+        self.assertTrue(inst.load(kept_oid)[0])     # still there
+        for oid in garbage_oids[:3]:
+            with self.assertRaises(POSException.POSKeyError):
+                inst.load(oid)
+        inst.release()
 
     def test_prefetch_fills_the_cache_in_one_query(self):
         main = self.storage()

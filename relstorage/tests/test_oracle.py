@@ -276,9 +276,11 @@ def drive_every_verb(adapter, recorder):
     adapter.get_last_tid(load)
     adapter.snapshot_marks(load)
     adapter.poll_changes(load, 1, 2)
+    adapter.poll_changes(load, 1, 5, {3: [7, 8]})      # around a known commit
     adapter.recent_changes(load, 2, 10)
     adapter.load_current(load, 1)
     adapter.load_current_many(load, [1, 2, 3])
+    adapter.load_current_many(load, list(range(10, 60, 2)))    # a range
     adapter.load_revision(load, 1, 2)
     adapter.load_before(load, 1, 2)
     adapter.current_tids(load, [1, 2])
@@ -342,6 +344,7 @@ def drive_every_verb(adapter, recorder):
     load.close()
     adapter.begin_store_checked(conn)
     adapter.pack_info(conn)
+    adapter.pack_refs_tid(conn)
     adapter.forget_refs_after(conn, 100)
     adapter.add_refs(conn, [1, 2], [(1, 200, 2), (1, 200, 3), (2, 200, 3)])
     adapter.forget_refs_of(conn, [9])          # add_refs calls it history-free only

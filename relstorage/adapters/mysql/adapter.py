@@ -206,13 +206,14 @@ class MySQLAdapter(Adapter):
         try:
             cur.execute("SELECT @@innodb_autoinc_lock_mode, @@session.auto_increment_increment")
             mode, step = cur.fetchone()
-        except raw.Error:
+            consecutive = int(mode) in (0, 1) and int(step) == 1
+        except (raw.Error, TypeError, ValueError):
             log.info("Cannot read the auto-increment lock mode; OIDs drawn one block "
                      "per round trip", exc_info=True)
             return 1
         finally:
             cur.close()
-        return sql.OID_VALUES_MAX if int(mode) in (0, 1) and int(step) == 1 else 1
+        return sql.OID_VALUES_MAX if consecutive else 1
 
     def _note_max_allowed_packet(self, packet):
         self.max_allowed_packet = packet

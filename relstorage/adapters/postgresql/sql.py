@@ -24,6 +24,7 @@ SMALL_TABLE_BYTES = 32 << 20
 class PostgreSQLStatements(Statements):
 
     PACK_REFS_MAY_VANISH = True     # object_ref is UNLOGGED (see PACK_SCHEMA)
+    PACK_ANY_REF = "SELECT 1 FROM object_ref LIMIT 1"
 
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 

@@ -159,7 +159,10 @@ class Sqlite3Adapter(Adapter):
         # History-preserving databases keep the transaction's record (its
         # user and description), so they stay at the configured level, as
         # does a configuration asking for more (EXTRA) or less than FULL.
+        # Only in WAL mode: with a rollback journal, NORMAL may corrupt the
+        # database on power loss.
         relax = (not writes_data and not self.keep_history
+                 and self.pragmas.get('journal_mode', '').lower() == 'wal'
                  and self.pragmas.get('synchronous', '').lower() in ('full', '2'))
         relaxed = conn.session_settings.get('synchronous') == 'normal'
         if relax != relaxed:
