@@ -388,39 +388,8 @@ class ChangeIndex:
             self._shrink_known()
 
     def _add_segment(self, snapshot, rows):
-        # _add_change for every row, with the per-tid lists built apart and
-        # merged once per tid: a poll after a 1000-object commit adds 1000
-        # rows of one tid.
-        changes = self._changes
-        by_tid = {}
-        added = 0
         for oid, tid in rows:
-            tids = changes.get(oid)
-            if tids is None:
-                changes[oid] = [tid]
-            elif tid in tids:
-                continue
-            elif tid > tids[-1]:
-                tids.append(tid)
-            else:
-                insort(tids, tid)
-            oids = by_tid.get(tid)
-            if oids is None:
-                by_tid[tid] = [oid]
-            else:
-                oids.append(oid)
-            added += 1
-        for tid, oids in by_tid.items():
-            known = self._by_tid.get(tid)
-            if known is None:
-                self._by_tid[tid] = oids
-                if not self._tids or tid > self._tids[-1]:
-                    self._tids.append(tid)
-                else:
-                    insort(self._tids, tid)
-            else:
-                known.extend(oids)
-        self._count += added
+            self._add_change(oid, tid)
         self._bounds.append(snapshot)
         self._end = snapshot
 

@@ -149,7 +149,8 @@ class RelStorage(ConflictResolvingStorage):
         self._commits_reverted = 0      # _last_commit_tid when reverted
         self._stale_snapshot = False    # behind: loads raise ReadConflictError
         self._reverted = False          # behind, revert-when-stale: poll drops all
-        self._ra_next = self._ra_run = 0      # read-ahead state (see _read_ahead)
+        # Read-ahead state (see _read_ahead); no first OID continues a run.
+        self._ra_next, self._ra_run = -READ_AHEAD_STRIDE - 1, 0
         self._ra_until = -1
         self._last_load = None          # (oid, snapshot, (state, serial)), see load
         self._prefetched = {}           # oid_int -> (state, tid_int), see load
