@@ -496,8 +496,8 @@ class Adapter(PackVerbs):
         rows = conn.query_all(self.q(self.sql.POLL_CHANGES_AROUND),
                               (after_tid, tid, tid, upto_tid, tid))
         others = [row for row in rows if row[0] is not None]
-        if len(others) == len(rows) or all(row[1] != tid for row in rows
-                                           if row[0] is None):
+        # One row (NULL, tid) when the database has transaction tid.
+        if not any(oid is None and other == tid for oid, other in rows):
             # The database does not have our transaction (lost in a
             # failover, or a restored backup), or no longer any row of it
             # (history-free, every object changed or removed since): what
@@ -523,11 +523,13 @@ class Adapter(PackVerbs):
     def load_current_many(self, conn, oids):
         result = {}
         runs, rest = oid_runs(oids)
+        wanted = None
         for low, high, count in runs:
             rows = conn.query_all(self.q(self.sql.LOAD_CURRENT_RANGE), (low, high))
             if high - low + 1 > count:
                 # The range may hold objects not asked for: only those asked.
-                wanted = set(oids)
+                if wanted is None:
+                    wanted = set(oids)
                 rows = [row for row in rows if row[0] in wanted]
             self._add_states(result, rows)
         if rest:

@@ -358,6 +358,17 @@ class ConcurrencyTests(FactoryCase):
             db2.close()
 
 
+def record_calls(obj, name, calls):
+    """From now on, append ``name`` to ``calls`` at every call of
+    ``obj.name`` (an instance attribute wrapping the method)."""
+    method = getattr(obj, name)
+
+    def recorded(*args, **kwargs):
+        calls.append(name)
+        return method(*args, **kwargs)
+    setattr(obj, name, recorded)
+
+
 def count_single_loads(storage):
     """The list to which every single-object query of ``storage`` (not
     read-ahead's bulk ones) appends its OID from now on."""

@@ -46,6 +46,7 @@ from relstorage.options import Options
 from relstorage.storage import RelStorage
 
 from . import suite
+from .core_cases import record_calls
 from .core_cases import vote_behind
 
 DRIVERS = ('MySQLdb', 'PyMySQL')
@@ -763,12 +764,7 @@ class OidBlockTests(MySQLTestCase):
         adapter.prepare_schema()
         self.addCleanup(adapter.close)
         calls = []
-        allocate = adapter.allocate_oid_block
-
-        def counted(conn):
-            calls.append(conn)
-            return allocate(conn)
-        adapter.allocate_oid_block = counted
+        record_calls(adapter, 'allocate_oid_block', calls)
         return adapter, calls
 
     def test_blocks_grow_and_never_overlap(self):

@@ -19,6 +19,7 @@ from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.interfaces import RelStorageError
 
 from . import suite
+from .core_cases import record_calls
 
 
 class SqliteFactory:
@@ -281,18 +282,8 @@ class SqliteOidBlockTests(unittest.TestCase):
         adapter = Sqlite3Adapter(data_dir=self.tmp)
         self.addCleanup(adapter.close)
         calls = []
-        allocate = adapter.allocate_oid_block
-        raise_floor = adapter.raise_oid_floor
-
-        def counted_allocate(conn):
-            calls.append('allocate')
-            return allocate(conn)
-
-        def counted_raise(conn, max_oid):
-            calls.append('raise')
-            return raise_floor(conn, max_oid)
-        adapter.allocate_oid_block = counted_allocate
-        adapter.raise_oid_floor = counted_raise
+        record_calls(adapter, 'allocate_oid_block', calls)
+        record_calls(adapter, 'raise_oid_floor', calls)
         return adapter, calls
 
     def test_blocks_grow_and_never_overlap(self):
@@ -301,7 +292,7 @@ class SqliteOidBlockTests(unittest.TestCase):
         first = [one.new_oid() for _ in range(5000)]
         self.assertEqual(first, sorted(set(first)))
         # 128 + 256 + ... + 4096 >= 5000: six allocations, not forty.
-        self.assertEqual(calls.count('allocate'), 6)
+        self.assertEqual(calls.count('allocate_oid_block'), 6)
         mixed = []
         for _ in range(3000):
             mixed.append(one.new_oid())
