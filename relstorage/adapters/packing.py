@@ -163,20 +163,56 @@ class PackVerbs:
             log.warning("The pack's recorded references in %s are gone (server crash "
                         "recovery or a promoted standby empties that table); "
                         "analysing every revision again.", self.describe())
-            self.set_pack_info(conn, refs_tid=None)
+            self.set_pack_info(conn, refs_tid=None, seed_base=None)
             return 0
         return done
 
     def forget_refs_after(self, conn, tid):
         conn.execute(self.q(self.sql.PACK_REFS_FORGET_AFTER), (tid,))
 
-    def add_refs(self, conn, oids, rows):
+    def add_refs(self, conn, oids, rows, seeds=False):
         """Record ``rows`` (zoid, tid, to_zoid) for the revisions of
         ``oids`` just analysed.  History-free, an object's earlier
-        references go first: its new revision replaced the old one."""
+        references go first: its new revision replaced the old one; with
+        ``seeds``, where new garbage may be is recorded too (see
+        record_seeds)."""
         if not self.keep_history:
+            if seeds:
+                self.record_seeds(conn, oids, rows)
             self.forget_refs_of(conn, sorted(oids))
         self.insert_refs(conn, rows)
+
+    def record_seeds(self, conn, oids, rows):
+        """Seeds of the next incremental reachability, from the new
+        revisions of ``oids`` (references ``rows``) before their earlier
+        references go: the targets of references a revision dropped (the
+        only way an object that was reachable stops being so), objects
+        without earlier references (new since the last analysis, or
+        without references at all: they reach nothing, so the domain
+        grows by themselves only)."""
+        new = {}
+        for zoid, _tid, to_zoid in rows:
+            new.setdefault(zoid, set()).add(to_zoid)
+        old = {}
+        for zoid, to_zoid in self.refs_of(conn, oids):
+            old.setdefault(zoid, set()).add(to_zoid)
+        seeds = set()
+        for oid in oids:
+            refs = new.get(oid, ())
+            before = old.get(oid)
+            if not refs or not before:
+                seeds.add(oid)
+            if before:
+                seeds.update(before.difference(refs))
+        self._insert_values(conn, self.sql.PACK_SEED_INSERT, 1, [(o,) for o in sorted(seeds)])
+
+    def refs_of(self, conn, oids):
+        """(zoid, to_zoid) recorded for ``oids``."""
+        result = []
+        for chunk in _chunks(sorted(oids), self.max_in_list):
+            result.extend(conn.query_all(self.in_list(self.sql.PACK_REFS_OF, len(chunk)),
+                                         chunk))
+        return result
 
     def forget_refs_of(self, conn, oids):
         for chunk in _chunks(oids, self.max_in_list):
@@ -194,39 +230,70 @@ class PackVerbs:
 
     # --- reachability -----------------------------------------------------------
 
+    #: An incremental reachability gives up for a full one when its
+    #: domain passes this share of the objects the last full one saw (or
+    #: INCREMENTAL_MIN objects): by then a full one costs no more.
+    INCREMENTAL_SHARE = 1 / 3.0
+    INCREMENTAL_MIN = 20000
+
     def compute_pack_candidates(self, conn, pack_tid, gc, pause=None):
         """Fill pack_object with what a pack to ``pack_tid`` removes, from
-        the references recorded so far.  Returns the number of frontier
-        steps.  Work happens in temporary tables; only the final
-        replacement of pack_object is a write to shared tables."""
+        the references recorded so far.  Returns (frontier steps, domain):
+        domain is how many objects an incremental reachability examined,
+        None when it examined them all.  Work happens in temporary tables;
+        only the final replacement of pack_object (and of pack_seed) is a
+        write to shared tables.
+
+        History-free with GC, the reachability is incremental when the
+        last pack with GC completed (pack_info ``seed_base``): new garbage
+        can only be among what the seeds recorded since (pack_seed, see
+        sql.py) reach, the domain; everything else is reached as it was
+        then, through no reference that went.  Inside the domain, the
+        reachability starts from the references that enter it from
+        outside (and the root): a path from the root to an object of the
+        domain enters it by one of them for the last time.  So what is
+        found unreachable is unreachable whatever the seeds were; seeds
+        that miss something only leave garbage for a full reachability.
+        """
         sql = self.sql
         for name in self.pack_temp_tables():
             self.clear_pack_temp(conn, name)
         # The analysis may just have filled object_ref: without fresh
         # statistics the planner scans it whole for every join.
         self._analyze_temp(conn, 'object_ref')
-        conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
-        self._analyze_temp(conn, 'temp_pack_current')
         steps = 0
+        domain = None
+        seeded = gc and not self.keep_history
+        if seeded:
+            base, seen = self._take_seeds(conn)
+            if base:
+                limit = max(self.INCREMENTAL_MIN, int(seen * self.INCREMENTAL_SHARE))
+                steps, domain = self._reach_in_domain(conn, pack_tid, limit)
+                if domain is None:
+                    log.info("The pack's incremental reachability of %s reached more "
+                             "than %d objects; computing it for every object.",
+                             self.describe(), limit)
+                    for name in self.pack_temp_tables():
+                        self.clear_pack_temp(conn, name)
+            if domain is None:
+                steps += self._reach_all_in_two_stages(conn, pack_tid)
+        else:
+            conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
+            self._analyze_temp(conn, 'temp_pack_current')
+            if gc:
+                conn.execute(self.q(sql.PACK_ROOTS), (pack_tid,))
+                conn.execute(self.q(sql.PACK_FRONTIER_FROM_REACH))
+                conn.execute(self.q(sql.PACK_REACH_NEWER_REFS), (pack_tid,))
+                steps = self._expand(conn, sql.PACK_REACH_STEP)[0]
         if gc:
-            conn.execute(self.q(sql.PACK_ROOTS), (pack_tid,))
-            conn.execute(self.q(sql.PACK_FRONTIER_FROM_REACH))
-            conn.execute(self.q(sql.PACK_REACH_NEWER_REFS), (pack_tid,))
-            while True:
-                self._analyze_temp(conn, 'temp_pack_next')
-                conn.execute(self.q(sql.PACK_REACH_ADD))
-                conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
-                self.clear_pack_temp(conn, 'temp_pack_next')
-                self._analyze_temp(conn, 'temp_pack_frontier')
-                conn.execute(self.q(sql.PACK_REACH_STEP))
-                found = conn.cursor.rowcount
-                steps += 1
-                self.clear_pack_temp(conn, 'temp_pack_frontier')
-                if not found or found < 0 and not self._any(conn, 'temp_pack_next'):
-                    break
             self._analyze_temp(conn, 'temp_pack_reach')
         conn.commit()
         self.begin_store_checked(conn)
+        if seeded:
+            # What the next pack must look at again (see _take_seeds).
+            conn.execute(self.q(sql.PACK_SEED_SAVE))
+            if domain is None:
+                self.set_pack_info(conn, reach_objects=self._count(conn, 'temp_pack_current'))
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
         if self.pack_lock_is_write_lock:
@@ -236,7 +303,96 @@ class PackVerbs:
         # The deletion batches join ranges of it (merge joins on the keys
         # once the planner knows its size).
         self._analyze_temp(conn, 'pack_object')
-        return steps
+        return steps, domain
+
+    def _take_seeds(self, conn):
+        """Move the seeds into temp_pack_dom when the last pack with GC
+        completed; empty pack_seed either way.  Until this pack completes
+        (``seed_base`` again), a pack computes the whole reachability:
+        the garbage an interrupted pack left is in no seed.  Returns
+        (whether the seeds are usable, objects the last full reachability
+        saw)."""
+        sql = self.sql
+        conn.commit()
+        self.begin_store_checked(conn)
+        info = self.pack_info(conn)
+        base = bool(info.get('seed_base'))
+        if base:
+            conn.execute(self.q(sql.PACK_SEED_TAKE))
+        conn.execute(self.q(sql.PACK_SEED_CLEAR))
+        # From now on every analysis records seeds (add_refs).
+        self.set_pack_info(conn, seed_base=None, seeds_armed=1)
+        conn.commit()
+        return base, info.get('reach_objects', 0)
+
+    def records_seeds(self, conn):
+        """Whether an analysis records seeds for an incremental
+        reachability (history-free, once a pack with GC ran)."""
+        return not self.keep_history and bool(self.pack_info(conn).get('seeds_armed'))
+
+    def _reach_in_domain(self, conn, pack_tid, limit):
+        """Reachability among what the seeds reach; (steps, size of the
+        domain), or (steps, None) once the domain passes ``limit``."""
+        sql = self.sql
+        conn.execute(self.q(sql.PACK_FRONTIER_FROM_DOM))
+        steps, added = self._expand(conn, sql.PACK_DOM_STEP, sql.PACK_DOM_FROM_NEXT,
+                                    limit=limit - self._count(conn, 'temp_pack_dom'))
+        if added is None:
+            return steps, None
+        self._analyze_temp(conn, 'temp_pack_dom')
+        conn.execute(self.q(sql.PACK_FILL_CURRENT_DOM), (pack_tid,))
+        self._analyze_temp(conn, 'temp_pack_current')
+        # First the root and the references from outside the domain ...
+        conn.execute(self.q(sql.PACK_DOM_ROOT))
+        conn.execute(self.q(sql.PACK_FRONTIER_FROM_REACH))
+        conn.execute(self.q(sql.PACK_DOM_ENTRIES))
+        steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
+        # ... then what the domain's objects changed after the pack time
+        # reference: those are kept, and are seeds of the next pack.
+        conn.execute(self.q(sql.PACK_LATE_DOM), (pack_tid,))
+        conn.execute(self.q(sql.PACK_LATE_ENTRIES))
+        steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
+        return steps, self._count(conn, 'temp_pack_dom')
+
+    def _reach_all_in_two_stages(self, conn, pack_tid):
+        """History-free reachability of every object: from the root, then
+        from the objects changed after the pack time that the root does
+        not reach (they are kept, and are seeds of the next pack)."""
+        sql = self.sql
+        conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
+        self._analyze_temp(conn, 'temp_pack_current')
+        conn.execute(self.q(sql.PACK_ROOT))
+        steps = self._expand(conn, sql.PACK_REACH_STEP)[0]
+        conn.execute(self.q(sql.PACK_LATE_ROOTS), (pack_tid,))
+        conn.execute(self.q(sql.PACK_NEXT_FROM_SEED))
+        return steps + self._expand(conn, sql.PACK_REACH_STEP)[0]
+
+    def _expand(self, conn, step, add=None, limit=None):
+        """Add temp_pack_next to the reached set (``add``: the statement
+        doing so, PACK_REACH_ADD by default), follow it and the frontier
+        by ``step`` until nothing new is found.  Returns (steps, rows
+        added), rows None once they pass ``limit``."""
+        sql = self.sql
+        add = add or sql.PACK_REACH_ADD
+        steps = added = 0
+        while True:
+            self._analyze_temp(conn, 'temp_pack_next')
+            conn.execute(self.q(add))
+            added += max(conn.cursor.rowcount, 0)
+            if limit is not None and added > limit:
+                return steps, None
+            conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
+            self.clear_pack_temp(conn, 'temp_pack_next')
+            self._analyze_temp(conn, 'temp_pack_frontier')
+            conn.execute(self.q(step))
+            found = conn.cursor.rowcount
+            steps += 1
+            self.clear_pack_temp(conn, 'temp_pack_frontier')
+            if not found or found < 0 and not self._any(conn, 'temp_pack_next'):
+                return steps, added
+
+    def _count(self, conn, name):
+        return conn.query_value('SELECT COUNT(*) FROM %s' % name) or 0
 
     #: Seconds one write transaction of the pack may hold a single-writer
     #: database (every commit waits for all of it), as a share of
@@ -301,6 +457,9 @@ class PackVerbs:
             conn.execute(self.q(sql.PACK_RESCUE_REFERENCED))
         kept = 0
         while True:
+            if not self.keep_history:
+                # The next pack looks at them again.
+                conn.execute(self.q(sql.PACK_SEED_RESCUED))
             conn.execute(self.q(sql.PACK_UNMARK))
             count = conn.cursor.rowcount
             kept += max(count, 0)

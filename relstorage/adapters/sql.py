@@ -43,6 +43,14 @@ Pack tables, created by the first pack (see storage/pack.py):
                      wrote its list; a mark without it (zap_all, or rows of
                      an earlier pack already emptied) means "anything may
                      be gone".
+``pack_seed``        (zoid): history-free, where new garbage may be since the
+                     last completed pack with GC: objects new since then or
+                     without references, targets of references a new
+                     revision dropped, objects kept only because a commit
+                     after the pack time touched them, and candidates a
+                     commit brought back.  A pack whose ``pack_info`` says
+                     ``seed_base`` computes reachability only among what
+                     these reach (see compute_pack_candidates).
 ``temp_pack_*``      per-connection work tables of the pack's reachability
                      and deletion batches.
 """
@@ -346,7 +354,7 @@ class Statements:
     #: The pack's permanent tables (created by the first pack): emptied by
     #: zap_all too, or a later pack would trust references recorded for
     #: the old history (pack_info's refs_tid) and skip new revisions.
-    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_removed')
+    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_removed', 'pack_seed')
     #: Whether object_ref may lose its rows without pack_info losing
     #: refs_tid (PostgreSQL: an UNLOGGED table, emptied by crash recovery).
     PACK_REFS_MAY_VANISH = False
@@ -441,6 +449,91 @@ class Statements:
         INSERT INTO temp_pack_next (zoid)
         SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
         JOIN object_ref r ON r.zoid = f.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
+    # History-free, in two stages, so that the next pack knows what was
+    # kept only because a commit after the pack time touched it: first
+    # from the root alone, then from those commits (PACK_LATE_ROOTS).
+    PACK_ROOT = """
+        INSERT INTO temp_pack_next (zoid) SELECT zoid FROM {current} WHERE zoid = 0
+    """
+    PACK_LATE_ROOTS = """
+        INSERT INTO temp_pack_seed (zoid)
+        SELECT c.zoid FROM {current} c
+        LEFT JOIN temp_pack_reach x ON x.zoid = c.zoid
+        WHERE c.tid > %s AND x.zoid IS NULL
+    """
+    PACK_NEXT_FROM_SEED = """
+        INSERT INTO temp_pack_next (zoid) SELECT zoid FROM temp_pack_seed WHERE 1 = 1
+    """
+
+    # --- incremental reachability (history-free; packing.py) ---------------
+    PACK_REFS_OF = "SELECT zoid, to_zoid FROM object_ref WHERE zoid IN ({in_list})"
+    PACK_SEED_INSERT = "INSERT INTO pack_seed (zoid) VALUES "
+    PACK_SEED_TAKE = "INSERT INTO temp_pack_dom (zoid) SELECT DISTINCT zoid FROM pack_seed"
+    PACK_SEED_CLEAR = "DELETE FROM pack_seed"
+    PACK_SEED_SAVE = "INSERT INTO pack_seed (zoid) SELECT zoid FROM temp_pack_seed WHERE 1 = 1"
+    PACK_SEED_RESCUED = """
+        INSERT INTO pack_seed (zoid) SELECT zoid FROM temp_pack_frontier WHERE 1 = 1
+    """
+    PACK_DOM_FROM_NEXT = """
+        INSERT INTO temp_pack_dom (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1
+    """
+    PACK_FRONTIER_FROM_DOM = """
+        INSERT INTO temp_pack_frontier (zoid) SELECT zoid FROM temp_pack_dom WHERE 1 = 1
+    """
+    # The domain: everything the seeds reach.  Whatever lies outside it is
+    # reached as at the last pack (no reference on its way went).
+    PACK_DOM_STEP = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        JOIN object_ref r ON r.zoid = f.zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.to_zoid
+        WHERE d.zoid IS NULL
+    """
+    # The domain's objects as of the pack time: the only candidates.
+    PACK_FILL_CURRENT_DOM = """
+        INSERT INTO temp_pack_current (zoid, tid, revisions)
+        SELECT s.zoid, s.tid, 1 FROM temp_pack_dom d
+        JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid <= %s
+    """
+    PACK_DOM_ROOT = """
+        INSERT INTO temp_pack_reach (zoid) SELECT zoid FROM temp_pack_current WHERE zoid = 0
+    """
+    # Entries into the candidates from outside the domain (one scan of
+    # object_ref): a path from the root into the domain passes one.
+    PACK_DOM_ENTRIES = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE d.zoid IS NULL AND x.zoid IS NULL
+    """
+    # Objects of the domain changed after the pack time: kept, and what
+    # they reference among the candidates is reached.
+    PACK_LATE_DOM = """
+        INSERT INTO temp_pack_seed (zoid)
+        SELECT d.zoid FROM temp_pack_dom d
+        JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid > %s
+    """
+    PACK_LATE_ENTRIES = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_seed l
+        JOIN object_ref r ON r.zoid = l.zoid
+        JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
+    # One step of the reachability inside the candidates.
+    PACK_REACH_STEP_DOM = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        JOIN object_ref r ON r.zoid = f.zoid
+        JOIN temp_pack_current c ON c.zoid = r.to_zoid
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE x.zoid IS NULL
     """

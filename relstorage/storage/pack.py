@@ -85,6 +85,8 @@ class PackReport:
         self.prepack_only = False
         self.orphan_blob_files = []
         self.up_to_date = False     # nothing committed since the last pack
+        # Objects an incremental reachability examined (None: all of them).
+        self.reach_domain = None
 
     def summary(self):
         if self.up_to_date:
@@ -104,7 +106,12 @@ class PackReport:
     def _phases_text(self):
         if not self.phases:
             return ''
-        return ', '.join('%s %.1fs' % item for item in self.phases.items()) + '; '
+        parts = []
+        for name, seconds in self.phases.items():
+            parts.append('%s %.1fs' % (name, seconds))
+            if name == 'reachability' and self.reach_domain is not None:
+                parts[-1] += ' (incremental, %d objects)' % self.reach_domain
+        return ', '.join(parts) + '; '
 
 
 class _NoProgress:
@@ -151,8 +158,9 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             report.phases['analysis'] = time.time() - phase_start
             phase_start = time.time()
             bar = progress('computing reachability', None, 'steps')
-            bar.update(adapter.compute_pack_candidates(conn, report.pack_tid, gc,
-                                                       pause=_writers_turn(adapter, options)))
+            steps, report.reach_domain = adapter.compute_pack_candidates(
+                conn, report.pack_tid, gc, pause=_writers_turn(adapter, options))
+            bar.update(steps)
             bar.close()
             report.phases['reachability'] = time.time() - phase_start
             adapter.set_pack_info(conn, pack_tid=report.pack_tid,
@@ -239,6 +247,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         done = adapter.pack_refs_tid(conn)
         # An analysis killed part way through a tid left some of its rows.
         adapter.forget_refs_after(conn, done)
+        seeds = adapter.records_seeds(conn)
         conn.commit()
         bar = progress('analysing references',
                        adapter.count_revisions(load, done, snapshot_tid), 'revisions')
@@ -254,7 +263,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
 
         def record(upto_tid):
             nonlocal size
-            took = _record(adapter, conn, oids, rows, upto_tid)
+            took = _record(adapter, conn, oids, rows, upto_tid, seeds)
             bar.update(len(oids))
             if adapt:
                 size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
@@ -302,11 +311,11 @@ def _references(referencesf, oid, tid, state):
             % (oid, tid, type(exc).__name__, exc)) from exc
 
 
-def _record(adapter, conn, oids, rows, completed_tid):
+def _record(adapter, conn, oids, rows, completed_tid, seeds=False):
     """Record references; return how long the write transaction took."""
     _begin_write(adapter, conn)
     started = time.time()
-    adapter.add_refs(conn, oids, rows)
+    adapter.add_refs(conn, oids, rows, seeds)
     adapter.set_pack_info(conn, refs_tid=completed_tid)
     conn.commit()
     return time.time() - started
@@ -427,6 +436,10 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
         # What the next pack checks to know it has nothing to do.
         adapter.set_pack_info(conn, prepared=None, prepared_gc=None, pack_tid=None,
                               checked_tid=None, packed_tid=report.pack_tid, packed_gc=gc)
+        if gc and not adapter.keep_history:
+            # All this pack's garbage is gone: the next pack with GC need
+            # only look where pack_seed says (compute_pack_candidates).
+            adapter.set_pack_info(conn, seed_base=1)
         conn.commit()
     finally:
         bar.close()

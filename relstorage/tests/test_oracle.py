@@ -144,6 +144,8 @@ class Recorder:
         self.pack_mark = None
         self.fail = None           # (substring, exception): raised when sent
         self.pack_lock_free = True
+        #: pack_info's rows, when set (else one made-up row).
+        self.pack_info = None
         #: When set, a statement's rowcount is 1 the first time it is sent
         #: and 0 after (so that the pack's loops run a second round).
         self.first_rowcount = False
@@ -171,6 +173,8 @@ class Recorder:
             return [(self.sequence + sql.OID_BLOCK,)]
         if stmt == adapter.q(s.GET_PACK_MARK):
             return [] if self.pack_mark is None else [(self.pack_mark,)]
+        if stmt == adapter.q(s.PACK_INFO_GET) and self.pack_info is not None:
+            return sorted(self.pack_info.items())
         if stmt == adapter.q(s.TRY_PACK_LOCK):
             return [(1,)] if self.pack_lock_free else []
         if stmt in (adapter.q(s.LOCK_COMMIT), adapter.q(s.GET_LAST_TID)):
@@ -349,8 +353,14 @@ def drive_every_verb(adapter, recorder):
     adapter.add_refs(conn, [1, 2], [(1, 200, 2), (1, 200, 3), (2, 200, 3)])
     adapter.forget_refs_of(conn, [9])          # add_refs calls it history-free only
     adapter.set_pack_info(conn, refs_tid=200, prepared=None)
+    adapter.records_seeds(conn)
+    adapter.record_seeds(conn, [1, 2], [(1, 200, 2)])    # add_refs' history-free only
     recorder.first_rowcount = True             # the loops go round twice
     adapter.compute_pack_candidates(conn, 150, True)
+    # History-free, after a completed pack: the incremental reachability.
+    recorder.pack_info = {'seed_base': 1, 'reach_objects': 10}
+    adapter.compute_pack_candidates(conn, 150, True)
+    recorder.pack_info = None
     adapter._any(conn, 'temp_pack_next')       # where rowcount is not known
     adapter.pack_candidate_stats(conn)
     adapter.new_revisions(conn, 200, 300)
@@ -426,11 +436,19 @@ NOT_SENT = {
 }
 #: Statements about older revisions, which a history-free database has not:
 #: the verbs send them only when keep-history is on.
-HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS')
+HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS',
+           # A history-free reachability runs in two stages (or incrementally).
+           'PACK_ROOTS', 'PACK_REACH_NEWER_REFS')
 #: ... and statements a history-preserving database answers otherwise
 #: (commit_outcome reads transaction_log there; an object's older
 #: revisions keep their references there).
-HF_ONLY = ('TID_HAS_STATES', 'PACK_REFS_FORGET_OBJECTS')
+HF_ONLY = ('TID_HAS_STATES', 'PACK_REFS_FORGET_OBJECTS',
+           # The reachability in two stages and the incremental one.
+           'PACK_ROOT', 'PACK_LATE_ROOTS', 'PACK_NEXT_FROM_SEED', 'PACK_REFS_OF',
+           'PACK_SEED_INSERT', 'PACK_SEED_TAKE', 'PACK_SEED_CLEAR', 'PACK_SEED_SAVE',
+           'PACK_SEED_RESCUED', 'PACK_DOM_FROM_NEXT', 'PACK_FRONTIER_FROM_DOM',
+           'PACK_DOM_STEP', 'PACK_FILL_CURRENT_DOM', 'PACK_DOM_ROOT', 'PACK_DOM_ENTRIES',
+           'PACK_LATE_DOM', 'PACK_LATE_ENTRIES', 'PACK_REACH_STEP_DOM')
 #: Tables only a history-preserving schema has.
 HP_TABLES = ('current_object', 'transaction_log')
 
@@ -857,9 +875,9 @@ class ErrorTests(unittest.TestCase):
         created = sorted(re.match(r'CREATE (?:GLOBAL TEMPORARY )?(?:TABLE|INDEX) (\w+)',
                                   stmt).group(1)
                          for stmt, _, _ in recorder.calls if stmt.startswith('CREATE'))
-        self.assertEqual(created, ['pack_info', 'pack_object', 'pack_removed', 'temp_pack_batch',
-                                   'temp_pack_current', 'temp_pack_frontier',
-                                   'temp_pack_next'])
+        self.assertEqual(created, ['pack_info', 'pack_object', 'pack_removed', 'pack_seed',
+                                   'temp_pack_batch', 'temp_pack_current', 'temp_pack_dom',
+                                   'temp_pack_frontier', 'temp_pack_next', 'temp_pack_seed'])
 
     def test_replica_conf_lists_dsns_and_moves_to_the_next(self):
         # replica-conf for Oracle: one DSN per line.  Neither server here

@@ -109,6 +109,17 @@ class MySQLStatements(Statements):
     # (IN (SELECT ...) made a 6-million-object pack take 17 s per batch).
     INSERT_IGNORE = 'INSERT IGNORE INTO'
     INSERT_IGNORE_END = ''
+    # One scan of object_ref, probing the work tables by their keys (the
+    # optimizer would start from the small table and scan object_ref,
+    # which has no index on to_zoid, once per row).
+    PACK_DOM_ENTRIES = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        STRAIGHT_JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE d.zoid IS NULL AND x.zoid IS NULL
+    """
     PACK_DELETE_STATES = """
         DELETE s FROM object_state s JOIN temp_pack_batch t ON t.zoid = s.zoid
         WHERE s.tid < t.below
@@ -159,7 +170,8 @@ OID_PRUNE_EVERY = 16
 
 #: Tables RelStorage owns (dropped by drop_all).
 ALL_TABLES = ('commit_lock', 'new_oid', 'transaction_log', 'current_object',
-              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info', 'pack_removed')
+              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info', 'pack_removed',
+              'pack_seed')
 
 PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS object_ref (
@@ -177,6 +189,9 @@ PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS pack_info (
         name VARCHAR(32) NOT NULL PRIMARY KEY,
         value BIGINT NOT NULL
+    ) ENGINE = InnoDB""",
+    """CREATE TABLE IF NOT EXISTS pack_seed (
+        zoid BIGINT NOT NULL
     ) ENGINE = InnoDB""",
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark BIGINT NOT NULL,
@@ -196,6 +211,10 @@ PACK_TEMP_TABLES = {
     'temp_pack_frontier': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_frontier (
         zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
     'temp_pack_next': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_next (
+        zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
+    'temp_pack_dom': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_dom (
+        zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
+    'temp_pack_seed': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_seed (
         zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
     'temp_pack_batch': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_batch (
         zoid BIGINT NOT NULL PRIMARY KEY, below BIGINT NOT NULL,

@@ -168,6 +168,7 @@ class OracleStatements(Statements):
     # array DML (executemany) per batch.
     PACK_REFS_INSERT = "INSERT INTO object_ref (zoid, tid, to_zoid) VALUES (%s, %s, %s)"
     PACK_NEXT_INSERT = "INSERT INTO temp_pack_next (zoid) VALUES (%s)"
+    PACK_SEED_INSERT = "INSERT INTO pack_seed (zoid) VALUES (%s)"
     PACK_FILL_BATCH = _fetch_first(Statements.PACK_FILL_BATCH)
     # Semi-joins: Oracle has no DELETE ... USING / multi-table DELETE.
     PACK_DELETE_STATES = """
@@ -316,6 +317,9 @@ PACK_TABLES = {
             value NUMBER(20) NOT NULL
         )""",
     ),
+    'pack_seed': (
+        "CREATE TABLE pack_seed (zoid NUMBER(20) NOT NULL)",
+    ),
     'pack_removed': (
         """CREATE TABLE pack_removed (
             mark NUMBER(20) NOT NULL,
@@ -344,6 +348,12 @@ PACK_TEMP_TABLES = {
         zoid NUMBER(20) NOT NULL PRIMARY KEY
     ) ON COMMIT PRESERVE ROWS""",
     'temp_pack_next': """CREATE GLOBAL TEMPORARY TABLE temp_pack_next (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_dom': """CREATE GLOBAL TEMPORARY TABLE temp_pack_dom (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_seed': """CREATE GLOBAL TEMPORARY TABLE temp_pack_seed (
         zoid NUMBER(20) NOT NULL PRIMARY KEY
     ) ON COMMIT PRESERVE ROWS""",
     'temp_pack_batch': """CREATE GLOBAL TEMPORARY TABLE temp_pack_batch (

@@ -244,6 +244,11 @@ class PostgreSQLAdapter(Adapter):
         if oids:
             conn.execute(self.sql.PACK_REFS_FORGET_ARRAY, (list(oids),))
 
+    def refs_of(self, conn, oids):
+        if not oids:
+            return []
+        return conn.query_all(self.sql.PACK_REFS_OF_ARRAY, (sorted(oids),))
+
     def insert_refs(self, conn, rows):
         if rows:
             conn.execute(self.sql.PACK_REFS_INSERT_ARRAYS,

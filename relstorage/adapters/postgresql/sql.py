@@ -109,6 +109,7 @@ class PostgreSQLStatements(Statements):
 
     # Pack: the references of analysed revisions, as arrays (adapter.py).
     PACK_REFS_FORGET_ARRAY = "DELETE FROM object_ref WHERE zoid = ANY(%s::bigint[])"
+    PACK_REFS_OF_ARRAY = "SELECT zoid, to_zoid FROM object_ref WHERE zoid = ANY(%s::bigint[])"
     PACK_REFS_INSERT_ARRAYS = """
         INSERT INTO object_ref (zoid, tid, to_zoid)
         SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[])
@@ -257,6 +258,8 @@ PACK_SCHEMA = (
         name VARCHAR(32) PRIMARY KEY,
         value BIGINT NOT NULL
     )""",
+    # Logged: small, and what it says is not derived from other tables.
+    "CREATE TABLE IF NOT EXISTS pack_seed (zoid BIGINT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark BIGINT NOT NULL,
         zoid BIGINT NOT NULL,
@@ -273,12 +276,14 @@ PACK_TEMP_TABLES = {
     'temp_pack_frontier':
         "CREATE TEMP TABLE IF NOT EXISTS temp_pack_frontier (zoid BIGINT PRIMARY KEY)",
     'temp_pack_next': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_next (zoid BIGINT PRIMARY KEY)",
+    'temp_pack_dom': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_dom (zoid BIGINT PRIMARY KEY)",
+    'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid BIGINT PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid BIGINT PRIMARY KEY, below BIGINT NOT NULL, garbage SMALLINT NOT NULL)""",
 }
 
 DROP_ALL = (
     "DROP TABLE IF EXISTS blob_chunk, current_object, transaction_log, object_state, "
-    "commit_lock, object_ref, pack_object, pack_info, pack_removed CASCADE",
+    "commit_lock, object_ref, pack_object, pack_info, pack_removed, pack_seed CASCADE",
     "DROP SEQUENCE IF EXISTS zoid_seq",
 )

@@ -44,6 +44,52 @@ class SqliteStatements(Statements):
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE x.zoid IS NULL
     """
+    # The incremental reachability (adapters/packing.py) likewise: from
+    # the small work tables into object_ref by its key, and through
+    # object_ref once, probing the work tables, for the entries.
+    PACK_DOM_STEP = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        CROSS JOIN object_ref r ON r.zoid = f.zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.to_zoid
+        WHERE d.zoid IS NULL
+    """
+    PACK_FILL_CURRENT_DOM = """
+        INSERT INTO temp_pack_current (zoid, tid, revisions)
+        SELECT s.zoid, s.tid, 1 FROM temp_pack_dom d
+        CROSS JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid <= %s
+    """
+    PACK_DOM_ENTRIES = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE d.zoid IS NULL AND x.zoid IS NULL
+    """
+    PACK_LATE_DOM = """
+        INSERT INTO temp_pack_seed (zoid)
+        SELECT d.zoid FROM temp_pack_dom d
+        CROSS JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid > %s
+    """
+    PACK_LATE_ENTRIES = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_seed l
+        CROSS JOIN object_ref r ON r.zoid = l.zoid
+        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
+    PACK_REACH_STEP_DOM = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
+        CROSS JOIN object_ref r ON r.zoid = f.zoid
+        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE x.zoid IS NULL
+    """
     PACK_RESCUE_STEP = """
         INSERT OR IGNORE INTO temp_pack_next (zoid)
         SELECT p.zoid FROM temp_pack_frontier f
@@ -78,6 +124,7 @@ PACK_SCHEMA = (
         name TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     )""",
+    "CREATE TABLE IF NOT EXISTS pack_seed (zoid INTEGER NOT NULL)",
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark INTEGER NOT NULL,
         zoid INTEGER NOT NULL,
@@ -94,6 +141,8 @@ PACK_TEMP_TABLES = {
     'temp_pack_frontier':
         "CREATE TEMP TABLE IF NOT EXISTS temp_pack_frontier (zoid INTEGER PRIMARY KEY)",
     'temp_pack_next': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_next (zoid INTEGER PRIMARY KEY)",
+    'temp_pack_dom': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_dom (zoid INTEGER PRIMARY KEY)",
+    'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid INTEGER PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL, garbage INTEGER NOT NULL)""",
 }
