@@ -350,6 +350,14 @@ def main(argv=None):
         print('               %s' % second['summary'])
         print('  third pack:  %.1fs (nothing new)' % third['seconds'])
         print('               %s' % third['summary'])
+        samples = os.environ.get('RS_PACK_LIVE_SAMPLES')
+        if samples:
+            # The writer's commits, to see which phase of the pack the
+            # slow ones met (zodbpack's summary gives the phase times).
+            import json
+            with open(samples, 'w') as f:
+                json.dump({'pack_start': pack_start, 'pack_end': pack_end,
+                           'summary': first['summary'], 'samples': writer.samples}, f)
     finally:
         target.cleanup()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -333,14 +333,24 @@ class IRelStorageAdapter(Interface):
         """Drop references recorded for revisions after ``tid`` (leftovers
         of an interrupted analysis)."""
 
-    def add_refs(conn, oids, rows):
-        """Record (zoid, tid, to_zoid) rows for the revisions of ``oids``."""
+    def add_refs(conn, oids, rows, seeds=False):
+        """Record (zoid, tid, to_zoid) rows for the revisions of ``oids``;
+        with ``seeds`` (history-free), also where new garbage may be, for
+        the next incremental reachability."""
+
+    def records_seeds(conn):
+        """Whether an analysis must record seeds (``add_refs``)."""
 
     def compute_pack_candidates(conn, pack_tid, gc, pause=None):
         """Fill the candidate table with what a pack to ``pack_tid`` removes
         (unreachable objects when ``gc``), by set-based SQL.  Where that
         takes several write transactions (single-writer databases),
-        ``pause(seconds_held)`` is called after each."""
+        ``pause(seconds_held)`` is called after each.  Returns (frontier
+        steps, objects an incremental reachability examined or None)."""
+
+    def seed_unreached(conn, oids):
+        """Of ``oids`` (changed after the analysis), record as seeds those
+        the last reachability did not reach (history-free)."""
 
     def pack_candidate_stats(conn):
         """(objects, revisions, bytes, blob revisions) the candidates hold."""

@@ -188,8 +188,8 @@ class PackVerbs:
         references go: the targets of references a revision dropped (the
         only way an object that was reachable stops being so), objects
         without earlier references (new since the last analysis, or
-        without references at all: they reach nothing, so the domain
-        grows by themselves only)."""
+        without any references: those add only themselves to the
+        domain)."""
         new = {}
         for zoid, _tid, to_zoid in rows:
             new.setdefault(zoid, set()).add(to_zoid)
@@ -204,7 +204,18 @@ class PackVerbs:
                 seeds.add(oid)
             if before:
                 seeds.update(before.difference(refs))
-        self._insert_values(conn, self.sql.PACK_SEED_INSERT, 1, [(o,) for o in sorted(seeds)])
+        # The root is always reached (and in the domain, it would make the
+        # reachability full).
+        seeds.discard(0)
+        self.add_seeds(conn, seeds)
+
+    def add_seeds(self, conn, oids):
+        """Add ``oids`` to pack_seed (one row each: the table has a key,
+        which some servers require of every table)."""
+        oids = sorted(oids)
+        for chunk in _chunks(oids, self.max_in_list):
+            conn.execute(self.in_list(self.sql.PACK_SEED_FORGET, len(chunk)), chunk)
+        self._insert_values(conn, self.sql.PACK_SEED_INSERT, 1, [(o,) for o in oids])
 
     def refs_of(self, conn, oids):
         """(zoid, to_zoid) recorded for ``oids``."""
@@ -232,7 +243,8 @@ class PackVerbs:
 
     #: An incremental reachability gives up for a full one when its
     #: domain passes this share of the objects the last full one saw (or
-    #: INCREMENTAL_MIN objects): by then a full one costs no more.
+    #: INCREMENTAL_MIN objects): the work left then costs about what a
+    #: full one does.
     INCREMENTAL_SHARE = 1 / 3.0
     INCREMENTAL_MIN = 20000
 
@@ -241,8 +253,9 @@ class PackVerbs:
         the references recorded so far.  Returns (frontier steps, domain):
         domain is how many objects an incremental reachability examined,
         None when it examined them all.  Work happens in temporary tables;
-        only the final replacement of pack_object (and of pack_seed) is a
-        write to shared tables.
+        the writes to shared tables are short: pack_info and pack_seed at
+        the start (_start_reachability), pack_object and pack_seed at the
+        end.
 
         History-free with GC, the reachability is incremental when the
         last pack with GC completed (pack_info ``seed_base``): new garbage
@@ -250,10 +263,12 @@ class PackVerbs:
         sql.py) reach, the domain; everything else is reached as it was
         then, through no reference that went.  Inside the domain, the
         reachability starts from the references that enter it from
-        outside (and the root): a path from the root to an object of the
-        domain enters it by one of them for the last time.  So what is
-        found unreachable is unreachable whatever the seeds were; seeds
-        that miss something only leave garbage for a full reachability.
+        outside, the root, and the objects of the domain changed after
+        the pack time: the domain holds whatever its objects reference, so
+        a path from the root to one of its objects enters it once, by one
+        of those.  So what is found unreachable is unreachable whatever the
+        seeds were; seeds that miss something only leave garbage for a
+        full reachability.
         """
         sql = self.sql
         for name in self.pack_temp_tables():
@@ -264,15 +279,15 @@ class PackVerbs:
         steps = 0
         domain = None
         seeded = gc and not self.keep_history
+        base, seen = self._start_reachability(conn, seeded)
         if seeded:
-            base, seen = self._take_seeds(conn)
             if base:
                 limit = max(self.INCREMENTAL_MIN, int(seen * self.INCREMENTAL_SHARE))
                 steps, domain = self._reach_in_domain(conn, pack_tid, limit)
                 if domain is None:
-                    log.info("The pack's incremental reachability of %s reached more "
-                             "than %d objects; computing it for every object.",
-                             self.describe(), limit)
+                    log.info("The pack's incremental reachability of %s reached the "
+                             "root or more than %d objects; computing it for every "
+                             "object.", self.describe(), limit)
                     for name in self.pack_temp_tables():
                         self.clear_pack_temp(conn, name)
             if domain is None:
@@ -290,7 +305,7 @@ class PackVerbs:
         conn.commit()
         self.begin_store_checked(conn)
         if seeded:
-            # What the next pack must look at again (see _take_seeds).
+            # What the next pack must look at again (see _start_reachability).
             conn.execute(self.q(sql.PACK_SEED_SAVE))
             if domain is None:
                 self.set_pack_info(conn, reach_objects=self._count(conn, 'temp_pack_current'))
@@ -305,46 +320,77 @@ class PackVerbs:
         self._analyze_temp(conn, 'pack_object')
         return steps, domain
 
-    def _take_seeds(self, conn):
-        """Move the seeds into temp_pack_dom when the last pack with GC
-        completed; empty pack_seed either way.  Until this pack completes
-        (``seed_base`` again), a pack computes the whole reachability:
-        the garbage an interrupted pack left is in no seed.  Returns
+    def _start_reachability(self, conn, seeded):
+        """One short write transaction before the reachability.  The
+        candidates of an earlier pre-pack stop counting (``prepared``):
+        this one replaces them, and a pack stopped part way must leave
+        nothing a later --use-prepack-state trusts.  With ``seeded``, the
+        seeds move into temp_pack_dom when the pack with GC that consumed
+        the previous ones completed (``seed_base``), and pack_seed is
+        emptied either way.  Until this pack completes and sets
+        ``seed_base`` again, packs compute the whole reachability: the
+        garbage this one leaves if it stops is in no seed.  Returns
         (whether the seeds are usable, objects the last full reachability
         saw)."""
         sql = self.sql
         conn.commit()
         self.begin_store_checked(conn)
         info = self.pack_info(conn)
-        base = bool(info.get('seed_base'))
-        if base:
-            conn.execute(self.q(sql.PACK_SEED_TAKE))
-        conn.execute(self.q(sql.PACK_SEED_CLEAR))
-        # From now on every analysis records seeds (add_refs).
-        self.set_pack_info(conn, seed_base=None, seeds_armed=1)
+        base = seeded and bool(info.get('seed_base'))
+        self.set_pack_info(conn, prepared=None, prepared_gc=None)
+        if seeded:
+            if base:
+                conn.execute(self.q(sql.PACK_SEED_TAKE))
+            conn.execute(self.q(sql.PACK_SEED_CLEAR))
+            # From now on every analysis records seeds (add_refs).
+            self.set_pack_info(conn, seed_base=None, seeds_armed=1)
         conn.commit()
         return base, info.get('reach_objects', 0)
 
     def records_seeds(self, conn):
         """Whether an analysis records seeds for an incremental
-        reachability (history-free, once a pack with GC ran)."""
+        reachability (history-free, once the reachability of a pack with
+        GC started)."""
         return not self.keep_history and bool(self.pack_info(conn).get('seeds_armed'))
+
+    def seed_unreached(self, conn, oids):
+        """Record as seeds those of ``oids`` (changed after the analysis)
+        that this pack's reachability, still in the work tables, did not
+        reach: a change made after PACK_LATE_ROOTS or PACK_LATE_DOM ran
+        keeps such an object out of the candidates, and no analysis seeds
+        it again unless its references change."""
+        if self.keep_history or not oids:
+            return
+        for chunk in _chunks(sorted(oids), self.max_in_list):
+            conn.execute(self.in_list(self.sql.PACK_SEED_UNREACHED, len(chunk)), chunk)
 
     def _reach_in_domain(self, conn, pack_tid, limit):
         """Reachability among what the seeds reach; (steps, size of the
         domain), or (steps, None) once the domain passes ``limit``."""
         sql = self.sql
+
+        def reached_root():
+            # The domain holds whatever its objects reference: with the
+            # root, it holds every reachable object, and a full
+            # reachability costs less (objects with references to their
+            # parents lead there).
+            return conn.query_one(self.q(sql.PACK_DOM_HAS_ROOT)) is not None
+
         conn.execute(self.q(sql.PACK_FRONTIER_FROM_DOM))
+        if reached_root():
+            return 0, None
         steps, added = self._expand(conn, sql.PACK_DOM_STEP, sql.PACK_DOM_FROM_NEXT,
-                                    limit=limit - self._count(conn, 'temp_pack_dom'))
+                                    limit=limit - self._count(conn, 'temp_pack_dom'),
+                                    stop=reached_root)
         if added is None:
             return steps, None
         self._analyze_temp(conn, 'temp_pack_dom')
         conn.execute(self.q(sql.PACK_FILL_CURRENT_DOM), (pack_tid,))
+        if not self._any(conn, 'temp_pack_current'):
+            return steps, self._count(conn, 'temp_pack_dom')
         self._analyze_temp(conn, 'temp_pack_current')
-        # First the root and the references from outside the domain ...
-        conn.execute(self.q(sql.PACK_DOM_ROOT))
-        conn.execute(self.q(sql.PACK_FRONTIER_FROM_REACH))
+        # First the references from outside the domain (the root is
+        # outside: see reached_root) ...
         conn.execute(self.q(sql.PACK_DOM_ENTRIES))
         steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
         # ... then what the domain's objects changed after the pack time
@@ -367,11 +413,12 @@ class PackVerbs:
         conn.execute(self.q(sql.PACK_NEXT_FROM_SEED))
         return steps + self._expand(conn, sql.PACK_REACH_STEP)[0]
 
-    def _expand(self, conn, step, add=None, limit=None):
+    def _expand(self, conn, step, add=None, limit=None, stop=None):
         """Add temp_pack_next to the reached set (``add``: the statement
         doing so, PACK_REACH_ADD by default), follow it and the frontier
         by ``step`` until nothing new is found.  Returns (steps, rows
-        added), rows None once they pass ``limit``."""
+        added), rows None once they pass ``limit`` or ``stop()`` says so
+        after a step."""
         sql = self.sql
         add = add or sql.PACK_REACH_ADD
         steps = added = 0
@@ -379,7 +426,7 @@ class PackVerbs:
             self._analyze_temp(conn, 'temp_pack_next')
             conn.execute(self.q(add))
             added += max(conn.cursor.rowcount, 0)
-            if limit is not None and added > limit:
+            if limit is not None and added > limit or steps and stop and stop():
                 return steps, None
             conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
             self.clear_pack_temp(conn, 'temp_pack_next')

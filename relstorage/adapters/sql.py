@@ -32,7 +32,11 @@ Pack tables, created by the first pack (see storage/pack.py):
 ``pack_info``        name -> integer: ``refs_tid`` (every revision up to it
                      is in object_ref), and the pre-pack's ``pack_tid``,
                      ``checked_tid`` (commits up to it were re-checked) and
-                     ``prepared``.
+                     ``prepared``; ``packed_tid`` and ``packed_gc`` of the
+                     last completed pack; history-free, ``seeds_armed``
+                     (analyses record seeds), ``seed_base`` (the seeds
+                     are usable) and ``reach_objects`` (objects the last
+                     full reachability saw).
 ``pack_object``      the pre-pack's result: objects whose revisions older
                      than ``keep_tid`` go, and (``garbage`` = 1) objects that
                      go entirely.
@@ -44,13 +48,15 @@ Pack tables, created by the first pack (see storage/pack.py):
                      an earlier pack already emptied) means "anything may
                      be gone".
 ``pack_seed``        (zoid): history-free, where new garbage may be since the
-                     last completed pack with GC: objects new since then or
-                     without references, targets of references a new
-                     revision dropped, objects kept only because a commit
-                     after the pack time touched them, and candidates a
-                     commit brought back.  A pack whose ``pack_info`` says
-                     ``seed_base`` computes reachability only among what
-                     these reach (see compute_pack_candidates).
+                     last reachability: what analyses since found (targets
+                     of references a new revision dropped, objects new
+                     since the analysis before or without references), what
+                     that reachability kept only because a commit after its
+                     pack time touched it, and candidates a commit brought
+                     back.  Emptied when a reachability starts.  A pack
+                     whose ``pack_info`` says ``seed_base`` (the pack that
+                     last emptied it completed) computes reachability only
+                     among what these reach (see compute_pack_candidates).
 ``temp_pack_*``      per-connection work tables of the pack's reachability
                      and deletion batches.
 """
@@ -470,13 +476,29 @@ class Statements:
 
     # --- incremental reachability (history-free; packing.py) ---------------
     PACK_REFS_OF = "SELECT zoid, to_zoid FROM object_ref WHERE zoid IN ({in_list})"
+    # pack_seed has a key (servers may require one of every table); only
+    # the pack, one at a time, writes it: NOT EXISTS skips what it holds.
+    PACK_SEED_FORGET = "DELETE FROM pack_seed WHERE zoid IN ({in_list})"
     PACK_SEED_INSERT = "INSERT INTO pack_seed (zoid) VALUES "
-    PACK_SEED_TAKE = "INSERT INTO temp_pack_dom (zoid) SELECT DISTINCT zoid FROM pack_seed"
+    PACK_SEED_TAKE = "INSERT INTO temp_pack_dom (zoid) SELECT zoid FROM pack_seed WHERE 1 = 1"
     PACK_SEED_CLEAR = "DELETE FROM pack_seed"
-    PACK_SEED_SAVE = "INSERT INTO pack_seed (zoid) SELECT zoid FROM temp_pack_seed WHERE 1 = 1"
-    PACK_SEED_RESCUED = """
-        INSERT INTO pack_seed (zoid) SELECT zoid FROM temp_pack_frontier WHERE 1 = 1
+    PACK_SEED_SAVE = """
+        INSERT INTO pack_seed (zoid) SELECT t.zoid FROM temp_pack_seed t
+        WHERE NOT EXISTS (SELECT 1 FROM pack_seed s WHERE s.zoid = t.zoid)
     """
+    PACK_SEED_RESCUED = """
+        INSERT INTO pack_seed (zoid) SELECT f.zoid FROM temp_pack_frontier f
+        WHERE NOT EXISTS (SELECT 1 FROM pack_seed s WHERE s.zoid = f.zoid)
+    """
+    # Of the given objects (changed after the analysis), those the
+    # reachability did not reach (packing.seed_unreached).
+    PACK_SEED_UNREACHED = """
+        INSERT INTO pack_seed (zoid) SELECT c.zoid FROM temp_pack_current c
+        LEFT JOIN temp_pack_reach x ON x.zoid = c.zoid
+        WHERE x.zoid IS NULL AND c.zoid IN ({in_list})
+          AND NOT EXISTS (SELECT 1 FROM pack_seed s WHERE s.zoid = c.zoid)
+    """
+    PACK_DOM_HAS_ROOT = "SELECT zoid FROM temp_pack_dom WHERE zoid = 0"
     PACK_DOM_FROM_NEXT = """
         INSERT INTO temp_pack_dom (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1
     """
@@ -499,11 +521,8 @@ class Statements:
         JOIN object_state s ON s.zoid = d.zoid
         WHERE s.tid <= %s
     """
-    PACK_DOM_ROOT = """
-        INSERT INTO temp_pack_reach (zoid) SELECT zoid FROM temp_pack_current WHERE zoid = 0
-    """
     # Entries into the candidates from outside the domain (one scan of
-    # object_ref): a path from the root into the domain passes one.
+    # object_ref).
     PACK_DOM_ENTRIES = """
         INSERT INTO temp_pack_next (zoid)
         SELECT DISTINCT r.to_zoid FROM object_ref r

@@ -83,6 +83,8 @@ class StorageCache:
         self._mark_lock = threading.Lock()
         self._pack_mark = None      # None until the first snapshot
         self._newest_snapshot = 0   # the newest snapshot tid any instance began
+        # (after, upto, rows) of the last removal list read (pack_removals).
+        self._removals_memo = None
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
         self.warmed = 0             # states copied from the shared cache at start
         self._hot_published = time.monotonic()
@@ -443,7 +445,7 @@ class StorageCache:
                 # polls must read what the database holds.
                 self._forget_own_commits()
             if not first and removals is not None:
-                removed = removals(previous, mark)
+                removed = self.pack_removals(previous, mark, removals)
                 if removed is not None:
                     # States are immutable per (oid, tid): what the pack
                     # left is still right, and the shared cache keeps its
@@ -474,6 +476,19 @@ class StorageCache:
                 self.index.rolled_back(snapshot, newest)
             log.info("The database was packed or zapped (pack mark %d): cleared the cache.",
                      mark)
+
+    def pack_removals(self, after_mark, upto_mark, read):
+        """``read(after_mark, upto_mark)``: the lists of what pack
+        batches removed, read once for every instance of the process:
+        after a batch, this cache and each instance's poll ask for the
+        same marks, and reading a list is the cost a pack puts on other
+        processes."""
+        memo = self._removals_memo
+        if memo is not None and memo[0] == after_mark and memo[1] == upto_mark:
+            return memo[2]
+        rows = read(after_mark, upto_mark)
+        self._removals_memo = (after_mark, upto_mark, rows)
+        return rows
 
     def forget_removed(self, removed):
         """``removed``: (oid, below) pairs, the revisions of oid older than

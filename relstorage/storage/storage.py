@@ -371,7 +371,9 @@ class RelStorage(ConflictResolvingStorage):
         adapters/sql.py)."""
         if upto_mark < after_mark:
             return None
-        rows = self._adapter.pack_removals(conn, after_mark, upto_mark)
+        rows = self._cache.pack_removals(
+            after_mark, upto_mark,
+            lambda after, upto: self._adapter.pack_removals(conn, after, upto))
         if rows is None:
             return None
         return [p64(oid) for oid, below in rows if below == ALL_REVISIONS]

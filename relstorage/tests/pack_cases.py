@@ -908,6 +908,75 @@ class IncrementalPackTests(PackCase):
             del conn.root()['b']['a']['k0']
         self.pack_exactly(db, incremental=False)
 
+    def test_change_made_during_the_reachability(self):
+        # b is unreachable, and changed after the reachability found it so
+        # but before the candidates were written: this pack keeps it, the
+        # next one must find it.
+        from relstorage.adapters.packing import PackVerbs
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(b=PersistentMapping(c=PersistentMapping()))
+        self.pack_exactly(db, incremental=False)
+        with db.transaction() as conn:
+            b = conn.root()['a'].pop('b')
+        original = PackVerbs._reach_in_domain
+        changed = []
+
+        def reach_then_change(adapter, *args):
+            result = original(adapter, *args)
+            if not changed:
+                with db.transaction() as conn:
+                    conn.get(b._p_oid)['v'] = 1
+                changed.append(1)
+            return result
+        self.patch(PackVerbs, '_reach_in_domain', reach_then_change)
+        report = db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertTrue(changed)
+        self.assertIsNotNone(report.reach_domain)
+        self.assertTrue(self.exists(b._p_oid))
+        with db.transaction() as conn:
+            conn.root()['other'] = 1
+        self.pack_exactly(db)
+        self.assertFalse(self.exists(b._p_oid))
+
+    def test_use_prepack_state_after_a_pack_stopped_in_its_reachability(self):
+        from relstorage.adapters.packing import PackVerbs
+        from relstorage.storage.pack import PackError
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(x=PersistentMapping())
+            conn.root()['z'] = PersistentMapping()
+        self.pack_exactly(db, incremental=False)
+        db.storage.run_pack(time.time() + 1, referencesf, prepack_only=True)
+        with db.transaction() as conn:
+            del conn.root()['a']
+
+        def stop(*args):
+            raise KeyboardInterrupt
+        with self.assertRaises(KeyboardInterrupt):
+            with mock_attr(PackVerbs, '_reach_all_in_two_stages', stop):
+                db.storage.run_pack(time.time() + 1, referencesf)
+        # The pre-pack's candidates no longer count: that pack replaced
+        # them (and emptied the seeds).
+        with self.assertRaises(PackError):
+            db.storage.run_pack(time.time() + 1, referencesf, skip_prepack=True)
+        self.pack_exactly(db, incremental=False)
+        with db.transaction() as conn:
+            del conn.root()['z']
+        self.pack_exactly(db)
+
+    def test_references_to_parents_make_the_reachability_full(self):
+        # Every object references its parent, up to the root: the seeds
+        # reach the root, hence everything.
+        db = self.db()
+        with db.transaction() as conn:
+            a = conn.root()['a'] = self.subtree('a')
+            a['up'] = conn.root()
+        self.pack_exactly(db, incremental=False)
+        with db.transaction() as conn:
+            del conn.root()['a']['k1']
+        self.pack_exactly(db, incremental=False)
+
     def test_commit_during_deletion_then_unlink(self):
         # What a commit brings back during the deletion is looked at again
         # by the next pack.
@@ -942,6 +1011,20 @@ class IncrementalPackTests(PackCase):
         old = getattr(obj, name)
         setattr(obj, name, value)
         self.addCleanup(setattr, obj, name, old)
+
+
+class mock_attr:
+    """Replace an attribute for the length of a with block."""
+
+    def __init__(self, obj, name, value):
+        self.obj, self.name, self.value = obj, name, value
+
+    def __enter__(self):
+        self.old = getattr(self.obj, self.name)
+        setattr(self.obj, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.obj, self.name, self.old)
 
 
 ALL = (PrepackTests, PackBehaviourTests, PackCrashTests, PackWhileRelinkingTests,

@@ -173,6 +173,8 @@ class Recorder:
             return [(self.sequence + sql.OID_BLOCK,)]
         if stmt == adapter.q(s.GET_PACK_MARK):
             return [] if self.pack_mark is None else [(self.pack_mark,)]
+        if stmt == adapter.q(s.PACK_DOM_HAS_ROOT):
+            return []           # (else the incremental reachability stops at once)
         if stmt == adapter.q(s.PACK_INFO_GET) and self.pack_info is not None:
             return sorted(self.pack_info.items())
         if stmt == adapter.q(s.TRY_PACK_LOCK):
@@ -365,6 +367,7 @@ def drive_every_verb(adapter, recorder):
     adapter.pack_candidate_stats(conn)
     adapter.new_revisions(conn, 200, 300)
     adapter.rescue_candidates(conn, 200, {3, 4})
+    adapter.seed_unreached(conn, {3, 4})
     recorder.first_rowcount = False
     adapter.any_garbage_candidate(conn, {3, 4})
     adapter.clear_pack_removals(conn)
@@ -438,7 +441,7 @@ NOT_SENT = {
 #: the verbs send them only when keep-history is on.
 HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS',
            # A history-free reachability runs in two stages (or incrementally).
-           'PACK_ROOTS', 'PACK_REACH_NEWER_REFS')
+           'PACK_ROOTS', 'PACK_REACH_NEWER_REFS', 'PACK_FRONTIER_FROM_REACH')
 #: ... and statements a history-preserving database answers otherwise
 #: (commit_outcome reads transaction_log there; an object's older
 #: revisions keep their references there).
@@ -447,7 +450,8 @@ HF_ONLY = ('TID_HAS_STATES', 'PACK_REFS_FORGET_OBJECTS',
            'PACK_ROOT', 'PACK_LATE_ROOTS', 'PACK_NEXT_FROM_SEED', 'PACK_REFS_OF',
            'PACK_SEED_INSERT', 'PACK_SEED_TAKE', 'PACK_SEED_CLEAR', 'PACK_SEED_SAVE',
            'PACK_SEED_RESCUED', 'PACK_DOM_FROM_NEXT', 'PACK_FRONTIER_FROM_DOM',
-           'PACK_DOM_STEP', 'PACK_FILL_CURRENT_DOM', 'PACK_DOM_ROOT', 'PACK_DOM_ENTRIES',
+           'PACK_DOM_STEP', 'PACK_FILL_CURRENT_DOM', 'PACK_DOM_HAS_ROOT', 'PACK_DOM_ENTRIES',
+           'PACK_SEED_FORGET', 'PACK_SEED_UNREACHED',
            'PACK_LATE_DOM', 'PACK_LATE_ENTRIES', 'PACK_REACH_STEP_DOM')
 #: Tables only a history-preserving schema has.
 HP_TABLES = ('current_object', 'transaction_log')

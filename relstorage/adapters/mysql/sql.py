@@ -191,7 +191,7 @@ PACK_SCHEMA = (
         value BIGINT NOT NULL
     ) ENGINE = InnoDB""",
     """CREATE TABLE IF NOT EXISTS pack_seed (
-        zoid BIGINT NOT NULL
+        zoid BIGINT NOT NULL PRIMARY KEY
     ) ENGINE = InnoDB""",
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark BIGINT NOT NULL,

@@ -318,7 +318,7 @@ PACK_TABLES = {
         )""",
     ),
     'pack_seed': (
-        "CREATE TABLE pack_seed (zoid NUMBER(20) NOT NULL)",
+        "CREATE TABLE pack_seed (zoid NUMBER(20) NOT NULL PRIMARY KEY)",
     ),
     'pack_removed': (
         """CREATE TABLE pack_removed (

@@ -258,8 +258,9 @@ PACK_SCHEMA = (
         name VARCHAR(32) PRIMARY KEY,
         value BIGINT NOT NULL
     )""",
-    # Logged: small, and what it says is not derived from other tables.
-    "CREATE TABLE IF NOT EXISTS pack_seed (zoid BIGINT NOT NULL)",
+    # Logged: what it says is not derived from other tables (a few rows
+    # per changed object, until the next pack).
+    "CREATE TABLE IF NOT EXISTS pack_seed (zoid BIGINT PRIMARY KEY)",
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark BIGINT NOT NULL,
         zoid BIGINT NOT NULL,

@@ -124,7 +124,7 @@ PACK_SCHEMA = (
         name TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     )""",
-    "CREATE TABLE IF NOT EXISTS pack_seed (zoid INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS pack_seed (zoid INTEGER PRIMARY KEY)",
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark INTEGER NOT NULL,
         zoid INTEGER NOT NULL,
