@@ -334,13 +334,18 @@ class PackVerbs:
         saw)."""
         sql = self.sql
         conn.commit()
-        self.begin_store_checked(conn)
+        # Only a pack writes these tables, and the pack lock is ours: the
+        # seeds are copied before the write transaction, which on SQLite
+        # holds the database's write lock (emptying a table is quick
+        # there; copying a million rows is not).
         info = self.pack_info(conn)
         base = seeded and bool(info.get('seed_base'))
+        if base:
+            conn.execute(self.q(sql.PACK_SEED_TAKE))
+        conn.commit()
+        self.begin_store_checked(conn)
         self.set_pack_info(conn, prepared=None, prepared_gc=None)
         if seeded:
-            if base:
-                conn.execute(self.q(sql.PACK_SEED_TAKE))
             conn.execute(self.q(sql.PACK_SEED_CLEAR))
             # From now on every analysis records seeds (add_refs).
             self.set_pack_info(conn, seed_base=None, seeds_armed=1)
