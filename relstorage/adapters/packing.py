@@ -263,10 +263,11 @@ class PackVerbs:
         sql.py) reach, the domain; everything else is reached as it was
         then, through no reference that went.  Inside the domain, the
         reachability starts from the references that enter it from
-        outside, the root, and the objects of the domain changed after
-        the pack time: the domain holds whatever its objects reference, so
-        a path from the root to one of its objects enters it once, by one
-        of those.  So what is found unreachable is unreachable whatever the
+        outside (the root is never in the domain: one that reaches it
+        makes the reachability full) and from the objects of the domain
+        changed after the pack time: the domain holds whatever its objects
+        reference, so a path from the root to one of its objects enters it
+        once, by one of those.  So what is found unreachable is unreachable whatever the
         seeds were; seeds that miss something only leave garbage for a
         full reachability.
         """
@@ -391,18 +392,18 @@ class PackVerbs:
             return steps, None
         self._analyze_temp(conn, 'temp_pack_dom')
         conn.execute(self.q(sql.PACK_FILL_CURRENT_DOM), (pack_tid,))
-        if not self._any(conn, 'temp_pack_current'):
-            return steps, self._count(conn, 'temp_pack_dom')
-        self._analyze_temp(conn, 'temp_pack_current')
-        # First the references from outside the domain (the root is
-        # outside: see reached_root) ...
-        conn.execute(self.q(sql.PACK_DOM_ENTRIES))
-        steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
-        # ... then what the domain's objects changed after the pack time
-        # reference: those are kept, and are seeds of the next pack.
+        # The domain's objects changed after the pack time are kept, and
+        # are seeds of the next pack (whether or not any candidate is left).
         conn.execute(self.q(sql.PACK_LATE_DOM), (pack_tid,))
-        conn.execute(self.q(sql.PACK_LATE_ENTRIES))
-        steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
+        if self._any(conn, 'temp_pack_current'):
+            self._analyze_temp(conn, 'temp_pack_current')
+            # First the references from outside the domain (the root is
+            # outside: see reached_root) ...
+            conn.execute(self.q(sql.PACK_DOM_ENTRIES))
+            steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
+            # ... then what the late objects of the domain reference.
+            conn.execute(self.q(sql.PACK_LATE_ENTRIES))
+            steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
         return steps, self._count(conn, 'temp_pack_dom')
 
     def _reach_all_in_two_stages(self, conn, pack_tid):

@@ -480,7 +480,8 @@ class Statements:
     # the pack, one at a time, writes it: NOT EXISTS skips what it holds.
     PACK_SEED_FORGET = "DELETE FROM pack_seed WHERE zoid IN ({in_list})"
     PACK_SEED_INSERT = "INSERT INTO pack_seed (zoid) VALUES "
-    PACK_SEED_TAKE = "INSERT INTO temp_pack_dom (zoid) SELECT zoid FROM pack_seed WHERE 1 = 1"
+    # (DISTINCT: a pack_seed made before it had its key may repeat rows.)
+    PACK_SEED_TAKE = "INSERT INTO temp_pack_dom (zoid) SELECT DISTINCT zoid FROM pack_seed"
     PACK_SEED_CLEAR = "DELETE FROM pack_seed"
     PACK_SEED_SAVE = """
         INSERT INTO pack_seed (zoid) SELECT t.zoid FROM temp_pack_seed t

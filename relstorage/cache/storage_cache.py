@@ -83,8 +83,9 @@ class StorageCache:
         self._mark_lock = threading.Lock()
         self._pack_mark = None      # None until the first snapshot
         self._newest_snapshot = 0   # the newest snapshot tid any instance began
-        # (after, upto, rows) of the last removal list read (pack_removals).
-        self._removals_memo = None
+        # {(after, upto): rows} of the last removal lists read
+        # (pack_removals).
+        self._removals_memo = {}
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
         self.warmed = 0             # states copied from the shared cache at start
         self._hot_published = time.monotonic()
@@ -350,6 +351,8 @@ class StorageCache:
     def rolled_back(self, new_last, old_last):
         """The database went back in time: forget every tid we knew."""
         self.index.rolled_back(new_last, old_last)
+        # Its pack marks may count again from older values.
+        self._removals_memo = {}
         self._forget_own_commits()
 
     def _forget_own_commits(self):
@@ -483,11 +486,15 @@ class StorageCache:
         after a batch, this cache and each instance's poll ask for the
         same marks, and reading a list is the cost a pack puts on other
         processes."""
+        key = (after_mark, upto_mark)
         memo = self._removals_memo
-        if memo is not None and memo[0] == after_mark and memo[1] == upto_mark:
-            return memo[2]
+        if key in memo:
+            return memo[key]
         rows = read(after_mark, upto_mark)
-        self._removals_memo = (after_mark, upto_mark, rows)
+        if len(memo) >= 4:
+            # Instances that were idle ask for ranges from older marks.
+            memo.clear()
+        memo[key] = rows
         return rows
 
     def forget_removed(self, removed):

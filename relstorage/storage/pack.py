@@ -339,7 +339,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # under the lock only the last few remain to be read.
     adapter.begin_store_checked(conn)
     last = adapter.get_last_tid(conn)
-    report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last)
+    report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last, gc)
     adapter.set_pack_info(conn, checked_tid=last)
     adapter.clear_pack_removals(conn)
     conn.commit()
@@ -394,7 +394,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     adapter.begin_store_checked(conn)
                     last = adapter.get_last_tid(conn)
                     report.kept_by_new_commits += _recheck(
-                        adapter, conn, referencesf, checked, last)
+                        adapter, conn, referencesf, checked, last, gc)
                     adapter.set_pack_info(conn, checked_tid=last)
                     conn.commit()
                     checked = last
@@ -561,7 +561,7 @@ def _lock_commit(adapter, conn, options):
     raise AssertionError('unreachable')
 
 
-def _recheck(adapter, conn, referencesf, after_tid, upto_tid):
+def _recheck(adapter, conn, referencesf, after_tid, upto_tid, gc=True):
     """Drop from the candidates what commits in (after_tid, upto_tid] made
     reachable again; return how many."""
     if upto_tid <= after_tid:
@@ -571,9 +571,10 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid):
         changed.add(oid)
         referenced.update(_references(referencesf, oid, tid, state))
     kept = adapter.rescue_candidates(conn, after_tid, referenced)
-    # (History-free: unreached objects those commits changed are kept,
-    # and looked at again by the next pack.)
-    adapter.seed_unreached(conn, changed)
+    if gc:
+        # (History-free: unreached objects those commits changed are
+        # kept, and looked at again by the next pack.)
+        adapter.seed_unreached(conn, changed)
     if kept:
         log.info("%d pack candidates of %s were made reachable again by new commits "
                  "and are kept", kept, adapter.describe())

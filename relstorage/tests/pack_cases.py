@@ -908,6 +908,28 @@ class IncrementalPackTests(PackCase):
             del conn.root()['b']['a']['k0']
         self.pack_exactly(db, incremental=False)
 
+    def test_objects_after_the_pack_time_stay_seeds(self):
+        # Regression: b was made and dropped after the pack time; the
+        # domain was {b}, changed after the pack time, and no candidate was
+        # left: the pack returned before it kept b as a seed of the next.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(x=PersistentMapping())
+        self.pack_exactly(db, incremental=False)
+        pack_time = time.time()
+        time.sleep(0.05)
+        with db.transaction() as conn:
+            b = conn.root()['a']['b'] = PersistentMapping()
+        with db.transaction() as conn:
+            del conn.root()['a']['b']
+        report = db.storage.run_pack(pack_time, referencesf)
+        self.assertIsNotNone(report.reach_domain)
+        self.assertTrue(self.exists(b._p_oid))      # after the pack time
+        with db.transaction() as conn:
+            conn.root()['other'] = 1
+        self.pack_exactly(db)
+        self.assertFalse(self.exists(b._p_oid))
+
     def test_change_made_during_the_reachability(self):
         # b is unreachable, and changed after the reachability found it so
         # but before the candidates were written: this pack keeps it, the
