@@ -267,9 +267,9 @@ class PackVerbs:
         makes the reachability full) and from the objects of the domain
         changed after the pack time: the domain holds whatever its objects
         reference, so a path from the root to one of its objects enters it
-        once, by one of those.  So what is found unreachable is unreachable whatever the
-        seeds were; seeds that miss something only leave garbage for a
-        full reachability.
+        once, by one of those.  So what is found unreachable is
+        unreachable whatever the seeds were; seeds that miss something
+        only leave garbage for a full reachability.
         """
         sql = self.sql
         for name in self.pack_temp_tables():
