@@ -279,12 +279,12 @@ class PackVerbs:
         self._analyze_temp(conn, 'object_ref')
         steps = 0
         domain = None
-        seeded = gc and not self.keep_history
-        base, seen = self._start_reachability(conn, seeded)
+        seeded = gc
+        base, seen, since = self._start_reachability(conn, seeded)
         if seeded:
             if base:
                 limit = max(self.INCREMENTAL_MIN, int(seen * self.INCREMENTAL_SHARE))
-                steps, domain = self._reach_in_domain(conn, pack_tid, limit)
+                steps, domain = self._reach_in_domain(conn, pack_tid, since, limit)
                 if domain is None:
                     log.info("The pack's incremental reachability of %s reached the "
                              "root or more than %d objects; computing it for every "
@@ -296,11 +296,6 @@ class PackVerbs:
         else:
             conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
             self._analyze_temp(conn, 'temp_pack_current')
-            if gc:
-                conn.execute(self.q(sql.PACK_ROOTS), (pack_tid,))
-                conn.execute(self.q(sql.PACK_FRONTIER_FROM_REACH))
-                conn.execute(self.q(sql.PACK_REACH_NEWER_REFS), (pack_tid,))
-                steps = self._expand(conn, sql.PACK_REACH_STEP)[0]
         if gc:
             self._analyze_temp(conn, 'temp_pack_reach')
         conn.commit()
@@ -340,7 +335,10 @@ class PackVerbs:
         # holds the database's write lock (emptying a table is quick
         # there; copying a million rows is not).
         info = self.pack_info(conn)
-        base = seeded and bool(info.get('seed_base'))
+        since = info.get('seed_tid', 0)
+        # (History-preserving, the seeds are found from the base pack's
+        # time on: it must be known.)
+        base = seeded and bool(info.get('seed_base')) and (since or not self.keep_history)
         if base:
             conn.execute(self.q(sql.PACK_SEED_TAKE))
         conn.commit()
@@ -351,7 +349,7 @@ class PackVerbs:
             # From now on every analysis records seeds (add_refs).
             self.set_pack_info(conn, seed_base=None, seeds_armed=1)
         conn.commit()
-        return base, info.get('reach_objects', 0)
+        return base, info.get('reach_objects', 0), since
 
     def records_seeds(self, conn):
         """Whether an analysis records seeds for an incremental
@@ -365,15 +363,22 @@ class PackVerbs:
         reach: a change made after PACK_LATE_ROOTS or PACK_LATE_DOM ran
         keeps such an object out of the candidates, and no analysis seeds
         it again unless its references change."""
-        if self.keep_history or not oids:
+        if not oids:
             return
         for chunk in _chunks(sorted(oids), self.max_in_list):
             conn.execute(self.in_list(self.sql.PACK_SEED_UNREACHED, len(chunk)), chunk)
 
-    def _reach_in_domain(self, conn, pack_tid, limit):
+    def _reach_in_domain(self, conn, pack_tid, since, limit):
         """Reachability among what the seeds reach; (steps, size of the
-        domain), or (steps, None) once the domain passes ``limit``."""
+        domain), or (steps, None) once the domain passes ``limit``.
+        History-preserving, ``since`` is the pack time of the pack that
+        made the seeds usable: the objects changed since add theirs."""
         sql = self.sql
+        if self.keep_history:
+            conn.execute(self.q(sql.PACK_FILL_CHANGED), (pack_tid, since, pack_tid))
+            self._analyze_temp(conn, 'temp_pack_current')
+            conn.execute(self.q(sql.PACK_SEED_DROPPED), (since,))
+            conn.execute(self.q(sql.PACK_SEED_NEW), (since,))
 
         def reached_root():
             # The domain holds whatever its objects reference: with the
@@ -391,6 +396,9 @@ class PackVerbs:
         if added is None:
             return steps, None
         self._analyze_temp(conn, 'temp_pack_dom')
+        if self.keep_history:
+            return steps + self._reach_in_domain_at(conn, pack_tid), \
+                self._count(conn, 'temp_pack_dom')
         conn.execute(self.q(sql.PACK_FILL_CURRENT_DOM), (pack_tid,))
         # The domain's objects changed after the pack time are kept, and
         # are seeds of the next pack (whether or not any candidate is left).
@@ -406,16 +414,37 @@ class PackVerbs:
             steps += self._expand(conn, sql.PACK_REACH_STEP_DOM)[0]
         return steps, self._count(conn, 'temp_pack_dom')
 
+    def _reach_in_domain_at(self, conn, pack_tid):
+        """History-preserving part of _reach_in_domain: the objects
+        changed since the base pack are in temp_pack_current; the domain
+        is complete.  References count as of the pack time (those of each
+        object's revision current then), and those of later revisions
+        are followed in a second stage, as the full reachability does."""
+        sql = self.sql
+        conn.execute(self.q(sql.PACK_FILL_DOM), (pack_tid,))
+        conn.execute(self.q(sql.PACK_REACH_OUTSIDE_DOM))
+        self._analyze_temp(conn, 'temp_pack_current')
+        self._analyze_temp(conn, 'temp_pack_reach')
+        conn.execute(self.q(sql.PACK_DOM_ENTRIES_AT), (pack_tid, pack_tid))
+        steps = self._expand(conn, sql.PACK_REACH_STEP)[0]
+        conn.execute(self.q(sql.PACK_LATE_DOM_AT), (pack_tid,))
+        conn.execute(self.q(sql.PACK_LATE_REFS), (pack_tid,))
+        conn.execute(self.q(sql.PACK_NEXT_FROM_SEED))
+        return steps + self._expand(conn, sql.PACK_REACH_STEP)[0]
+
     def _reach_all_in_two_stages(self, conn, pack_tid):
-        """History-free reachability of every object: from the root, then
-        from the objects changed after the pack time that the root does
-        not reach (they are kept, and are seeds of the next pack)."""
+        """Reachability of every object: from the root, then from the
+        objects changed after the pack time that the root does not reach
+        (history-preserving, also from what their later revisions
+        reference): those are kept, and are seeds of the next pack."""
         sql = self.sql
         conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
         self._analyze_temp(conn, 'temp_pack_current')
         conn.execute(self.q(sql.PACK_ROOT))
         steps = self._expand(conn, sql.PACK_REACH_STEP)[0]
         conn.execute(self.q(sql.PACK_LATE_ROOTS), (pack_tid,))
+        if self.keep_history:
+            conn.execute(self.q(sql.PACK_LATE_REFS), (pack_tid,))
         conn.execute(self.q(sql.PACK_NEXT_FROM_SEED))
         return steps + self._expand(conn, sql.PACK_REACH_STEP)[0]
 
@@ -510,9 +539,8 @@ class PackVerbs:
             conn.execute(self.q(sql.PACK_RESCUE_REFERENCED))
         kept = 0
         while True:
-            if not self.keep_history:
-                # The next pack looks at them again.
-                conn.execute(self.q(sql.PACK_SEED_RESCUED))
+            # The next pack looks at them again.
+            conn.execute(self.q(sql.PACK_SEED_RESCUED))
             conn.execute(self.q(sql.PACK_UNMARK))
             count = conn.cursor.rowcount
             kept += max(count, 0)

@@ -421,21 +421,6 @@ class Statements:
         INSERT INTO temp_pack_current (zoid, tid, revisions)
         SELECT zoid, tid, 1 FROM object_state WHERE tid <= %s
     """
-    # The root and everything changed after the pack time are kept.
-    PACK_ROOTS = """
-        INSERT INTO temp_pack_reach (zoid)
-        SELECT zoid FROM {current} WHERE zoid = 0 OR tid > %s
-    """
-    PACK_FRONTIER_FROM_REACH = """
-        INSERT INTO temp_pack_frontier (zoid) SELECT zoid FROM temp_pack_reach WHERE 1 = 1
-    """
-    # What revisions after the pack time reference.
-    PACK_REACH_NEWER_REFS = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM object_ref r
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE r.tid > %s AND x.zoid IS NULL
-    """
     # One step of the frontier: what the pack-time revisions of the
     # frontier reference, not reached yet.
     PACK_REACH_STEP = """
@@ -458,9 +443,10 @@ class Statements:
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE x.zoid IS NULL
     """
-    # History-free, in two stages, so that the next pack knows what was
-    # kept only because a commit after the pack time touched it: first
-    # from the root alone, then from those commits (PACK_LATE_ROOTS).
+    # With GC, in two stages, so that the next pack knows what was kept
+    # only because a commit after the pack time touched it: first from
+    # the root alone, then from those commits (PACK_LATE_ROOTS; and,
+    # history-preserving, what their revisions reference, PACK_LATE_REFS).
     PACK_ROOT = """
         INSERT INTO temp_pack_next (zoid) SELECT zoid FROM {current} WHERE zoid = 0
     """
@@ -474,7 +460,7 @@ class Statements:
         INSERT INTO temp_pack_next (zoid) SELECT zoid FROM temp_pack_seed WHERE 1 = 1
     """
 
-    # --- incremental reachability (history-free; packing.py) ---------------
+    # --- incremental reachability (packing.py) ------------------------------
     PACK_REFS_OF = "SELECT zoid, to_zoid FROM object_ref WHERE zoid IN ({in_list})"
     # pack_seed has a key (servers may require one of every table); only
     # the pack, one at a time, writes it: NOT EXISTS skips what it holds.
@@ -548,6 +534,82 @@ class Statements:
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE x.zoid IS NULL
     """
+    # --- history-preserving: the same, by the pack time ---------------------
+    # Seeds are found at the reachability, between the last completed pack
+    # time (T1, pack_info ``seed_tid``) and this one (T2): the base pack
+    # left each object one revision at most up to T1.  Parameters: T2, T1,
+    # T2.  The objects changed in (T1, T2], with their revision current at
+    # T2 and how many they have up to it (their older ones go).
+    PACK_FILL_CHANGED = """
+        INSERT INTO temp_pack_current (zoid, tid, revisions)
+        SELECT s.zoid, MAX(s.tid), COUNT(*) FROM object_state s
+        WHERE s.tid <= %s
+          AND s.zoid IN (SELECT zoid FROM object_state WHERE tid > %s AND tid <= %s)
+        GROUP BY s.zoid
+    """
+    # What their revision at T1 referenced and the one at T2 does not.
+    PACK_SEED_DROPPED = """
+        {insert_ignore} temp_pack_dom (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_current c
+        JOIN object_state p ON p.zoid = c.zoid AND p.tid <= %s
+        JOIN object_ref r ON r.zoid = p.zoid AND r.tid = p.tid
+        LEFT JOIN object_ref n ON n.zoid = c.zoid AND n.tid = c.tid AND n.to_zoid = r.to_zoid
+        WHERE n.zoid IS NULL {insert_ignore_end}
+    """
+    # Those without a revision at T1: new.
+    PACK_SEED_NEW = """
+        {insert_ignore} temp_pack_dom (zoid)
+        SELECT c.zoid FROM temp_pack_current c
+        WHERE NOT EXISTS (SELECT 1 FROM object_state p WHERE p.zoid = c.zoid AND p.tid <= %s)
+        {insert_ignore_end}
+    """
+    # The domain's objects as of T2 (the changed ones are there already).
+    PACK_FILL_DOM = """
+        {insert_ignore} temp_pack_current (zoid, tid, revisions)
+        SELECT s.zoid, MAX(s.tid), COUNT(*) FROM temp_pack_dom d
+        JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid <= %s
+        GROUP BY s.zoid {insert_ignore_end}
+    """
+    # Changed objects outside the domain lose only older revisions: they
+    # count as reached (their references are entries, below).
+    PACK_REACH_OUTSIDE_DOM = """
+        INSERT INTO temp_pack_reach (zoid)
+        SELECT c.zoid FROM temp_pack_current c
+        LEFT JOIN temp_pack_dom d ON d.zoid = c.zoid
+        WHERE d.zoid IS NULL
+    """
+    # Entries from outside the domain: references of a revision current
+    # at T2 (none newer up to T2).  Parameters: T2, T2.
+    PACK_DOM_ENTRIES_AT = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE d.zoid IS NULL AND x.zoid IS NULL AND r.tid <= %s
+          AND NOT EXISTS (SELECT 1 FROM object_state o
+                          WHERE o.zoid = r.zoid AND o.tid > r.tid AND o.tid <= %s)
+    """
+    # The domain's objects changed after T2 that are not reached yet:
+    # kept, and seeds of the next pack.
+    PACK_LATE_DOM_AT = """
+        INSERT INTO temp_pack_seed (zoid)
+        SELECT d.zoid FROM temp_pack_dom d
+        JOIN {current} o ON o.zoid = d.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = d.zoid
+        WHERE o.tid > %s AND x.zoid IS NULL
+    """
+    # Candidates that revisions after T2 reference and nothing reached
+    # yet: kept, and seeds of the next pack.
+    PACK_LATE_REFS = """
+        {insert_ignore} temp_pack_seed (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE r.tid > %s AND x.zoid IS NULL {insert_ignore_end}
+    """
+
     # One step of the reachability inside the candidates.
     PACK_REACH_STEP_DOM = """
         INSERT INTO temp_pack_next (zoid)

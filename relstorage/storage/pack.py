@@ -442,10 +442,15 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
         # What the next pack checks to know it has nothing to do.
         adapter.set_pack_info(conn, prepared=None, prepared_gc=None, pack_tid=None,
                               checked_tid=None, packed_tid=report.pack_tid, packed_gc=gc)
-        if gc and not adapter.keep_history:
+        if gc:
             # All this pack's garbage is gone: the next pack with GC need
-            # only look where pack_seed says (compute_pack_candidates).
-            adapter.set_pack_info(conn, seed_base=1)
+            # only look where pack_seed says, and (history-preserving)
+            # at what changed since this pack time (compute_pack_candidates).
+            adapter.set_pack_info(conn, seed_base=1, seed_tid=report.pack_tid)
+        elif adapter.keep_history:
+            # It removed older revisions of every object: those the next
+            # pack would compare with may be gone.
+            adapter.set_pack_info(conn, seed_base=None)
         conn.commit()
     finally:
         bar.close()

@@ -763,15 +763,21 @@ class PackCostTests(PackCase):
 class IncrementalPackTests(PackCase):
     """History-free: after a completed pack with GC, the next one computes
     reachability only where new garbage may be (adapters/packing.py).
-    Each pack must remove exactly what the root no longer reaches."""
-
-    keep_history = False
+    Each pack must remove exactly what the root no longer reaches (and,
+    history-preserving, every revision but the current one: the packs run
+    to a time after the last commit)."""
 
     def existing(self):
-        adapter = self.factory.make_adapter(Options(keep_history=False))
+        """The objects the database holds; history-preserving, also how
+        many revisions it holds."""
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
         conn = adapter.open_load()
         try:
-            return {p64(row[0]) for row in conn.query_all('SELECT zoid FROM object_state')}
+            table = 'current_object' if self.keep_history else 'object_state'
+            oids = {p64(row[0]) for row in conn.query_all('SELECT zoid FROM %s' % table)}
+            if self.keep_history:
+                self.revisions = conn.query_value('SELECT COUNT(*) FROM object_state')
+            return oids
         finally:
             conn.close()
             adapter.close()
@@ -782,6 +788,8 @@ class IncrementalPackTests(PackCase):
             self.assertEqual(report.reach_domain is not None, incremental, report.summary())
         reachable = self.assert_reachable_objects_load()
         self.assertEqual(self.existing(), reachable)
+        if self.keep_history:
+            self.assertEqual(self.revisions, len(reachable))
         return report
 
     def subtree(self, name, depth=2, width=3):
@@ -930,6 +938,39 @@ class IncrementalPackTests(PackCase):
         self.pack_exactly(db)
         self.assertFalse(self.exists(b._p_oid))
 
+    def test_reference_made_after_the_pack_time_keeps_its_target(self):
+        self.check_reference_made_after_the_pack_time(packed_before=True)
+
+    def test_reference_made_after_the_pack_time_first_pack(self):
+        self.check_reference_made_after_the_pack_time(packed_before=False)
+
+    def check_reference_made_after_the_pack_time(self, packed_before):
+        # y was unlinked before the pack time and linked again after it:
+        # only a revision after the pack time references it.  The pack
+        # keeps it (history-preserving, only that revision's references
+        # say so), and the next pack, after y is unlinked again, removes it.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(y=PersistentMapping(v=1))
+        if packed_before:
+            self.pack_exactly(db, incremental=False)
+        with db.transaction() as conn:
+            y = conn.root()['a'].pop('y')
+        y_oid = y._p_oid
+        time.sleep(0.05)
+        pack_time = time.time()
+        time.sleep(0.05)
+        with db.transaction() as conn:
+            conn.root()['a']['y'] = conn.get(y_oid)
+        report = db.storage.run_pack(pack_time, referencesf)
+        self.assertEqual(report.reach_domain is not None, packed_before)
+        self.assert_reachable_objects_load()
+        self.assertTrue(self.exists(y._p_oid))
+        with db.transaction() as conn:
+            del conn.root()['a']['y']
+        self.pack_exactly(db)
+        self.assertFalse(self.exists(y._p_oid))
+
     def test_change_made_during_the_reachability(self):
         # b is unreachable, and changed after the reachability found it so
         # but before the candidates were written: this pack keeps it, the
@@ -1057,4 +1098,6 @@ def hf_variants():
     return tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False}) for c in ALL)
 
 
-CASES = ALL + hf_variants() + (IncrementalPackTests,)
+CASES = ALL + hf_variants() + (
+    IncrementalPackTests,
+    type('IncrementalPackTestsHF', (IncrementalPackTests,), {'keep_history': False}))

@@ -360,7 +360,7 @@ def drive_every_verb(adapter, recorder):
     recorder.first_rowcount = True             # the loops go round twice
     adapter.compute_pack_candidates(conn, 150, True)
     # History-free, after a completed pack: the incremental reachability.
-    recorder.pack_info = {'seed_base': 1, 'reach_objects': 10}
+    recorder.pack_info = {'seed_base': 1, 'reach_objects': 10, 'seed_tid': 100}
     adapter.compute_pack_candidates(conn, 150, True)
     recorder.pack_info = None
     adapter._any(conn, 'temp_pack_next')       # where rowcount is not known
@@ -440,8 +440,10 @@ NOT_SENT = {
 #: Statements about older revisions, which a history-free database has not:
 #: the verbs send them only when keep-history is on.
 HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS',
-           # A history-free reachability runs in two stages (or incrementally).
-           'PACK_ROOTS', 'PACK_REACH_NEWER_REFS', 'PACK_FRONTIER_FROM_REACH')
+           # The history-preserving incremental reachability.
+           'PACK_FILL_CHANGED', 'PACK_SEED_DROPPED', 'PACK_SEED_NEW', 'PACK_FILL_DOM',
+           'PACK_REACH_OUTSIDE_DOM', 'PACK_DOM_ENTRIES_AT', 'PACK_LATE_DOM_AT',
+           'PACK_LATE_REFS')
 #: ... and statements a history-preserving database answers otherwise
 #: (commit_outcome reads transaction_log there; an object's older
 #: revisions keep their references there).

@@ -169,6 +169,37 @@ class OracleStatements(Statements):
     PACK_REFS_INSERT = "INSERT INTO object_ref (zoid, tid, to_zoid) VALUES (%s, %s, %s)"
     PACK_NEXT_INSERT = "INSERT INTO temp_pack_next (zoid) VALUES (%s)"
     PACK_SEED_INSERT = "INSERT INTO pack_seed (zoid) VALUES (%s)"
+    PACK_SEED_DROPPED = """
+        INSERT INTO temp_pack_dom (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_current c
+        JOIN object_state p ON p.zoid = c.zoid AND p.tid <= %s
+        JOIN object_ref r ON r.zoid = p.zoid AND r.tid = p.tid
+        LEFT JOIN object_ref n ON n.zoid = c.zoid AND n.tid = c.tid AND n.to_zoid = r.to_zoid
+        WHERE n.zoid IS NULL
+          AND NOT EXISTS (SELECT 1 FROM temp_pack_dom x WHERE x.zoid = r.to_zoid)
+    """
+    PACK_SEED_NEW = """
+        INSERT INTO temp_pack_dom (zoid)
+        SELECT c.zoid FROM temp_pack_current c
+        WHERE NOT EXISTS (SELECT 1 FROM object_state p WHERE p.zoid = c.zoid AND p.tid <= %s)
+          AND NOT EXISTS (SELECT 1 FROM temp_pack_dom x WHERE x.zoid = c.zoid)
+    """
+    PACK_FILL_DOM = """
+        INSERT INTO temp_pack_current (zoid, tid, revisions)
+        SELECT s.zoid, MAX(s.tid), COUNT(*) FROM temp_pack_dom d
+        JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid <= %s
+          AND NOT EXISTS (SELECT 1 FROM temp_pack_current x WHERE x.zoid = d.zoid)
+        GROUP BY s.zoid
+    """
+    PACK_LATE_REFS = """
+        INSERT INTO temp_pack_seed (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE r.tid > %s AND x.zoid IS NULL
+          AND NOT EXISTS (SELECT 1 FROM temp_pack_seed s WHERE s.zoid = r.to_zoid)
+    """
     PACK_FILL_BATCH = _fetch_first(Statements.PACK_FILL_BATCH)
     # Semi-joins: Oracle has no DELETE ... USING / multi-table DELETE.
     PACK_DELETE_STATES = """

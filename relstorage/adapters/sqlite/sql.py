@@ -68,6 +68,16 @@ class SqliteStatements(Statements):
         LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
         WHERE d.zoid IS NULL AND x.zoid IS NULL
     """
+    PACK_DOM_ENTRIES_AT = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT r.to_zoid FROM object_ref r
+        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
+        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
+        WHERE d.zoid IS NULL AND x.zoid IS NULL AND r.tid <= %s
+          AND NOT EXISTS (SELECT 1 FROM object_state o
+                          WHERE o.zoid = r.zoid AND o.tid > r.tid AND o.tid <= %s)
+    """
     PACK_LATE_DOM = """
         INSERT INTO temp_pack_seed (zoid)
         SELECT d.zoid FROM temp_pack_dom d
