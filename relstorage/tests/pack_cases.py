@@ -591,8 +591,7 @@ class ZodbpackScriptTests(PackCase):
         self.assertIn('removed 2 objects', lines[0])
         self.assertIn('commit lock held', lines[0])
         # Where the time went, per phase.
-        # (History-free, the first pack completed: the reachability is
-        # incremental.)
+        # (The first pack completed: the reachability is incremental.)
         self.assertRegex(lines[0], r'analysis [0-9.]+s, reachability [0-9.]+s'
                                    r'( \(incremental, [0-9]+ objects\))?, deletion [0-9.]+s; ')
         self.assertEqual(proc.stderr, b'')
