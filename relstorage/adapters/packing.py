@@ -248,17 +248,18 @@ class PackVerbs:
     INCREMENTAL_SHARE = 1 / 3.0
     INCREMENTAL_MIN = 20000
 
-    def compute_pack_candidates(self, conn, pack_tid, gc, pause=None):
+    def compute_pack_candidates(self, conn, pack_tid, gc, pause=None, snapshot_tid=None):
         """Fill pack_object with what a pack to ``pack_tid`` removes, from
-        the references recorded so far.  Returns (frontier steps, domain):
+        the references recorded so far (up to ``snapshot_tid``, the
+        analysis's snapshot).  Returns (frontier steps, domain):
         domain is how many objects an incremental reachability examined,
         None when it examined them all.  Work happens in temporary tables;
         the writes to shared tables are short: pack_info and pack_seed at
         the start (_start_reachability), pack_object and pack_seed at the
         end.
 
-        History-free with GC, the reachability is incremental when the
-        last pack with GC completed (pack_info ``seed_base``): new garbage
+        With GC, the reachability is incremental when the last pack with
+        GC completed (pack_info ``seed_base``): new garbage
         can only be among what the seeds recorded since (pack_seed, see
         sql.py) reach, the domain; everything else is reached as it was
         then, through no reference that went.  Inside the domain, the
@@ -307,10 +308,11 @@ class PackVerbs:
                 self.set_pack_info(conn, reach_objects=self._count(conn, 'temp_pack_current'))
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
+        params = (flag, pack_tid, snapshot_tid or ALL_REVISIONS, flag)
         if self.pack_lock_is_write_lock:
-            self._fill_candidates_in_ranges(conn, (flag, pack_tid, flag), pause)
+            self._fill_candidates_in_ranges(conn, params, pause)
         else:
-            conn.execute(self.q(sql.PACK_CANDIDATES), (flag, pack_tid, flag))
+            conn.execute(self.q(sql.PACK_CANDIDATES), params)
         # The deletion batches join ranges of it (merge joins on the keys
         # once the planner knows its size).
         self._analyze_temp(conn, 'pack_object')
@@ -325,9 +327,12 @@ class PackVerbs:
         the previous ones completed (``seed_base``), and pack_seed is
         emptied either way.  Until this pack completes and sets
         ``seed_base`` again, packs compute the whole reachability: the
-        garbage this one leaves if it stops is in no seed.  Returns
-        (whether the seeds are usable, objects the last full reachability
-        saw)."""
+        garbage this one leaves if it stops is in no seed.
+        History-preserving, a pack without GC makes the next one full: it
+        removes the older revisions of every object, among them those
+        the next one would compare with.  Returns (whether the seeds are
+        usable, objects the last full reachability saw, pack time of the
+        pack that made them usable)."""
         sql = self.sql
         conn.commit()
         # Only a pack writes these tables, and the pack lock is ours: the
@@ -344,6 +349,8 @@ class PackVerbs:
         conn.commit()
         self.begin_store_checked(conn)
         self.set_pack_info(conn, prepared=None, prepared_gc=None)
+        if not seeded and self.keep_history:
+            self.set_pack_info(conn, seed_base=None)
         if seeded:
             conn.execute(self.q(sql.PACK_SEED_CLEAR))
             # From now on every analysis records seeds (add_refs).
@@ -360,7 +367,7 @@ class PackVerbs:
     def seed_unreached(self, conn, oids):
         """Record as seeds those of ``oids`` (changed after the analysis)
         that this pack's reachability, still in the work tables, did not
-        reach: a change made after PACK_LATE_ROOTS or PACK_LATE_DOM ran
+        reach: a change made after PACK_LATE_ROOTS or PACK_LATE_DOM(_AT) ran
         keeps such an object out of the candidates, and no analysis seeds
         it again unless its references change."""
         if not oids:

@@ -33,10 +33,11 @@ Pack tables, created by the first pack (see storage/pack.py):
                      is in object_ref), and the pre-pack's ``pack_tid``,
                      ``checked_tid`` (commits up to it were re-checked) and
                      ``prepared``; ``packed_tid`` and ``packed_gc`` of the
-                     last completed pack; history-free, ``seeds_armed``
-                     (analyses record seeds), ``seed_base`` (the seeds
-                     are usable) and ``reach_objects`` (objects the last
-                     full reachability saw).
+                     last completed pack; ``seeds_armed`` (history-free
+                     analyses record seeds), ``seed_base`` (the seeds are
+                     usable), ``seed_tid`` (the pack time of the pack that
+                     made them so) and ``reach_objects`` (objects the
+                     last full reachability saw).
 ``pack_object``      the pre-pack's result: objects whose revisions older
                      than ``keep_tid`` go, and (``garbage`` = 1) objects that
                      go entirely.
@@ -47,10 +48,11 @@ Pack tables, created by the first pack (see storage/pack.py):
                      wrote its list; a mark without it (zap_all, or rows of
                      an earlier pack already emptied) means "anything may
                      be gone".
-``pack_seed``        (zoid): history-free, where new garbage may be since the
-                     last reachability: what analyses since found (targets
-                     of references a new revision dropped, objects new
-                     since the analysis before or without references), what
+``pack_seed``        (zoid): where new garbage may be since the last
+                     reachability: what history-free analyses since found
+                     (targets of references a new revision dropped,
+                     objects new since the analysis before or without
+                     references), what
                      that reachability kept only because a commit after its
                      pack time touched it, and candidates a commit brought
                      back.  Emptied when a reachability starts.  A pack
@@ -625,9 +627,14 @@ class Statements:
     PACK_FRONTIER_FROM_NEXT = """
         INSERT INTO temp_pack_frontier (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1
     """
-    # Parameters: gc (1/0), pack tid, gc.  An object goes entirely when it
-    # has no revision after the pack time and is unreachable (with GC) or
-    # did not exist at the pack time; otherwise only its older revisions go.
+    # Parameters: gc (1/0), pack tid, snapshot tid, gc.  An object goes
+    # entirely when it has no revision after the pack time and is
+    # unreachable (with GC) or did not exist at the pack time; otherwise
+    # only its older revisions go.  A revision after the analysis's
+    # snapshot does not count: the reachability did not see it, and the
+    # deletion's re-check, which reads those commits, keeps the object
+    # (and what its kept revision references: history-preserving, that
+    # revision stays, and must not point at a removed object).
     PACK_CANDIDATES = """
         INSERT INTO pack_object (zoid, keep_tid, garbage)
         SELECT c.zoid, c.tid,
@@ -637,7 +644,7 @@ class Statements:
         FROM temp_pack_current c
         JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
         LEFT JOIN temp_pack_reach x ON x.zoid = c.zoid
-        LEFT JOIN {current} n ON n.zoid = c.zoid AND n.tid > %s
+        LEFT JOIN {current} n ON n.zoid = c.zoid AND n.tid > %s AND n.tid <= %s
         WHERE (c.revisions > 1 OR s.state IS NULL OR (x.zoid IS NULL AND %s = 1))
     """
     #: The same for the current objects in (%s, %s]: single-writer

@@ -164,7 +164,8 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             phase_start = time.time()
             bar = progress('computing reachability', None, 'steps')
             steps, report.reach_domain = adapter.compute_pack_candidates(
-                conn, report.pack_tid, gc, pause=_writers_turn(adapter, options))
+                conn, report.pack_tid, gc, pause=_writers_turn(adapter, options),
+                snapshot_tid=snapshot_tid)
             bar.update(steps)
             bar.close()
             report.phases['reachability'] = time.time() - phase_start
@@ -577,8 +578,8 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid, gc=True):
         referenced.update(_references(referencesf, oid, tid, state))
     kept = adapter.rescue_candidates(conn, after_tid, referenced)
     if gc:
-        # (History-free: unreached objects those commits changed are
-        # kept, and looked at again by the next pack.)
+        # (Unreached objects those commits changed are kept, and looked
+        # at again by the next pack.)
         adapter.seed_unreached(conn, changed)
     if kept:
         log.info("%d pack candidates of %s were made reachable again by new commits "

@@ -760,8 +760,8 @@ class PackCostTests(PackCase):
 
 
 class IncrementalPackTests(PackCase):
-    """History-free: after a completed pack with GC, the next one computes
-    reachability only where new garbage may be (adapters/packing.py).
+    """After a completed pack with GC, the next one computes reachability
+    only where new garbage may be (adapters/packing.py).
     Each pack must remove exactly what the root no longer reaches (and,
     history-preserving, every revision but the current one: the packs run
     to a time after the last commit)."""
@@ -830,6 +830,7 @@ class IncrementalPackTests(PackCase):
 
         for _round in range(4):
             unlinked = []
+            times = []
             for _op in range(10):
                 op = rnd.choice(('add', 'unlink', 'move', 'orphan', 'leaf', 'relink'))
                 with db.transaction() as conn:
@@ -855,7 +856,15 @@ class IncrementalPackTests(PackCase):
                         node[name] = self.subtree(new_name(), 1)
                         conn.transaction_manager.get().commit()
                         del node[name]
+                times.append(time.time())
+            if self.keep_history:
+                # To a time in the middle of the round's changes: what
+                # came after is kept, and every kept revision complete.
+                db.storage.run_pack(rnd.choice(times[:-1]), referencesf)
+                self.assert_reachable_objects_load()
+                self.assert_kept_revisions_complete()
             self.pack_exactly(db)
+            self.assert_kept_revisions_complete()
 
     def test_object_a_late_commit_touched_is_collected_by_the_next_pack(self):
         db = self.db()
@@ -969,6 +978,99 @@ class IncrementalPackTests(PackCase):
             del conn.root()['a']['y']
         self.pack_exactly(db)
         self.assertFalse(self.exists(y._p_oid))
+
+    def assert_kept_revisions_complete(self):
+        """History-preserving: every revision a pack kept references only
+        objects that exist (loadBefore, undo and history read them)."""
+        if not self.keep_history:
+            return
+        adapter = self.factory.make_adapter(Options(keep_history=True))
+        conn = adapter.open_load()
+        try:
+            existing = {row[0] for row in conn.query_all('SELECT zoid FROM current_object')}
+            for zoid, tid, state in conn.query_all(
+                    'SELECT zoid, tid, state FROM object_state'):
+                if state is None:
+                    continue
+                for ref in referencesf(bytes(state)):
+                    self.assertIn(u64(ref), existing, 'revision 0x%x of 0x%x references '
+                                  'the removed object 0x%x' % (tid, zoid, u64(ref)))
+        finally:
+            conn.close()
+            adapter.close()
+
+    def test_pack_without_gc_makes_the_next_one_full(self):
+        # History-preserving, it removes older revisions of every object,
+        # those the next pack would compare with among them.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(y=PersistentMapping())
+        self.pack_exactly(db, incremental=False)
+        with db.transaction() as conn:
+            y = conn.root()['a'].pop('y')
+        db.storage.run_pack(time.time() + 1, referencesf, gc=False)
+        with db.transaction() as conn:
+            conn.root()['a']['v'] = 1
+        self.pack_exactly(db, incremental=not self.keep_history)
+        self.assertFalse(self.exists(y._p_oid))
+
+    def test_pack_without_gc_stopped_in_its_deletion_makes_the_next_one_full(self):
+        from relstorage.storage import pack as packmod
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(y=PersistentMapping())
+        self.pack_exactly(db, incremental=False)
+        with db.transaction() as conn:
+            y = conn.root()['a'].pop('y')
+        # Stopped after its first batch (history-preserving: a's older
+        # revision removed; history-free has nothing to remove).
+        calls = []
+        original = packmod._Batch.delete_part
+
+        def delete_part(batch, *args):
+            calls.append(1)
+            if len(calls) > 1:
+                raise KeyboardInterrupt
+            return original(batch, *args)
+        try:
+            with mock_attr(packmod._Batch, 'delete_part', delete_part):
+                db.storage.run_pack(time.time() + 1, referencesf, gc=False)
+        except KeyboardInterrupt:
+            self.assertTrue(self.keep_history)
+        else:
+            self.assertFalse(self.keep_history)
+        with db.transaction() as conn:
+            conn.root()['c'] = 1
+        self.pack_exactly(db, incremental=not self.keep_history)
+        self.assertFalse(self.exists(y._p_oid))
+
+    def test_change_after_the_reachability_keeps_what_its_kept_revision_references(self):
+        # x is unreachable at the pack time and references y.  A commit
+        # after the reachability (before the candidates) changes x and
+        # drops y.  The pack keeps x; history-preserving, it keeps x's
+        # revision current at the pack time too, so y must stay.
+        from relstorage.adapters.packing import PackVerbs
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(y=PersistentMapping(v='y'))
+        with db.transaction() as conn:
+            x = conn.root().pop('x')
+        original = PackVerbs._reach_all_in_two_stages
+        changed = []
+
+        def reach_then_change(adapter, *args):
+            result = original(adapter, *args)
+            if not changed:
+                with db.transaction() as conn:
+                    del conn.get(x._p_oid)['y']
+                changed.append(1)
+            return result
+        self.patch(PackVerbs, '_reach_all_in_two_stages', reach_then_change)
+        db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertTrue(changed)
+        self.assertTrue(self.exists(x._p_oid))
+        self.assert_reachable_objects_load()
+        self.assert_kept_revisions_complete()
 
     def test_change_made_during_the_reachability(self):
         # b is unreachable, and changed after the reachability found it so

@@ -78,6 +78,28 @@ class SqliteStatements(Statements):
           AND NOT EXISTS (SELECT 1 FROM object_state o
                           WHERE o.zoid = r.zoid AND o.tid > r.tid AND o.tid <= %s)
     """
+    PACK_FILL_DOM = """
+        INSERT OR IGNORE INTO temp_pack_current (zoid, tid, revisions)
+        SELECT s.zoid, MAX(s.tid), COUNT(*) FROM temp_pack_dom d
+        CROSS JOIN object_state s ON s.zoid = d.zoid
+        WHERE s.tid <= %s
+        GROUP BY s.zoid
+    """
+    PACK_LATE_DOM_AT = """
+        INSERT INTO temp_pack_seed (zoid)
+        SELECT d.zoid FROM temp_pack_dom d
+        CROSS JOIN current_object o ON o.zoid = d.zoid
+        LEFT JOIN temp_pack_reach x ON x.zoid = d.zoid
+        WHERE o.tid > %s AND x.zoid IS NULL
+    """
+    PACK_SEED_DROPPED = """
+        INSERT OR IGNORE INTO temp_pack_dom (zoid)
+        SELECT DISTINCT r.to_zoid FROM temp_pack_current c
+        CROSS JOIN object_state p ON p.zoid = c.zoid AND p.tid <= %s
+        CROSS JOIN object_ref r ON r.zoid = p.zoid AND r.tid = p.tid
+        LEFT JOIN object_ref n ON n.zoid = c.zoid AND n.tid = c.tid AND n.to_zoid = r.to_zoid
+        WHERE n.zoid IS NULL
+    """
     PACK_LATE_DOM = """
         INSERT INTO temp_pack_seed (zoid)
         SELECT d.zoid FROM temp_pack_dom d
