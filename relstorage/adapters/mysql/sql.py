@@ -15,6 +15,12 @@ Differences from the ANSI statements in ``..sql``:
 from ..sql import Statements
 
 
+def _object_ref_first(stmt):
+    """``stmt`` (read from object_ref joined to temp_pack_current) with
+    that join written STRAIGHT_JOIN: MySQL joins it in the order written."""
+    return stmt.replace('JOIN temp_pack_current c', 'STRAIGHT_JOIN temp_pack_current c', 1)
+
+
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
@@ -112,24 +118,8 @@ class MySQLStatements(Statements):
     # One scan of object_ref, probing the work tables by their keys (the
     # optimizer would start from the small table and scan object_ref,
     # which has no index on to_zoid, once per row).
-    PACK_DOM_ENTRIES = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM object_ref r
-        STRAIGHT_JOIN temp_pack_current c ON c.zoid = r.to_zoid
-        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE d.zoid IS NULL AND x.zoid IS NULL
-    """
-    PACK_DOM_ENTRIES_AT = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM object_ref r
-        STRAIGHT_JOIN temp_pack_current c ON c.zoid = r.to_zoid
-        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE d.zoid IS NULL AND x.zoid IS NULL AND r.tid <= %s
-          AND NOT EXISTS (SELECT 1 FROM object_state o
-                          WHERE o.zoid = r.zoid AND o.tid > r.tid AND o.tid <= %s)
-    """
+    PACK_DOM_ENTRIES = _object_ref_first(Statements.PACK_DOM_ENTRIES)
+    PACK_DOM_ENTRIES_AT = _object_ref_first(Statements.PACK_DOM_ENTRIES_AT)
     PACK_DELETE_STATES = """
         DELETE s FROM object_state s JOIN temp_pack_batch t ON t.zoid = s.zoid
         WHERE s.tid < t.below

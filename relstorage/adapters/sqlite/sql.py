@@ -1,5 +1,13 @@
 """SQLite statements and schema."""
+import re
+
 from ..sql import Statements
+
+
+def _in_written_order(stmt):
+    """``stmt`` with its inner joins written CROSS JOIN, which SQLite joins
+    in the order written (its LEFT JOINs stay)."""
+    return re.sub(r'^(\s*)JOIN ', r'\1CROSS JOIN ', stmt, flags=re.M)
 
 
 class SqliteStatements(Statements):
@@ -29,107 +37,22 @@ class SqliteStatements(Statements):
     # these from the large table, scanning every reference (or every
     # current object) for a frontier of a few objects: half a second per
     # re-check of a million-object pack, all of it under the write lock.
-    PACK_REACH_STEP = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
-        CROSS JOIN temp_pack_current c ON c.zoid = f.zoid
-        CROSS JOIN object_ref r ON r.zoid = c.zoid AND r.tid = c.tid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE x.zoid IS NULL
-    """
-    PACK_REACH_STEP_HF = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
-        CROSS JOIN object_ref r ON r.zoid = f.zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE x.zoid IS NULL
-    """
-    # The incremental reachability (adapters/packing.py) likewise: from
-    # the small work tables into object_ref by its key, and through
+    # The incremental reachability likewise: from the small work tables
+    # into object_ref and object_state by their keys, and through
     # object_ref once, probing the work tables, for the entries.
-    PACK_DOM_STEP = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
-        CROSS JOIN object_ref r ON r.zoid = f.zoid
-        LEFT JOIN temp_pack_dom d ON d.zoid = r.to_zoid
-        WHERE d.zoid IS NULL
-    """
-    PACK_FILL_CURRENT_DOM = """
-        INSERT INTO temp_pack_current (zoid, tid, revisions)
-        SELECT s.zoid, s.tid, 1 FROM temp_pack_dom d
-        CROSS JOIN object_state s ON s.zoid = d.zoid
-        WHERE s.tid <= %s
-    """
-    PACK_DOM_ENTRIES = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM object_ref r
-        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
-        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE d.zoid IS NULL AND x.zoid IS NULL
-    """
-    PACK_DOM_ENTRIES_AT = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM object_ref r
-        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
-        LEFT JOIN temp_pack_dom d ON d.zoid = r.zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE d.zoid IS NULL AND x.zoid IS NULL AND r.tid <= %s
-          AND NOT EXISTS (SELECT 1 FROM object_state o
-                          WHERE o.zoid = r.zoid AND o.tid > r.tid AND o.tid <= %s)
-    """
-    PACK_FILL_DOM = """
-        INSERT OR IGNORE INTO temp_pack_current (zoid, tid, revisions)
-        SELECT s.zoid, MAX(s.tid), COUNT(*) FROM temp_pack_dom d
-        CROSS JOIN object_state s ON s.zoid = d.zoid
-        WHERE s.tid <= %s
-        GROUP BY s.zoid
-    """
-    PACK_LATE_DOM_AT = """
-        INSERT INTO temp_pack_seed (zoid)
-        SELECT d.zoid FROM temp_pack_dom d
-        CROSS JOIN current_object o ON o.zoid = d.zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = d.zoid
-        WHERE o.tid > %s AND x.zoid IS NULL
-    """
-    PACK_SEED_DROPPED = """
-        INSERT OR IGNORE INTO temp_pack_dom (zoid)
-        SELECT DISTINCT r.to_zoid FROM temp_pack_current c
-        CROSS JOIN object_state p ON p.zoid = c.zoid AND p.tid <= %s
-        CROSS JOIN object_ref r ON r.zoid = p.zoid AND r.tid = p.tid
-        LEFT JOIN object_ref n ON n.zoid = c.zoid AND n.tid = c.tid AND n.to_zoid = r.to_zoid
-        WHERE n.zoid IS NULL
-    """
-    PACK_LATE_DOM = """
-        INSERT INTO temp_pack_seed (zoid)
-        SELECT d.zoid FROM temp_pack_dom d
-        CROSS JOIN object_state s ON s.zoid = d.zoid
-        WHERE s.tid > %s
-    """
-    PACK_LATE_ENTRIES = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM temp_pack_seed l
-        CROSS JOIN object_ref r ON r.zoid = l.zoid
-        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE x.zoid IS NULL
-    """
-    PACK_REACH_STEP_DOM = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT r.to_zoid FROM temp_pack_frontier f
-        CROSS JOIN object_ref r ON r.zoid = f.zoid
-        CROSS JOIN temp_pack_current c ON c.zoid = r.to_zoid
-        LEFT JOIN temp_pack_reach x ON x.zoid = r.to_zoid
-        WHERE x.zoid IS NULL
-    """
-    PACK_RESCUE_STEP = """
-        INSERT OR IGNORE INTO temp_pack_next (zoid)
-        SELECT p.zoid FROM temp_pack_frontier f
-        CROSS JOIN pack_object pf ON pf.zoid = f.zoid
-        CROSS JOIN object_ref r ON r.zoid = pf.zoid AND r.tid = pf.keep_tid
-        CROSS JOIN pack_object p ON p.zoid = r.to_zoid
-        WHERE p.garbage = 1
-    """
+    PACK_REACH_STEP = _in_written_order(Statements.PACK_REACH_STEP)
+    PACK_REACH_STEP_HF = _in_written_order(Statements.PACK_REACH_STEP_HF)
+    PACK_RESCUE_STEP = _in_written_order(Statements.PACK_RESCUE_STEP)
+    PACK_DOM_STEP = _in_written_order(Statements.PACK_DOM_STEP)
+    PACK_FILL_CURRENT_DOM = _in_written_order(Statements.PACK_FILL_CURRENT_DOM)
+    PACK_DOM_ENTRIES = _in_written_order(Statements.PACK_DOM_ENTRIES)
+    PACK_DOM_ENTRIES_AT = _in_written_order(Statements.PACK_DOM_ENTRIES_AT)
+    PACK_FILL_DOM = _in_written_order(Statements.PACK_FILL_DOM)
+    PACK_LATE_DOM_AT = _in_written_order(Statements.PACK_LATE_DOM_AT)
+    PACK_SEED_DROPPED = _in_written_order(Statements.PACK_SEED_DROPPED)
+    PACK_LATE_DOM = _in_written_order(Statements.PACK_LATE_DOM)
+    PACK_LATE_ENTRIES = _in_written_order(Statements.PACK_LATE_ENTRIES)
+    PACK_REACH_STEP_DOM = _in_written_order(Statements.PACK_REACH_STEP_DOM)
 
     #: The last of the next %s current objects after zoid %s (the upper
     #: end of one range of PACK_CANDIDATES_RANGE).
