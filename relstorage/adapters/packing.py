@@ -308,7 +308,10 @@ class PackVerbs:
                 self.set_pack_info(conn, reach_objects=self._count(conn, 'temp_pack_current'))
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
-        params = (flag, pack_tid, snapshot_tid or ALL_REVISIONS, flag)
+        if self.keep_history:
+            params = (flag, pack_tid, snapshot_tid or ALL_REVISIONS, flag)
+        else:
+            params = (flag,)
         if self.pack_lock_is_write_lock:
             self._fill_candidates_in_ranges(conn, params, pause)
         else:

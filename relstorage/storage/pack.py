@@ -32,6 +32,7 @@ Only one pack runs at a time (``acquire_pack_lock``).
 """
 import logging
 import os
+import threading
 import time
 
 from persistent.TimeStamp import TimeStamp
@@ -40,6 +41,9 @@ from ZODB.utils import u64
 from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
+
+#: u64 without a Python call, once per reference.
+from_bytes = int.from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -262,20 +266,26 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         completed = done
         # Where the commit lock is the database's write lock (SQLite),
         # every commit waits for a whole _record: it is kept a few
-        # milliseconds long.  Elsewhere it only costs the pack.
+        # milliseconds long.  Elsewhere it only costs the pack, and runs
+        # in a thread of its own while this one reads and unpickles the
+        # next batch (the server inserts while Python unpickles).
         size = ANALYSIS_BATCH
         target = adapter.pack_write_lock_target()
         adapt = adapter.pack_lock_is_write_lock
+        recorder = _Recorder(background=not adapt)
 
-        def record(upto_tid):
+        def record(upto_tid, oids, rows):
             nonlocal size
             took = _record(adapter, conn, oids, rows, upto_tid, seeds)
-            bar.update(len(oids))
             if adapt:
                 size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
                                       high=ANALYSIS_BATCH)
             if pause is not None:
                 pause(took)
+
+        def flush(upto_tid):
+            recorder.submit(record, upto_tid, oids, rows)
+            bar.update(len(oids))
 
         try:
             for oid, tid, state in adapter.iter_revisions(load, done, snapshot_tid):
@@ -284,19 +294,22 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
                         completed = current
                     current = tid
                     if len(oids) >= size:
-                        record(completed)
+                        flush(completed)
                         oids, rows = [], []
                 elif len(oids) >= 10 * size:
                     # One huge transaction: record it in pieces without
                     # advancing the progress (a rerun forgets them).
-                    record(completed)
+                    flush(completed)
                     oids, rows = [], []
                 oids.append(oid)
                 rows.extend((oid, tid, ref)
                             for ref in sorted(_references(referencesf, oid, tid, state)))
                 report.analysed += 1
-            record(snapshot_tid)
+            flush(snapshot_tid)
+            recorder.wait()
         finally:
+            # (conn is the caller's again only once no batch is in flight.)
+            recorder.join()
             bar.close()
         return snapshot_tid
     finally:
@@ -304,12 +317,51 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         load.close()
 
 
+class _Recorder:
+    """Runs one batch at a time, in a thread of its own with
+    ``background``: the caller prepares the next batch meanwhile, and
+    each submit waits for the batch before (batches commit in order, so
+    pack_info's refs_tid never passes a batch not recorded).  The error
+    of a batch is raised by the next submit or wait."""
+
+    def __init__(self, background):
+        self.background = background
+        self._thread = None
+        self._error = None
+
+    def submit(self, func, *args):
+        self.wait()
+        if not self.background:
+            func(*args)
+            return
+        self._thread = threading.Thread(target=self._run, args=(func,) + args,
+                                        name='relstorage-pack-analysis', daemon=True)
+        self._thread.start()
+
+    def _run(self, func, *args):
+        try:
+            func(*args)
+        except BaseException as exc:  # pylint:disable=broad-except
+            self._error = exc
+
+    def join(self):
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def wait(self):
+        self.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
 def _references(referencesf, oid, tid, state):
     """The OIDs (ints) a state references; PackError if it cannot be read."""
     if state is None:
         return set()
     try:
-        return {u64(r) for r in referencesf(bytes(state))}
+        return {from_bytes(r, 'big') for r in referencesf(bytes(state))}
     except Exception as exc:
         raise PackError(
             "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "

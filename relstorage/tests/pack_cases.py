@@ -21,6 +21,7 @@ from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import POSKeyError
 from ZODB.serialize import referencesf
+from ZODB.utils import newTid
 from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
@@ -242,6 +243,40 @@ class PackBehaviourTests(PackCase):
             self.assertLess(self.row_counts()['object_state'], before['object_state'])
         else:
             self.assertEqual(self.row_counts(), before)
+
+    def test_record_restored_without_state_goes(self):
+        # A copy of a history where an object was deleted (zodbconvert's
+        # restore with no data) leaves a record without a state: it
+        # did not exist at the pack time, with or without GC.  (History-
+        # free, the candidates read that from the work table since the
+        # pack stopped joining object_state there.)
+        for gc in (True, False):
+            with self.subTest(gc=gc):
+                db = self.db(pack_gc=gc)
+                storage = db.storage
+                with db.transaction() as conn:
+                    conn.root()['kept'] = PersistentMapping()
+                oid = storage.new_oid()
+                tid = newTid(storage.lastTransaction())
+                txn = TransactionMetaData()
+                storage.tpc_begin(txn, tid)
+                storage.restore(oid, tid, None, '', None, txn)
+                storage.tpc_vote(txn)
+                storage.tpc_finish(txn)
+                self.assertEqual(self.rows_of(oid), 1)
+                db.pack(time.time() + 1)
+                self.assertEqual(self.rows_of(oid), 0)
+                self.assert_reachable_objects_load()
+
+    def rows_of(self, oid):
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_load()
+        try:
+            return conn.query_value('SELECT COUNT(*) FROM object_state WHERE zoid = %d'
+                                    % u64(oid))
+        finally:
+            conn.close()
+            adapter.close()
 
     def test_commit_during_deletion_relinks_a_candidate(self):
         # Many candidates, small batches; after the first batch a commit
