@@ -213,31 +213,37 @@ class PackVerbs:
         """Add ``oids`` to pack_seed (one row each: the table has a key,
         which some servers require of every table)."""
         oids = sorted(oids)
-        for chunk in _chunks(oids, self.max_in_list):
-            conn.execute(self.in_list(self.sql.PACK_SEED_FORGET, len(chunk)), chunk)
+        for stmt, params in self.oid_statements(self.sql.PACK_SEED_FORGET, oids):
+            conn.execute(stmt, params)
         self._insert_values(conn, self.sql.PACK_SEED_INSERT, 1, [(o,) for o in oids])
 
     def refs_of(self, conn, oids):
         """(zoid, to_zoid) recorded for ``oids``."""
         result = []
-        for chunk in _chunks(sorted(oids), self.max_in_list):
-            result.extend(conn.query_all(self.in_list(self.sql.PACK_REFS_OF, len(chunk)),
-                                         chunk))
+        for stmt, params in self.oid_statements(self.sql.PACK_REFS_OF, sorted(oids)):
+            result.extend(conn.query_all(stmt, params))
         return result
 
     def forget_refs_of(self, conn, oids):
-        for chunk in _chunks(oids, self.max_in_list):
-            conn.execute(self.in_list(self.sql.PACK_REFS_FORGET_OBJECTS, len(chunk)), chunk)
+        for stmt, params in self.oid_statements(self.sql.PACK_REFS_FORGET_OBJECTS, oids):
+            conn.execute(stmt, params)
 
     def insert_refs(self, conn, rows):
         self._insert_values(conn, self.sql.PACK_REFS_INSERT, 3, rows)
 
     def _insert_values(self, conn, prefix, width, rows):
+        """Multi-row INSERTs of ``rows`` (integers only).  With
+        ``oid_lists_as_text`` the values are written into the text (see
+        oid_statements): the analysis binds three per reference."""
         per_statement = max(1, self.max_in_list // width)
+        placeholders = '(' + ','.join(['%s'] * width) + ')'
+        as_text = '(' + ','.join(['%d'] * width) + ')'
         for chunk in _chunks(rows, per_statement):
-            row = '(' + ','.join(['%s'] * width) + ')'
-            conn.execute(self.q(prefix + ','.join([row] * len(chunk))),
-                         [value for r in chunk for value in r])
+            if self.oid_lists_as_text:
+                conn.execute(prefix + ','.join([as_text % tuple(r) for r in chunk]))
+            else:
+                conn.execute(self.q(prefix + ','.join([placeholders] * len(chunk))),
+                             [value for r in chunk for value in r])
 
     # --- reachability -----------------------------------------------------------
 
@@ -293,7 +299,8 @@ class PackVerbs:
                     for name in self.pack_temp_tables():
                         self.clear_pack_temp(conn, name)
             if domain is None:
-                steps += self._reach_all_in_two_stages(conn, pack_tid)
+                more, objects = self._reach_all_in_two_stages(conn, pack_tid)
+                steps += more
         else:
             conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
             self._analyze_temp(conn, 'temp_pack_current')
@@ -305,7 +312,7 @@ class PackVerbs:
             # What the next pack must look at again (see _start_reachability).
             conn.execute(self.q(sql.PACK_SEED_SAVE))
             if domain is None:
-                self.set_pack_info(conn, reach_objects=self._count(conn, 'temp_pack_current'))
+                self.set_pack_info(conn, reach_objects=objects)
         conn.execute(self.q(sql.PACK_CLEAR_CANDIDATES))
         flag = 1 if gc else 0
         if self.keep_history:
@@ -446,9 +453,13 @@ class PackVerbs:
         """Reachability of every object: from the root, then from the
         objects changed after the pack time that the root does not reach
         (history-preserving, also from what their later revisions
-        reference): those are kept, and are seeds of the next pack."""
+        reference): those are kept, and are seeds of the next pack.
+        Returns (steps, objects as of the pack time)."""
         sql = self.sql
         conn.execute(self.q(sql.PACK_FILL_CURRENT), (pack_tid,))
+        objects = conn.cursor.rowcount
+        if objects is None or objects < 0:
+            objects = self._count(conn, 'temp_pack_current')
         self._analyze_temp(conn, 'temp_pack_current')
         conn.execute(self.q(sql.PACK_ROOT))
         steps = self._expand(conn, sql.PACK_REACH_STEP)[0]
@@ -456,7 +467,7 @@ class PackVerbs:
         if self.keep_history:
             conn.execute(self.q(sql.PACK_LATE_REFS), (pack_tid,))
         conn.execute(self.q(sql.PACK_NEXT_FROM_SEED))
-        return steps + self._expand(conn, sql.PACK_REACH_STEP)[0]
+        return steps + self._expand(conn, sql.PACK_REACH_STEP)[0], objects
 
     def _expand(self, conn, step, add=None, limit=None, stop=None):
         """Add temp_pack_next to the reached set (``add``: the statement

@@ -177,7 +177,9 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                                   checked_tid=snapshot_tid, prepared=1,
                                   prepared_gc=1 if gc else 0)
             conn.commit()
-        if not report.up_to_date:
+        if not report.up_to_date and (prepack_only or progress is not _NoProgress):
+            # For the report and the deletion's progress display only (a
+            # second or so at a million objects).
             report.candidates = adapter.pack_candidate_stats(conn)
         conn.rollback()
         if not prepack_only:
@@ -266,13 +268,14 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         completed = done
         # Where the commit lock is the database's write lock (SQLite),
         # every commit waits for a whole _record: it is kept a few
-        # milliseconds long.  Elsewhere it only costs the pack, and runs
-        # in a thread of its own while this one reads and unpickles the
-        # next batch (the server inserts while Python unpickles).
+        # milliseconds long, and followed by a pause.  Elsewhere it only
+        # costs the pack.  Either way it runs in a thread of its own
+        # while this one reads and unpickles the next batch (the database
+        # inserts while Python unpickles).
         size = ANALYSIS_BATCH
         target = adapter.pack_write_lock_target()
         adapt = adapter.pack_lock_is_write_lock
-        recorder = _Recorder(background=not adapt)
+        recorder = _Recorder()
 
         def record(upto_tid, oids, rows):
             nonlocal size
@@ -318,22 +321,18 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
 
 
 class _Recorder:
-    """Runs one batch at a time, in a thread of its own with
-    ``background``: the caller prepares the next batch meanwhile, and
-    each submit waits for the batch before (batches commit in order, so
-    pack_info's refs_tid never passes a batch not recorded).  The error
-    of a batch is raised by the next submit or wait."""
+    """Runs one batch at a time in a thread of its own: the caller
+    prepares the next batch meanwhile, and each submit waits for the
+    batch before (batches commit in order, so pack_info's refs_tid never
+    passes a batch not recorded).  The error of a batch is raised by the
+    next submit or wait."""
 
-    def __init__(self, background):
-        self.background = background
+    def __init__(self):
         self._thread = None
         self._error = None
 
     def submit(self, func, *args):
         self.wait()
-        if not self.background:
-            func(*args)
-            return
         self._thread = threading.Thread(target=self._run, args=(func,) + args,
                                         name='relstorage-pack-analysis', daemon=True)
         self._thread.start()

@@ -268,6 +268,27 @@ class PackBehaviourTests(PackCase):
                 self.assertEqual(self.rows_of(oid), 0)
                 self.assert_reachable_objects_load()
 
+    def test_error_recording_references_stops_the_pack(self):
+        # The references are recorded in a thread of their own: its error
+        # is the pack's, nothing is removed, and the next pack completes.
+        from relstorage.storage import pack as packmod
+        db = self.db()
+        child_oid = self.populate(db)
+        before = self.row_counts()
+        original = packmod._record
+
+        def failing(*args):
+            raise RuntimeError('the database went away')
+        with mock_attr(packmod, '_record', failing):
+            with self.assertRaisesRegex(RuntimeError, 'went away'):
+                db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertIs(packmod._record, original)
+        self.assertEqual(self.row_counts(), before)
+        report = db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertEqual(report.objects_removed, 2)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
+
     def rows_of(self, oid):
         adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
         conn = adapter.open_load()
