@@ -170,16 +170,20 @@ class PackVerbs:
     def forget_refs_after(self, conn, tid):
         conn.execute(self.q(self.sql.PACK_REFS_FORGET_AFTER), (tid,))
 
-    def add_refs(self, conn, oids, rows, seeds=False):
+    def add_refs(self, conn, oids, rows, seeds=False, fresh=False):
         """Record ``rows`` (zoid, tid, to_zoid) for the revisions of
         ``oids`` just analysed.  History-free, an object's earlier
         references go first: its new revision replaced the old one; with
         ``seeds``, where new garbage may be is recorded too (see
-        record_seeds)."""
+        record_seeds), and only the objects that had references are
+        touched.  ``fresh``: object_ref held nothing when the analysis
+        started (the first one), and history-free an analysis reads each
+        object once: nothing to forget."""
         if not self.keep_history:
             if seeds:
-                self.record_seeds(conn, oids, rows)
-            self.forget_refs_of(conn, sorted(oids))
+                self.forget_refs_of(conn, sorted(self.record_seeds(conn, oids, rows)))
+            elif not fresh:
+                self.forget_refs_of(conn, sorted(oids))
         self.insert_refs(conn, rows)
 
     def record_seeds(self, conn, oids, rows):
@@ -189,7 +193,7 @@ class PackVerbs:
         only way an object that was reachable stops being so), objects
         without earlier references (new since the last analysis, or
         without any references: those add only themselves to the
-        domain)."""
+        domain).  Returns the objects of ``oids`` that had references."""
         new = {}
         for zoid, _tid, to_zoid in rows:
             new.setdefault(zoid, set()).add(to_zoid)
@@ -208,6 +212,7 @@ class PackVerbs:
         # reachability full).
         seeds.discard(0)
         self.add_seeds(conn, seeds)
+        return old
 
     def add_seeds(self, conn, oids):
         """Add ``oids`` to pack_seed (one row each: the table has a key,

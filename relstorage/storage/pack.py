@@ -260,6 +260,8 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         # An analysis killed part way through a tid left some of its rows.
         adapter.forget_refs_after(conn, done)
         seeds = adapter.records_seeds(conn)
+        # (The first analysis: object_ref is empty now.)
+        fresh = not done
         conn.commit()
         bar = progress('analysing references',
                        adapter.count_revisions(load, done, snapshot_tid), 'revisions')
@@ -279,7 +281,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
 
         def record(upto_tid, oids, rows):
             nonlocal size
-            took = _record(adapter, conn, oids, rows, upto_tid, seeds)
+            took = _record(adapter, conn, oids, rows, upto_tid, seeds, fresh)
             if adapt:
                 size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
                                       high=ANALYSIS_BATCH)
@@ -368,11 +370,11 @@ def _references(referencesf, oid, tid, state):
             % (oid, tid, type(exc).__name__, exc)) from exc
 
 
-def _record(adapter, conn, oids, rows, completed_tid, seeds=False):
+def _record(adapter, conn, oids, rows, completed_tid, seeds=False, fresh=False):
     """Record references; return how long the write transaction took."""
     _begin_write(adapter, conn)
     started = time.time()
-    adapter.add_refs(conn, oids, rows, seeds)
+    adapter.add_refs(conn, oids, rows, seeds, fresh)
     adapter.set_pack_info(conn, refs_tid=completed_tid)
     conn.commit()
     return time.time() - started

@@ -289,6 +289,21 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()
 
+    def test_second_analysis_replaces_the_references_of_the_first(self):
+        # The first analysis has nothing to forget; the next one (before
+        # any seed is recorded) replaces the references of what changed.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = a = PersistentMapping()
+        oid = a._p_oid
+        db.storage.run_pack(time.time() + 1, referencesf, gc=False)
+        with db.transaction() as conn:
+            del conn.root()['a']
+        report = db.storage.run_pack(time.time() + 1, referencesf, gc=True)
+        self.assertIsNone(report.reach_domain)
+        self.assertFalse(self.exists(oid))
+        self.assert_reachable_objects_load()
+
     def rows_of(self, oid):
         adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
         conn = adapter.open_load()
