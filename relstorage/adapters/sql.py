@@ -412,12 +412,15 @@ class Statements:
     PACK_REFS_INSERT = "INSERT INTO object_ref (zoid, tid, to_zoid) VALUES "
 
     # The revision of each object current at the pack time, and how many
-    # revisions it has up to then.
+    # revisions it has up to then.  In key order: PostgreSQL's hash
+    # aggregate hands the groups out in no order, and a million of them
+    # inserted so into the key cost 3.3 s against 1.9 s sorted first.
     PACK_FILL_CURRENT = """
         INSERT INTO temp_pack_current (zoid, tid, revisions)
         SELECT zoid, MAX(tid), COUNT(*) FROM object_state
         WHERE tid <= %s
         GROUP BY zoid
+        ORDER BY zoid
     """
     # History-free, an object has one revision: ``revisions`` says
     # instead whether it has a state (1) or not (0: a record restored
