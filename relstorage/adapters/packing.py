@@ -327,7 +327,12 @@ class PackVerbs:
         if self.pack_lock_is_write_lock:
             self._fill_candidates_in_ranges(conn, params, pause)
         else:
+            large = domain is None and sql.PACK_LARGE_JOINS_BEGIN
+            if large:
+                conn.execute(sql.PACK_LARGE_JOINS_BEGIN)
             conn.execute(self.q(sql.PACK_CANDIDATES), params)
+            if large:
+                conn.execute(sql.PACK_LARGE_JOINS_END)
         # The deletion batches join ranges of it (merge joins on the keys
         # once the planner knows its size).
         self._analyze_temp(conn, 'pack_object')
