@@ -264,6 +264,15 @@ class PostgreSQLAdapter(Adapter):
     def pack_temp_tables(self):
         return sql.PACK_TEMP_TABLES
 
+    def clear_pack_temp(self, conn, name):
+        # A DELETE leaves the rows dead in the table's pages, and
+        # autovacuum never visits temporary tables: a hundred deletion
+        # batches made temp_pack_batch a hundred times its size, and
+        # every statement joining it twice as slow (7.1 s against 3.8 s
+        # at a million objects).  TRUNCATE gives the pages back (at
+        # once: the table is this session's).
+        conn.execute('TRUNCATE %s' % name)
+
     # --- cheap statistics -------------------------------------------------
 
     def count_objects(self, conn):
