@@ -6,10 +6,13 @@ import tempfile
 import unittest
 from contextlib import redirect_stderr
 
+import zodbpickle.pickle
 import ZODB
 import ZODB.config
 from persistent.mapping import PersistentMapping
 from ZODB.POSException import POSKeyError
+from ZODB.serialize import referencesf
+from ZODB.utils import p64
 
 from relstorage import zodbpack
 
@@ -80,8 +83,61 @@ class ZodbpackTests(unittest.TestCase):
         self.assertFalse(os.path.exists(self.data_dir))
 
 
+class ReferencesTests(unittest.TestCase):
+    """The analysis reads references with ZODB's referencesf, or with a
+    cheaper equivalent when that is the function it was given: the
+    equivalent returns what ZODB's does for every form of reference."""
+
+    def pickle_with(self, refs):
+        class Ref:
+            def __init__(self, pid):
+                self.pid = pid
+
+        class Writer(zodbpickle.pickle.Pickler):
+            def persistent_id(self, obj):
+                return obj.pid if isinstance(obj, Ref) else None
+
+        out = io.BytesIO()
+        writer = Writer(out, 3)
+        writer.dump((PersistentMapping, None))
+        writer.dump({'data': {i: Ref(pid) for i, pid in enumerate(refs)}})
+        return out.getvalue()
+
+    def test_same_references_as_zodb(self):
+        from relstorage.storage import pack
+        oid, other = p64(7), p64(0x1234567890)
+        forms = [
+            [],
+            [oid],                                  # the OID alone
+            [(oid, PersistentMapping)],             # with its class
+            ['w', (oid,)],                          # a weak reference: a list
+            [['w', (oid,)], ['m', ('other', oid, PersistentMapping)], ['n', ('other', oid)]],
+            [oid.decode('latin-1')],                # an OID unpickled as str
+            [(other, None), oid, ['w', (other,)]],
+        ]
+        self.assertIs(pack._reference_reader(referencesf), pack._zodb_references)
+        for refs in forms:
+            with self.subTest(refs=refs):
+                state = self.pickle_with(refs)
+                self.assertEqual(pack._zodb_references(state), referencesf(state))
+        garbled = self.pickle_with([oid])[:-5]
+        with self.assertRaises(Exception):
+            referencesf(garbled)
+        with self.assertRaises(Exception):
+            pack._zodb_references(garbled)
+
+    def test_other_referencesf_is_used_as_given(self):
+        from relstorage.storage import pack
+
+        def mine(state):
+            return []
+        self.assertIs(pack._reference_reader(mine), mine)
+
+
 def _test_suite():
-    return unittest.defaultTestLoader.loadTestsFromTestCase(ZodbpackTests)
+    loader = unittest.defaultTestLoader
+    return unittest.TestSuite([loader.loadTestsFromTestCase(ZodbpackTests),
+                               loader.loadTestsFromTestCase(ReferencesTests)])
 
 
 def test_suite():
