@@ -240,7 +240,8 @@ class PackVerbs:
         """Multi-row INSERTs of ``rows`` (integers only).  With
         ``oid_lists_as_text`` the values are written into the text (see
         oid_statements): the analysis binds three per reference."""
-        per_statement = max(1, self.max_in_list // width)
+        # (As text, no placeholder limit applies: max_in_list rows.)
+        per_statement = max(1, self.max_in_list // (1 if self.oid_lists_as_text else width))
         placeholders = '(' + ','.join(['%s'] * width) + ')'
         as_text = '(' + ','.join(['%d'] * width) + ')'
         for chunk in _chunks(rows, per_statement):
