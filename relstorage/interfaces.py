@@ -333,10 +333,12 @@ class IRelStorageAdapter(Interface):
         """Drop references recorded for revisions after ``tid`` (leftovers
         of an interrupted analysis)."""
 
-    def add_refs(conn, oids, rows, seeds=False):
+    def add_refs(conn, oids, rows, seeds=False, fresh=False):
         """Record (zoid, tid, to_zoid) rows for the revisions of ``oids``;
         with ``seeds`` (history-free), also where new garbage may be, for
-        the next incremental reachability."""
+        the next incremental reachability.  ``fresh``: object_ref was
+        empty when the analysis started (history-free, no earlier
+        references to forget)."""
 
     def records_seeds(conn):
         """Whether an analysis must record seeds (``add_refs``)."""

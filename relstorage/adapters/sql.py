@@ -366,8 +366,9 @@ class Statements:
     #: Whether object_ref may lose its rows without pack_info losing
     #: refs_tid (PostgreSQL: an UNLOGGED table, emptied by crash recovery).
     PACK_REFS_MAY_VANISH = False
-    #: Said around PACK_CANDIDATES after a reachability of every object
-    #: (None: nothing), for a planner that misjudges its joins.
+    #: Said around PACK_CANDIDATES when it covers every object (no
+    #: incremental reachability; None: nothing), for a planner that
+    #: misjudges its joins.
     PACK_LARGE_JOINS_BEGIN = None
     PACK_LARGE_JOINS_END = None
 

@@ -45,7 +45,7 @@ from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
 
-#: u64 without a Python call, once per reference.
+#: u64 (once the length is checked) without its unpack, once per reference.
 from_bytes = int.from_bytes
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,9 @@ class PackReport:
     def __init__(self):
         self.pack_tid = 0
         self.analysed = 0           # revisions whose references were extracted
-        self.candidates = (0, 0, 0, 0)  # objects, revisions, bytes, blobs (pre-pack)
+        # objects, revisions, bytes, blobs: counted for --prepack and the
+        # progress display only.
+        self.candidates = (0, 0, 0, 0)
         self.objects_removed = 0
         self.revisions_removed = 0
         self.blobs_removed = 0
@@ -280,28 +282,39 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         completed = done
         analysed = 0
         read = _reference_reader(referencesf)
+        # Elsewhere than SQLite a _record only costs the pack: it runs
+        # in a thread of its own while this one reads and unpickles the
+        # next batch (the database inserts while Python unpickles).
         # Where the commit lock is the database's write lock (SQLite),
         # every commit waits for a whole _record: it is kept a few
-        # milliseconds long, and followed by a pause.  Elsewhere it only
-        # costs the pack.  Either way it runs in a thread of its own
-        # while this one reads and unpickles the next batch (the database
-        # inserts while Python unpickles).
+        # milliseconds long and runs here (in a thread of its own, it
+        # would hold the lock while waiting for the interpreter lock
+        # after each statement); the pause after it runs in that thread.
         target = adapter.pack_write_lock_target()
         adapt = adapter.pack_lock_is_write_lock
         size = ANALYSIS_BATCH if adapt else SERVER_ANALYSIS_BATCH
         recorder = _Recorder()
 
         def record(upto_tid, oids, rows):
-            nonlocal size
-            took = _record(adapter, conn, oids, rows, upto_tid, seeds, fresh)
-            if adapt:
-                size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
-                                      high=ANALYSIS_BATCH)
-            if pause is not None:
-                pause(took)
+            try:
+                return _record(adapter, conn, oids, rows, upto_tid, seeds, fresh)
+            except BaseException:
+                # (Not left open, on SQLite holding the write lock, until
+                # the error reaches the caller.)
+                _rollback_quietly(conn)
+                raise
 
         def flush(upto_tid):
-            recorder.submit(record, upto_tid, oids, rows)
+            nonlocal size
+            if adapt:
+                recorder.wait()
+                took = record(upto_tid, oids, rows)
+                size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
+                                      high=ANALYSIS_BATCH)
+                if pause is not None:
+                    recorder.submit(pause, took)
+            else:
+                recorder.submit(record, upto_tid, oids, rows)
             bar.update(len(oids))
 
         try:
@@ -361,9 +374,21 @@ class _Recorder:
             self._error = exc
 
     def join(self):
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Wait until no batch is in flight, even through an interrupt
+        (raised afterwards): the caller rolls back and closes the
+        connection next."""
+        if self._thread is None:
+            return
+        interrupted = None
+        while True:
+            try:
+                self._thread.join()
+                break
+            except BaseException as exc:  # pylint:disable=broad-except
+                interrupted = exc
+        self._thread = None
+        if interrupted is not None:
+            raise interrupted
 
     def wait(self):
         self.join()
@@ -410,12 +435,24 @@ def _references(referencesf, oid, tid, state):
     if state is None:
         return set()
     try:
-        return {from_bytes(r, 'big') for r in referencesf(bytes(state))}
+        refs = referencesf(bytes(state))
+        for ref in refs:
+            if len(ref) != 8:
+                raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
+        return {from_bytes(ref, 'big') for ref in refs}
     except Exception as exc:
         raise PackError(
             "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "
             "the pack stopped without removing anything more."
             % (oid, tid, type(exc).__name__, exc)) from exc
+
+
+def _rollback_quietly(conn):
+    try:
+        conn.rollback()
+    except Exception:  # pylint:disable=broad-except
+        # (The error being raised says more than this one.)
+        log.debug("Rollback after a failed write of the pack failed", exc_info=True)
 
 
 def _record(adapter, conn, oids, rows, completed_tid, seeds=False, fresh=False):

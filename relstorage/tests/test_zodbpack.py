@@ -110,7 +110,7 @@ class ReferencesTests(unittest.TestCase):
             [],
             [oid],                                  # the OID alone
             [(oid, PersistentMapping)],             # with its class
-            ['w', (oid,)],                          # a weak reference: a list
+            ['w', (oid,)],                          # a str, then a tuple
             [['w', (oid,)], ['m', ('other', oid, PersistentMapping)], ['n', ('other', oid)]],
             [oid.decode('latin-1')],                # an OID unpickled as str
             [(other, None), oid, ['w', (other,)]],
@@ -125,6 +125,31 @@ class ReferencesTests(unittest.TestCase):
             referencesf(garbled)
         with self.assertRaises(Exception):
             pack._zodb_references(garbled)
+
+    def test_reference_of_another_length_stops_the_pack(self):
+        # (u64 refused it; int.from_bytes would take it.)
+        from relstorage.storage import pack
+        state = self.pickle_with([b'abc'])
+        with self.assertRaisesRegex(pack.PackError, '0x5 at transaction 0x9.*3 bytes'):
+            pack._references(pack._zodb_references, 5, 9, state)
+
+    def test_recorder_waits_for_its_batch_through_an_interrupt(self):
+        # The caller rolls back and closes the connection once join
+        # returns: a batch still writing on it would commit half.
+        from relstorage.storage import pack
+
+        class Thread:
+            joins = 0
+
+            def join(self):
+                self.joins += 1
+                if self.joins == 1:
+                    raise KeyboardInterrupt
+        recorder = pack._Recorder()
+        recorder._thread = thread = Thread()
+        with self.assertRaises(KeyboardInterrupt):
+            recorder.join()
+        self.assertEqual(thread.joins, 2)
 
     def test_other_referencesf_is_used_as_given(self):
         from relstorage.storage import pack

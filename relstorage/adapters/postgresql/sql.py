@@ -29,10 +29,11 @@ class PostgreSQLStatements(Statements):
     # revisions to object_state by (zoid, tid), a join the planner
     # guesses 100 times too small: it then probes temp_pack_reach and
     # current_object once per object (4.7 s at a million objects, 2.7 s
-    # with hash joins).  Only after a full reachability: an incremental
-    # one's few objects are best probed.
+    # with hash joins).  Whenever the candidates cover every object (not
+    # after an incremental reachability, whose few objects are best
+    # probed); history-free, the plan is the same either way.
     PACK_LARGE_JOINS_BEGIN = "SET LOCAL enable_nestloop = off"
-    PACK_LARGE_JOINS_END = "SET LOCAL enable_nestloop = on"
+    PACK_LARGE_JOINS_END = "SET LOCAL enable_nestloop TO DEFAULT"
 
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 
