@@ -1072,15 +1072,20 @@ class IncrementalPackTests(PackCase):
             conn.close()
             adapter.close()
 
-    def test_pack_without_gc_makes_the_next_one_full(self):
-        # History-preserving, it removes older revisions of every object,
-        # those the next pack would compare with among them.
+    def packed_then_unlinked(self):
+        """A database packed with GC, then 'y' unlinked from 'a': (db, y)."""
         db = self.db()
         with db.transaction() as conn:
             conn.root()['a'] = PersistentMapping(y=PersistentMapping())
         self.pack_exactly(db, incremental=False)
         with db.transaction() as conn:
             y = conn.root()['a'].pop('y')
+        return db, y
+
+    def test_pack_without_gc_makes_the_next_one_full(self):
+        # History-preserving, it removes older revisions of every object,
+        # those the next pack would compare with among them.
+        db, y = self.packed_then_unlinked()
         db.storage.run_pack(time.time() + 1, referencesf, gc=False)
         with db.transaction() as conn:
             conn.root()['a']['v'] = 1
@@ -1089,12 +1094,7 @@ class IncrementalPackTests(PackCase):
 
     def test_pack_without_gc_stopped_in_its_deletion_makes_the_next_one_full(self):
         from relstorage.storage import pack as packmod
-        db = self.db()
-        with db.transaction() as conn:
-            conn.root()['a'] = PersistentMapping(y=PersistentMapping())
-        self.pack_exactly(db, incremental=False)
-        with db.transaction() as conn:
-            y = conn.root()['a'].pop('y')
+        db, y = self.packed_then_unlinked()
         # Stopped after its first batch (history-preserving: a's older
         # revision removed; history-free has nothing to remove).
         calls = []
