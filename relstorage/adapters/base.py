@@ -102,9 +102,20 @@ class Adapter(PackVerbs):
     #: Rows per multi-row INSERT when uploading a transaction.
     upload_batch = 200
     statements_class = Statements
-    #: Whether rows in the temporary tables outlive a commit (PostgreSQL's
-    #: ON COMMIT DELETE ROWS empties them; elsewhere we must).
+    #: Whether rows in the temporary tables outlive a commit (Oracle's
+    #: global temporary tables are ON COMMIT DELETE ROWS; elsewhere
+    #: clear_temp deletes them).
     temp_rows_survive_commit = True
+    #: Where set: once this many rows (or ``temp_garbage_bytes`` bytes)
+    #: were deleted from a temporary table, clear_temp resets it with the
+    #: statements ``sql.RESET_TEMP_STORE`` / ``RESET_TEMP_BLOBS`` instead of
+    #: deleting again.  Neither InnoDB nor PostgreSQL reuses the space of
+    #: rows deleted from a temporary table while the session lives.
+    temp_garbage_rows = None
+    temp_garbage_bytes = None
+    #: Whether ``sql.CLEAR_TEMP`` / ``CLEAR_TEMP_BLOBS`` return one row
+    #: (rows deleted, bytes deleted); else the cursor's rowcount is used.
+    temp_clear_counts_bytes = False
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and
@@ -764,13 +775,37 @@ class Adapter(PackVerbs):
         return data
 
     def clear_temp(self, conn):
-        conn.execute(self.q(self.sql.CLEAR_TEMP))
+        self._clear_temp_table(conn, 'temp_store', self.sql.CLEAR_TEMP,
+                               self.sql.RESET_TEMP_STORE)
+
+    def _clear_temp_table(self, conn, name, delete, reset):
+        # See temp_garbage_rows.  A rollback after a reset finds the table
+        # as it was at the last commit, rows included (PostgreSQL's TRUNCATE
+        # is transactional) or empty (MySQL's DROP of a TEMPORARY table is
+        # not): either is fine, the connection clears before it fills.
+        if self.temp_garbage_rows is None:
+            conn.execute(self.q(delete))
+            return
+        rows, size = conn.temp_garbage.get(name, (0, 0))
+        if rows >= self.temp_garbage_rows or (
+                self.temp_garbage_bytes is not None and size >= self.temp_garbage_bytes):
+            for statement in reset:
+                conn.execute(statement)
+            conn.temp_garbage[name] = (0, 0)
+            return
+        conn.execute(self.q(delete))
+        if self.temp_clear_counts_bytes:
+            deleted, nbytes = conn.fetchone()
+        else:
+            deleted, nbytes = max(conn.cursor.rowcount or 0, 0), 0
+        conn.temp_garbage[name] = (rows + (deleted or 0), size + int(nbytes or 0))
 
     # ------------------------------------------------------------------
     # Blobs kept in the database (blob_chunk rows).
 
     def clear_temp_blobs(self, conn):
-        conn.execute(self.q(self.sql.CLEAR_TEMP_BLOBS))
+        self._clear_temp_table(conn, 'temp_blob_chunk', self.sql.CLEAR_TEMP_BLOBS,
+                               self.sql.RESET_TEMP_BLOBS)
 
     def upload_blob_chunk(self, conn, oid, chunk_num, data):
         conn.execute(self.q(self.sql.INSERT_TEMP_BLOB_CHUNK),

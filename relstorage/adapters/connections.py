@@ -52,6 +52,9 @@ class DBConnection:
         # rolled back too), so we remember that state.
         self.temp_dirty = False
         self._temp_dirty_at_commit = False
+        # {temporary table: (rows, bytes) deleted since it was last reset}
+        # (Adapter.temp_garbage_rows).
+        self.temp_garbage = {}
         # Which server (see servers.py): None for the configured one.
         self.server = None
         self.replica = False            # a read-only replica (ro-replica-conf)

@@ -269,6 +269,8 @@ class Statements:
     # --- commit -------------------------------------------------------
 
     CLEAR_TEMP = "DELETE FROM temp_store"
+    #: See Adapter.temp_garbage_rows (vendors that set it define these).
+    RESET_TEMP_STORE = ()
 
     INSERT_TEMP = """
         INSERT INTO temp_store (zoid, prev_tid, state) VALUES (%s, %s, %s)
@@ -318,6 +320,7 @@ class Statements:
     # --- blobs (shared-blob-dir false) ------------------------------------
 
     CLEAR_TEMP_BLOBS = "DELETE FROM temp_blob_chunk"
+    RESET_TEMP_BLOBS = ()
 
     INSERT_TEMP_BLOB_CHUNK = """
         INSERT INTO temp_blob_chunk (zoid, chunk_num, chunk) VALUES (%s, %s, %s)

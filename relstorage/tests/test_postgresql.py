@@ -23,6 +23,8 @@ from ZODB.POSException import ConflictError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.tests.StorageTestBase import zodb_unpickle
+from ZODB.Connection import TransactionMetaData
+from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
 
@@ -608,6 +610,76 @@ class ConnectionErrorTests(unittest.TestCase):
                 sys.modules[self.factory.driver] = saved
 
 
+class TempTableTests(PGCase):
+    """temp_store keeps its rows across commits (no ON COMMIT DELETE ROWS,
+    whose truncation at every commit made commits wait for the file
+    system): each vote deletes what the last commit left, and the table is
+    truncated once enough rows were deleted from it."""
+
+    def temp_store_bytes(self, storage):
+        """Size of every session's temp_store (a temporary table's file
+        grows with every page it is given)."""
+        conn = storage._adapter.open_store()
+        try:
+            return int(conn.query_value(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relname = 'temp_store' AND n.nspname LIKE %s", ('pg_temp_%',)))
+        finally:
+            conn.rollback()
+            conn.close()
+
+    def commit(self, storage, values):
+        """Store {oid: value} (each at its current serial); return the tid."""
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for oid, value in values.items():
+            storage.store(oid, storage.load(oid)[1], zodb_pickle(MinPO(value)), '', txn)
+        storage.tpc_vote(txn)
+        return storage.tpc_finish(txn)
+
+    def test_rows_of_one_commit_never_reach_the_next(self):
+        storage = self.storage()
+        storage._adapter.temp_garbage_rows = 40
+        oids, _ = self.make_objects(storage, 20)
+        expected = {oid: (i, None) for i, oid in enumerate(oids)}
+        sizes = []
+        for round_ in range(30):
+            # Ten of the twenty objects: the other ten's rows of the last
+            # commit must not be moved again with this one's tid.
+            chosen = oids[(round_ % 2) * 10:(round_ % 2) * 10 + 10]
+            # (1.5 KB of random bytes each: rows that fill pages.)
+            values = {oid: 'r%d %s' % (round_, os.urandom(750).hex()) for oid in chosen}
+            tid = self.commit(storage, values)
+            for oid in chosen:
+                expected[oid] = (values[oid], tid)
+            if round_ % 7 == 3:
+                # A vote that fails after its upload (a stale serial): its
+                # rows go with the rolled-back transaction.
+                txn = TransactionMetaData()
+                storage.tpc_begin(txn)
+                for oid in oids[:5]:
+                    storage.store(oid, z64 if expected[oid][1] is None else p64(1),
+                                  zodb_pickle(MinPO('lost')), '', txn)
+                with self.assertRaises(ConflictError):
+                    storage.tpc_vote(txn)
+                storage.tpc_abort(txn)
+            sizes.append(self.temp_store_bytes(storage))
+        reader = self.storage()
+        for oid, (value, tid) in expected.items():
+            state, serial = reader.load(oid)
+            self.assertEqual(zodb_unpickle(state).value, value)
+            if tid is not None:
+                self.assertEqual(serial, tid)
+        # 300 rows (450 KB) went through temp_store; truncated every 40
+        # rows, it never held much more than 40 rows' worth.
+        self.assertLess(max(sizes), 200 * 1024, sizes)
+
+
+class TempTableTestsHF(TempTableTests):
+    keep_history = False
+
+
 class ReadOnlySnapshotTests(PGCase):
 
     def test_load_connection_is_repeatable_read_read_only(self):
@@ -715,6 +787,7 @@ PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeou
             KilledClientTests, KilledClientTestsHF,
             ServerDisconnectTests, ServerDisconnectTestsHF,
             ConnectionErrorTests, ReadOnlySnapshotTests, OidAllocationTests,
+            TempTableTests, TempTableTestsHF,
             UnloggedPackTablesTests)
 
 

@@ -882,14 +882,23 @@ class TestInterrupted(ConvertTestCase):
         self._interrupted(False, strategy='replay', expect='replaying the transactions')
 
     def test_interrupted_mysql_temp_table_recreated(self):
-        # MySQL drops and re-creates temp_store once enough rows were deleted
-        # from it (TEMP_GARBAGE_ROWS): here every few transactions, so it
-        # happens inside batches, one of which is rolled back half way.
-        if MySQLDB not in configured():
-            self.skipTest('MySQL is not among the configured databases')
-        from relstorage.adapters.mysql import adapter as mysql_adapter
-        saved = mysql_adapter.TEMP_GARBAGE_ROWS, mysql_adapter.MySQLAdapter.move_into_place
-        mysql_adapter.TEMP_GARBAGE_ROWS = 4
+        self._interrupted_temp_table_reset(MySQLDB, 'mysql', 'MySQLAdapter')
+
+    def test_interrupted_postgresql_temp_table_truncated(self):
+        self._interrupted_temp_table_reset(PostgreSQLDB, 'postgresql', 'PostgreSQLAdapter')
+
+    def _interrupted_temp_table_reset(self, kind, module, class_name):
+        # MySQL drops and re-creates temp_store, PostgreSQL truncates it,
+        # once enough rows were deleted from it (Adapter.temp_garbage_rows):
+        # here every few transactions, so it happens inside batches, one of
+        # which is rolled back half way.
+        if kind not in configured():
+            self.skipTest('%s is not among the configured databases' % kind.name)
+        import importlib
+        adapter_class = getattr(
+            importlib.import_module('relstorage.adapters.%s.adapter' % module), class_name)
+        saved = adapter_class.temp_garbage_rows, adapter_class.move_into_place
+        adapter_class.temp_garbage_rows = 4
         copy.BATCH_RECORDS = 12          # about 3 source transactions a batch
         calls = []
 
@@ -902,15 +911,15 @@ class TestInterrupted(ConvertTestCase):
             for keep_history in (False, True):
                 with self.subTest(keep_history=keep_history):
                     del calls[:]
-                    mysql_adapter.MySQLAdapter.move_into_place = move_into_place
+                    adapter_class.move_into_place = move_into_place
                     src = self.path('tmp-%s.fs' % keep_history)
                     make_flat_source(src, transactions=10, per_txn=3)
-                    db = self.database(MySQLDB)
+                    db = self.database(kind)
                     dest = rs_section('destination', db, keep_history)
                     args = [] if keep_history else ['--strategy', 'replay']
                     self.assertConverted(self.convert(fs_section('source', src), dest,
                                                       *args), rc=1)
-                    mysql_adapter.MySQLAdapter.move_into_place = saved[1]
+                    adapter_class.move_into_place = saved[1]
                     storage = self.open_rs(db, keep_history)
                     try:
                         # The first batch only; the second was rolled back.
@@ -922,7 +931,7 @@ class TestInterrupted(ConvertTestCase):
                     self.assertConverted(self.convert(fs_section('source', src), dest,
                                                       '--incremental', '--verify'))
         finally:
-            mysql_adapter.TEMP_GARBAGE_ROWS, mysql_adapter.MySQLAdapter.move_into_place = saved
+            adapter_class.temp_garbage_rows, adapter_class.move_into_place = saved
 
     def test_interrupted_history_free_forced_current(self):
         self._interrupted(False, flat=True, strategy='current',

@@ -49,14 +49,6 @@ CONNECT_KEYS = drivers.CONNECT_KEYS
 DEFAULT_CONNECT_TIMEOUT = 10
 #: Bytes kept free in every statement for its text and the packet header.
 PACKET_MARGIN = 1024
-#: InnoDB never purges the rows deleted from a TEMPORARY table while its
-#: session lives: every later DELETE or INSERT ... SELECT over the table scans
-#: them all, so clearing temp_store got slower with each transaction a
-#: connection had committed (MariaDB 10.11: 0.2 ms per clear after 1,000
-#: transactions of 10 rows, 2.5 ms after 10,000).  Once this many rows have
-#: been deleted, the table is dropped and created again instead (neither
-#: statement commits for a TEMPORARY table, unlike TRUNCATE, which does).
-TEMP_GARBAGE_ROWS = 5000
 #: Bytes of one temp_store row in an upload besides its state's hex digits:
 #: two 20-digit numbers, the X'' quotes, parentheses and commas.
 ROW_OVERHEAD = 50
@@ -109,6 +101,12 @@ class MySQLAdapter(Adapter):
     #: max_allowed_packet as well).
     upload_batch = 1000
     statements_class = sql.MySQLStatements
+    # InnoDB never purges the rows deleted from a TEMPORARY table while its
+    # session lives: every later DELETE or INSERT ... SELECT over the table
+    # scans them all, so clearing temp_store got slower with each
+    # transaction a connection had committed (MariaDB 10.11: 0.2 ms per
+    # clear after 1,000 transactions of 10 rows, 2.5 ms after 10,000).
+    temp_garbage_rows = 5000
     # wait_timeout ends a held transaction's idle session.
     holds_locks_for_retry = True
 
@@ -284,29 +282,7 @@ class MySQLAdapter(Adapter):
     def ensure_temp_table(self, conn):
         conn.execute(sql.TEMP_STORE)
         conn.execute(sql.TEMP_BLOB_CHUNK)
-        conn.mysql_temp_garbage = {}
-
-    def clear_temp(self, conn):
-        self._clear_temp_table(conn, 'temp_store', sql.TEMP_STORE, self.sql.CLEAR_TEMP)
-
-    def clear_temp_blobs(self, conn):
-        self._clear_temp_table(conn, 'temp_blob_chunk', sql.TEMP_BLOB_CHUNK,
-                               self.sql.CLEAR_TEMP_BLOBS)
-
-    def _clear_temp_table(self, conn, name, create, delete):
-        # See TEMP_GARBAGE_ROWS.  A rollback cannot bring the rows of a
-        # dropped table back, which is fine: they were to be cleared, and
-        # the connection only ever clears before it fills.
-        garbage = getattr(conn, 'mysql_temp_garbage', None)
-        if garbage is None:
-            garbage = conn.mysql_temp_garbage = {}
-        if garbage.get(name, 0) >= TEMP_GARBAGE_ROWS:
-            conn.execute('DROP TEMPORARY TABLE IF EXISTS %s' % name)
-            conn.execute(create)
-            garbage[name] = 0
-        else:
-            conn.execute(delete)
-            garbage[name] = garbage.get(name, 0) + max(conn.cursor.rowcount or 0, 0)
+        conn.temp_garbage = {}
 
     def drop_all(self):
         conn = self.open_connection('store')
@@ -433,7 +409,7 @@ class MySQLAdapter(Adapter):
         return sql.PACK_TEMP_TABLES
 
     def clear_pack_temp(self, conn, name):
-        # See TEMP_GARBAGE_ROWS: deleted rows of a temporary table are never
+        # See temp_garbage_rows: deleted rows of a temporary table are never
         # purged, and the pack's work tables see millions.  Neither
         # statement commits for a TEMPORARY table.
         conn.execute('DROP TEMPORARY TABLE IF EXISTS %s' % name)

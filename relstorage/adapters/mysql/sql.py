@@ -21,6 +21,25 @@ def _object_ref_first(stmt):
     return stmt.replace('JOIN temp_pack_current c', 'STRAIGHT_JOIN temp_pack_current c', 1)
 
 
+# Per connection; InnoDB because MEMORY tables cannot hold BLOBs.
+TEMP_STORE = """
+    CREATE TEMPORARY TABLE IF NOT EXISTS temp_store (
+        zoid BIGINT NOT NULL PRIMARY KEY,
+        prev_tid BIGINT NOT NULL,
+        state LONGBLOB
+    ) ENGINE = InnoDB
+"""
+
+TEMP_BLOB_CHUNK = """
+    CREATE TEMPORARY TABLE IF NOT EXISTS temp_blob_chunk (
+        zoid BIGINT NOT NULL,
+        chunk_num BIGINT NOT NULL,
+        chunk LONGBLOB NOT NULL,
+        PRIMARY KEY (zoid, chunk_num)
+    ) ENGINE = InnoDB
+"""
+
+
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
@@ -102,6 +121,10 @@ class MySQLStatements(Statements):
     """
 
     CLEAR_TEMP = "DELETE FROM temp_store"
+    # clear_temp's reset (Adapter.temp_garbage_rows).  Neither statement
+    # commits for a TEMPORARY table, unlike TRUNCATE, which does.
+    RESET_TEMP_STORE = ('DROP TEMPORARY TABLE IF EXISTS temp_store', TEMP_STORE)
+    RESET_TEMP_BLOBS = ('DROP TEMPORARY TABLE IF EXISTS temp_blob_chunk', TEMP_BLOB_CHUNK)
 
     # OIDs: an AUTO_INCREMENT counter (never rolled back); each value n
     # stands for the block of OIDs ((n - 1) * OID_BLOCK, n * OID_BLOCK].
@@ -276,21 +299,3 @@ HISTORY_FREE_SCHEMA = _COMMON + (
     ) ENGINE = InnoDB""",
     _BLOB_CHUNK,
 )
-
-# Per connection; InnoDB because MEMORY tables cannot hold BLOBs.
-TEMP_STORE = """
-    CREATE TEMPORARY TABLE IF NOT EXISTS temp_store (
-        zoid BIGINT NOT NULL PRIMARY KEY,
-        prev_tid BIGINT NOT NULL,
-        state LONGBLOB
-    ) ENGINE = InnoDB
-"""
-
-TEMP_BLOB_CHUNK = """
-    CREATE TEMPORARY TABLE IF NOT EXISTS temp_blob_chunk (
-        zoid BIGINT NOT NULL,
-        chunk_num BIGINT NOT NULL,
-        chunk LONGBLOB NOT NULL,
-        PRIMARY KEY (zoid, chunk_num)
-    ) ENGINE = InnoDB
-"""

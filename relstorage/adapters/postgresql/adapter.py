@@ -47,8 +47,12 @@ class PostgreSQLConnectError(DisconnectedError):
 class PostgreSQLAdapter(Adapter):
     vendor = 'postgresql'
     has_host = True
-    # temp_store and temp_blob_chunk are ON COMMIT DELETE ROWS.
-    temp_rows_survive_commit = False
+    # See sql.TEMP_STORE.  TRUNCATE makes new files for the table (and
+    # its TOAST table and indexes): worth it once the deleted rows take
+    # more room than a few commits' worth.
+    temp_garbage_rows = 5000
+    temp_garbage_bytes = 16 * 1024 * 1024
+    temp_clear_counts_bytes = True
     placeholder = '%s'
     max_in_list = 1000
     upload_batch = 1000
@@ -165,6 +169,7 @@ class PostgreSQLAdapter(Adapter):
     def ensure_temp_table(self, conn):
         conn.execute(sql.TEMP_STORE)
         conn.execute(sql.TEMP_BLOB_CHUNK)
+        conn.temp_garbage = {}
 
     # --- OIDs -------------------------------------------------------------
 
