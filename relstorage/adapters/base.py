@@ -107,15 +107,15 @@ class Adapter(PackVerbs):
     #: clear_temp deletes them).
     temp_rows_survive_commit = True
     #: Where set: once this many rows (or ``temp_garbage_bytes`` bytes)
-    #: were deleted from a temporary table, clear_temp resets it with the
-    #: statements ``sql.RESET_TEMP_STORE`` / ``RESET_TEMP_BLOBS`` instead of
-    #: deleting again.  Neither InnoDB nor PostgreSQL reuses the space of
-    #: rows deleted from a temporary table while the session lives.
+    #: were put into a temporary table since it was last reset, clear_temp
+    #: resets it with the statements ``sql.RESET_TEMP_STORE`` /
+    #: ``RESET_TEMP_BLOBS`` instead of deleting its rows.  Neither InnoDB
+    #: nor PostgreSQL gives the room of rows deleted from a temporary table
+    #: to new rows while the session lives: the table only grows.  Counted
+    #: when the rows go in, so that a large commit is followed by a reset,
+    #: not by a DELETE of all its rows in the next (small) commit.
     temp_garbage_rows = None
     temp_garbage_bytes = None
-    #: Whether ``sql.CLEAR_TEMP`` / ``CLEAR_TEMP_BLOBS`` return one row
-    #: (rows deleted, bytes deleted); else the cursor's rowcount is used.
-    temp_clear_counts_bytes = False
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and
@@ -628,6 +628,7 @@ class Adapter(PackVerbs):
                                                 [oid for oid, _, _ in rows]):
             conn.execute(stmt, params)
         self.upload(conn, rows)
+        self.note_temp_rows(conn, len(rows), sum(len(state or b'') for _, _, state in rows))
 
     def lock_objects_checked(self, conn, oids, read_current_oids):
         """``lock_objects`` with its lock failures reported by OID; returns
@@ -783,22 +784,22 @@ class Adapter(PackVerbs):
         # as it was at the last commit, rows included (PostgreSQL's TRUNCATE
         # is transactional) or empty (MySQL's DROP of a TEMPORARY table is
         # not): either is fine, the connection clears before it fills.
-        if self.temp_garbage_rows is None:
-            conn.execute(self.q(delete))
-            return
-        rows, size = conn.temp_garbage.get(name, (0, 0))
-        if rows >= self.temp_garbage_rows or (
-                self.temp_garbage_bytes is not None and size >= self.temp_garbage_bytes):
-            for statement in reset:
-                conn.execute(statement)
-            conn.temp_garbage[name] = (0, 0)
-            return
+        if self.temp_garbage_rows is not None:
+            rows, size = conn.temp_garbage.get(name, (0, 0))
+            if rows >= self.temp_garbage_rows or (
+                    self.temp_garbage_bytes is not None and size >= self.temp_garbage_bytes):
+                for statement in reset:
+                    conn.execute(statement)
+                conn.temp_garbage[name] = (0, 0)
+                return
         conn.execute(self.q(delete))
-        if self.temp_clear_counts_bytes:
-            deleted, nbytes = conn.fetchone()
-        else:
-            deleted, nbytes = max(conn.cursor.rowcount or 0, 0), 0
-        conn.temp_garbage[name] = (rows + (deleted or 0), size + int(nbytes or 0))
+
+    def note_temp_rows(self, conn, rows, nbytes, name='temp_store'):
+        """Count ``rows`` rows of ``nbytes`` bytes put into a temporary
+        table (temp_garbage_rows)."""
+        if self.temp_garbage_rows is not None:
+            old_rows, old_bytes = conn.temp_garbage.get(name, (0, 0))
+            conn.temp_garbage[name] = (old_rows + rows, old_bytes + nbytes)
 
     # ------------------------------------------------------------------
     # Blobs kept in the database (blob_chunk rows).
@@ -808,6 +809,7 @@ class Adapter(PackVerbs):
                                self.sql.RESET_TEMP_BLOBS)
 
     def upload_blob_chunk(self, conn, oid, chunk_num, data):
+        self.note_temp_rows(conn, 1, len(data), 'temp_blob_chunk')
         conn.execute(self.q(self.sql.INSERT_TEMP_BLOB_CHUNK),
                      (oid, chunk_num, self.binary(data)))
 

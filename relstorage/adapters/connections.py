@@ -125,6 +125,12 @@ class DBConnection:
         return None if row is None else row[0]
 
     def commit(self):
+        if self.temp_dirty and self.adapter.temp_rows_survive_commit:
+            # Set first: should the COMMIT reach the server and its answer
+            # not reach us (an interrupt), the rollback that follows must
+            # not believe the committed rows gone.  Clearing a table that
+            # is empty costs only a statement.
+            self._temp_dirty_at_commit = True
         self._run(self.raw.commit)
         self.in_transaction = self.holding_locks = False
         if not self.adapter.temp_rows_survive_commit:

@@ -173,6 +173,7 @@ class Commit:
         if len(tstore):
             conn.temp_dirty = True
             adapter.upload(conn, tstore.rows())
+            adapter.note_temp_rows(conn, len(tstore), tstore.nbytes)
         fault_point('vote.uploaded')
         read_current = {oid: tid for oid, tid in self.read_current.items()
                         if oid not in tstore}
@@ -304,6 +305,7 @@ class Commit:
             adapter.clear_temp(conn)
             if rows:
                 adapter.upload(conn, rows)
+                adapter.note_temp_rows(conn, len(rows), sum(len(state or b'') for _, _, state in rows))
                 if keep_history:
                     adapter.fix_prev_tids(conn)
             adapter.move_into_place(conn, c.tid, bool(rows), c.user, c.description,

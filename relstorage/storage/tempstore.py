@@ -33,6 +33,12 @@ class TempStore:
     def __contains__(self, oid_int):
         return oid_int in self._index
 
+    @property
+    def nbytes(self):
+        """Bytes of the states stored (of every store of an object
+        stored twice)."""
+        return self._in_memory + self._end
+
     def store(self, oid_int, prev_tid_int, state):
         if state is None:
             entry = (None, -1, prev_tid_int)

@@ -614,53 +614,68 @@ class TempTableTests(PGCase):
     """temp_store keeps its rows across commits (no ON COMMIT DELETE ROWS,
     whose truncation at every commit made commits wait for the file
     system): each vote deletes what the last commit left, and the table is
-    truncated once enough rows were deleted from it."""
+    truncated once enough rows went through it."""
 
     def temp_store_bytes(self, storage):
-        """Size of every session's temp_store (a temporary table's file
+        """Size of the largest temp_store of a session (a temporary table's file
         grows with every page it is given)."""
+        return int(self.query(
+            storage, "SELECT COALESCE(MAX(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relname = 'temp_store' AND n.nspname LIKE %s", ('pg_temp_%',))[0][0])
+
+    def query(self, storage, stmt, params=()):
         conn = storage._adapter.open_store()
         try:
-            return int(conn.query_value(
-                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE c.relname = 'temp_store' AND n.nspname LIKE %s", ('pg_temp_%',)))
+            return conn.query_all(stmt, params)
         finally:
             conn.rollback()
             conn.close()
 
     def commit(self, storage, values):
-        """Store {oid: value} (each at its current serial); return the tid."""
+        """Store {oid: value} (each at its current serial); return the tid,
+        after checking that the transaction wrote those objects only."""
         txn = TransactionMetaData()
         storage.tpc_begin(txn)
         for oid, value in values.items():
             storage.store(oid, storage.load(oid)[1], zodb_pickle(MinPO(value)), '', txn)
         storage.tpc_vote(txn)
-        return storage.tpc_finish(txn)
+        tid = storage.tpc_finish(txn)
+        written = self.query(storage, "SELECT zoid FROM object_state WHERE tid = %s",
+                             (u64(tid),))
+        self.assertEqual(sorted(zoid for zoid, in written), sorted(u64(oid) for oid in values))
+        return tid
 
     def test_rows_of_one_commit_never_reach_the_next(self):
-        storage = self.storage()
+        # keep-locks-on-conflict 0: a vote that fails rolls back at once
+        # (else its transaction, with its deletion of the last commit's rows
+        # and its own upload, goes on in the retry).
+        for keep_locks in (0, 2.0):
+            with self.subTest(keep_locks_on_conflict=keep_locks):
+                self.check_rows_never_reach_the_next(keep_locks)
+
+    def check_rows_never_reach_the_next(self, keep_locks):
+        storage = self.storage(keep_locks_on_conflict=keep_locks)
         storage._adapter.temp_garbage_rows = 40
         oids, _ = self.make_objects(storage, 20)
         expected = {oid: (i, None) for i, oid in enumerate(oids)}
         sizes = []
         for round_ in range(30):
             # Ten of the twenty objects: the other ten's rows of the last
-            # commit must not be moved again with this one's tid.
+            # commit must not be written again with this one's tid
+            # (self.commit checks).  1.5 KB of random bytes each: rows
+            # that fill pages.
             chosen = oids[(round_ % 2) * 10:(round_ % 2) * 10 + 10]
-            # (1.5 KB of random bytes each: rows that fill pages.)
             values = {oid: 'r%d %s' % (round_, os.urandom(750).hex()) for oid in chosen}
             tid = self.commit(storage, values)
             for oid in chosen:
                 expected[oid] = (values[oid], tid)
             if round_ % 7 == 3:
-                # A vote that fails after its upload (a stale serial): its
-                # rows go with the rolled-back transaction.
+                # A vote that fails after its upload (a stale serial).
                 txn = TransactionMetaData()
                 storage.tpc_begin(txn)
                 for oid in oids[:5]:
-                    storage.store(oid, z64 if expected[oid][1] is None else p64(1),
-                                  zodb_pickle(MinPO('lost')), '', txn)
+                    storage.store(oid, p64(1), zodb_pickle(MinPO('lost')), '', txn)
                 with self.assertRaises(ConflictError):
                     storage.tpc_vote(txn)
                 storage.tpc_abort(txn)
@@ -674,6 +689,20 @@ class TempTableTests(PGCase):
         # 300 rows (450 KB) went through temp_store; truncated every 40
         # rows, it never held much more than 40 rows' worth.
         self.assertLess(max(sizes), 200 * 1024, sizes)
+
+    def test_a_large_commit_is_followed_by_a_truncation(self):
+        # Counted as they go in: the next vote truncates the table rather
+        # than deleting every row of the large commit (and leaving them in
+        # the table's files, for every later statement to scan).
+        storage = self.storage()
+        storage._adapter.temp_garbage_rows = 100
+        oids, _ = self.make_objects(storage, 150)
+        self.commit(storage, {oid: os.urandom(750).hex() for oid in oids})
+        large = self.temp_store_bytes(storage)
+        self.commit(storage, {oids[0]: 'small'})
+        small = self.temp_store_bytes(storage)
+        self.assertGreater(large, 200 * 1024)
+        self.assertLess(small, 64 * 1024, (large, small))
 
 
 class TempTableTestsHF(TempTableTests):

@@ -52,7 +52,6 @@ class PostgreSQLAdapter(Adapter):
     # more room than a few commits' worth.
     temp_garbage_rows = 5000
     temp_garbage_bytes = 16 * 1024 * 1024
-    temp_clear_counts_bytes = True
     placeholder = '%s'
     max_in_list = 1000
     upload_batch = 1000
@@ -169,7 +168,6 @@ class PostgreSQLAdapter(Adapter):
     def ensure_temp_table(self, conn):
         conn.execute(sql.TEMP_STORE)
         conn.execute(sql.TEMP_BLOB_CHUNK)
-        conn.temp_garbage = {}
 
     # --- OIDs -------------------------------------------------------------
 

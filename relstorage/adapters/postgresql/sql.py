@@ -91,19 +91,18 @@ class PostgreSQLStatements(Statements):
 
     COPY_TEMP = "COPY temp_store (zoid, prev_tid, state) FROM STDIN"
 
-    # clear_temp: rows and stored bytes deleted, in the same round trip
-    # (Adapter.temp_garbage_bytes: blob chunks and large states are
-    # mostly bytes).
-    CLEAR_TEMP = """
-        WITH gone AS (DELETE FROM temp_store RETURNING pg_column_size(state) AS size)
-        SELECT COUNT(*), COALESCE(SUM(size), 0) FROM gone
-    """
-    CLEAR_TEMP_BLOBS = """
-        WITH gone AS (DELETE FROM temp_blob_chunk RETURNING pg_column_size(chunk) AS size)
-        SELECT COUNT(*), COALESCE(SUM(size), 0) FROM gone
-    """
+    # clear_temp's reset (Adapter.temp_garbage_rows).
     RESET_TEMP_STORE = ("TRUNCATE temp_store",)
     RESET_TEMP_BLOBS = ("TRUNCATE temp_blob_chunk",)
+
+    # History-free blobs of what we write: the OIDs as one array, so that
+    # blob_chunk is probed by its index whatever the planner guesses of
+    # temp_store (never analysed; its deleted rows until the next reset
+    # count in the guess: a join with it became a hash join over a
+    # sequential scan of blob_chunk).
+    DELETE_BLOBS_OF_WRITTEN_HF = """
+        DELETE FROM blob_chunk WHERE zoid = ANY(ARRAY(SELECT zoid FROM temp_store))
+    """
 
     # Commit lock, choice of the tid and its publication in one round trip.
     ADVANCE_TID = """
