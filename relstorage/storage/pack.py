@@ -275,8 +275,11 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         # (The first analysis: object_ref is empty now.)
         fresh = not done
         conn.commit()
+        # The total only for a display: counting reads every revision
+        # to analyse once more (1 s at 4,000,000 objects on PostgreSQL).
         bar = progress('analysing references',
-                       adapter.count_revisions(load, done, snapshot_tid), 'revisions')
+                       None if progress is _NoProgress
+                       else adapter.count_revisions(load, done, snapshot_tid), 'revisions')
         oids, rows = [], []
         current = None
         completed = done

@@ -43,6 +43,11 @@ class PackCase(FactoryCase):
     #: (factories of the other drivers set ``secondary_driver``).
     heavy = False
 
+    def patch(self, obj, name, value):
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self.addCleanup(setattr, obj, name, old)
+
     def setUp(self):
         if self.heavy and getattr(self.factory, 'secondary_driver', False):
             self.skipTest('runs with the first driver of this database only')
@@ -680,6 +685,34 @@ class PackCostTests(PackCase):
     """What a pack costs others: the processes that cache what it removed,
     and the next pack."""
 
+    def test_revisions_to_analyse_are_counted_for_a_display_only(self):
+        # Counting reads every revision to analyse once more: a pack from
+        # cron (no display) does not.
+        db = self.db()
+        adapter = db.storage.adapter
+        counted = []
+        count = adapter.count_revisions
+
+        def counting(*args):
+            counted.append(count(*args))
+            return counted[-1]
+        self.patch(adapter, 'count_revisions', counting)
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(v=1)
+        db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertEqual(counted, [])
+        with db.transaction() as conn:
+            conn.root()['b'] = PersistentMapping(v=2)
+        totals = {}
+
+        def progress(description, total, unit):
+            totals[description] = total
+            return Progress(description, [], lambda: None)
+        db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
+        # The root and 'b': the revisions committed since the last analysis.
+        self.assertEqual(counted, [2])
+        self.assertEqual(totals['analysing references'], 2)
+
     def test_other_process_forgets_only_what_the_pack_removed(self):
         db = self.db()
         with db.transaction() as conn:
@@ -1240,11 +1273,6 @@ class IncrementalPackTests(PackCase):
             conn.root()['again'] = None
         self.pack_exactly(db)
         self.assertFalse(self.exists(last._p_oid))
-
-    def patch(self, obj, name, value):
-        old = getattr(obj, name)
-        setattr(obj, name, value)
-        self.addCleanup(setattr, obj, name, old)
 
 
 class mock_attr:
