@@ -196,6 +196,11 @@ class IRelStorageAdapter(Interface):
     def upload(conn, rows):
         """Put (oid, prev_tid, state) rows into ``temp_store`` in bulk."""
 
+    def note_temp_rows(conn, rows, nbytes, name='temp_store'):
+        """Count ``rows`` rows of ``nbytes`` bytes just put into a
+        temporary table: past the vendor's limit, the next clear_temp
+        resets the table instead of deleting its rows."""
+
     def lock_objects_checked(conn, oids, read_current_oids):
         """Lock the current rows of ``oids`` exclusively and of
         ``read_current_oids`` shared, in OID order, within

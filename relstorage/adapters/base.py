@@ -784,7 +784,7 @@ class Adapter(PackVerbs):
         # as it was at the last commit, rows included (PostgreSQL's TRUNCATE
         # is transactional) or empty (MySQL's DROP of a TEMPORARY table is
         # not): either is fine, the connection clears before it fills.
-        if self.temp_garbage_rows is not None:
+        if self.temp_garbage_rows is not None and reset:
             rows, size = conn.temp_garbage.get(name, (0, 0))
             if rows >= self.temp_garbage_rows or (
                     self.temp_garbage_bytes is not None and size >= self.temp_garbage_bytes):

@@ -52,9 +52,11 @@ class DBConnection:
         # rolled back too), so we remember that state.
         self.temp_dirty = False
         self._temp_dirty_at_commit = False
-        # {temporary table: (rows, bytes) deleted since it was last reset}
-        # (Adapter.temp_garbage_rows).
+        # {temporary table: (rows, bytes) put into it since it was last
+        # reset} (Adapter.temp_garbage_rows); as at the last commit, for a
+        # rollback (PostgreSQL's TRUNCATE is rolled back too).
         self.temp_garbage = {}
+        self._temp_garbage_at_commit = {}
         # Which server (see servers.py): None for the configured one.
         self.server = None
         self.replica = False            # a read-only replica (ro-replica-conf)
@@ -81,6 +83,7 @@ class DBConnection:
         self.server_generation = other.server_generation
         self.in_transaction = self.broken = self.holding_locks = False
         self.temp_dirty = self._temp_dirty_at_commit = False
+        self.temp_garbage, self._temp_garbage_at_commit = {}, {}
         self.session_settings = {}
 
     def _run(self, func, *args):
@@ -136,11 +139,13 @@ class DBConnection:
         if not self.adapter.temp_rows_survive_commit:
             self.temp_dirty = False
         self._temp_dirty_at_commit = self.temp_dirty
+        self._temp_garbage_at_commit = dict(self.temp_garbage)
 
     def rollback(self):
         """End the transaction, discarding it; never raises for a dead link."""
         self.in_transaction = self.holding_locks = False
         self.temp_dirty = self._temp_dirty_at_commit
+        self.temp_garbage = dict(self._temp_garbage_at_commit)
         if self.broken:
             return
         try:

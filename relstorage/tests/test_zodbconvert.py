@@ -889,7 +889,7 @@ class TestInterrupted(ConvertTestCase):
 
     def _interrupted_temp_table_reset(self, kind, module, class_name):
         # MySQL drops and re-creates temp_store, PostgreSQL truncates it,
-        # once enough rows were deleted from it (Adapter.temp_garbage_rows):
+        # once enough rows went into it (Adapter.temp_garbage_rows):
         # here every few transactions, so it happens inside batches, one of
         # which is rolled back half way.
         if kind not in configured():
@@ -898,6 +898,7 @@ class TestInterrupted(ConvertTestCase):
         adapter_class = getattr(
             importlib.import_module('relstorage.adapters.%s.adapter' % module), class_name)
         saved = adapter_class.temp_garbage_rows, adapter_class.move_into_place
+        own_move = 'move_into_place' in vars(adapter_class)
         adapter_class.temp_garbage_rows = 4
         copy.BATCH_RECORDS = 12          # about 3 source transactions a batch
         calls = []
@@ -919,7 +920,10 @@ class TestInterrupted(ConvertTestCase):
                     args = [] if keep_history else ['--strategy', 'replay']
                     self.assertConverted(self.convert(fs_section('source', src), dest,
                                                       *args), rc=1)
-                    adapter_class.move_into_place = saved[1]
+                    if own_move:
+                        adapter_class.move_into_place = saved[1]
+                    else:
+                        del adapter_class.move_into_place
                     storage = self.open_rs(db, keep_history)
                     try:
                         # The first batch only; the second was rolled back.
@@ -931,7 +935,11 @@ class TestInterrupted(ConvertTestCase):
                     self.assertConverted(self.convert(fs_section('source', src), dest,
                                                       '--incremental', '--verify'))
         finally:
-            adapter_class.temp_garbage_rows, adapter_class.move_into_place = saved
+            adapter_class.temp_garbage_rows = saved[0]
+            if own_move:
+                adapter_class.move_into_place = saved[1]
+            elif 'move_into_place' in vars(adapter_class):
+                del adapter_class.move_into_place
 
     def test_interrupted_history_free_forced_current(self):
         self._interrupted(False, flat=True, strategy='current',
