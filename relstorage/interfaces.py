@@ -348,12 +348,19 @@ class IRelStorageAdapter(Interface):
     def records_seeds(conn):
         """Whether an analysis must record seeds (``add_refs``)."""
 
-    def compute_pack_candidates(conn, pack_tid, gc, pause=None):
+    def compute_pack_candidates(conn, pack_tid, gc, snapshot_tid=None):
         """Fill the candidate table with what a pack to ``pack_tid`` removes
-        (unreachable objects when ``gc``), by set-based SQL.  Where that
-        takes several write transactions (single-writer databases),
-        ``pause(seconds_held)`` is called after each.  Returns (frontier
+        (unreachable objects when ``gc``), by set-based SQL, writing only
+        the pack's own tables (begin_pack_write).  Returns (frontier
         steps, objects an incremental reachability examined or None)."""
+
+    def begin_pack_write(conn):
+        """Begin a transaction that writes only the pack's own tables."""
+
+    def forget_deleted(conn):
+        """After a deletion batch committed: drop the references and
+        candidates of what it removed, where the pack's tables are apart
+        (pack_tables_apart); otherwise the batch did it."""
 
     def seed_unreached(conn, oids):
         """Of ``oids`` (changed after the analysis), record as seeds those

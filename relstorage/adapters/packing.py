@@ -60,6 +60,18 @@ class PackVerbs:
     #: Elsewhere a batch deletes first and takes the commit lock only to
     #: re-check the last commits and commit (storage/pack.py).
     pack_lock_is_write_lock = False
+    #: Whether the pack's own tables (references, candidates, progress)
+    #: are in a database file of their own (SQLite, whose commits hold
+    #: the main file's single write lock), written without the lock
+    #: commits wait for (begin_pack_write).  Every adapter keeps the
+    #: pack's writes other than its deletions out of the commits' way.
+    pack_tables_apart = False
+
+    def begin_pack_write(self, conn):
+        """Begin a transaction that writes only the pack's own tables
+        (references, candidates, pack_info): SQLite's are in a file of
+        their own, whose lock no commit waits for."""
+        self.begin_store_checked(conn)
 
     def pack_schema(self):
         """DDL creating the permanent pack tables if they are missing."""
@@ -260,7 +272,7 @@ class PackVerbs:
     INCREMENTAL_SHARE = 1 / 3.0
     INCREMENTAL_MIN = 20000
 
-    def compute_pack_candidates(self, conn, pack_tid, gc, pause=None, snapshot_tid=None):
+    def compute_pack_candidates(self, conn, pack_tid, gc, snapshot_tid=None):
         """Fill pack_object with what a pack to ``pack_tid`` removes, from
         the references recorded so far (up to ``snapshot_tid``, the
         analysis's snapshot).  Returns (frontier steps, domain):
@@ -313,7 +325,7 @@ class PackVerbs:
         if gc:
             self._analyze_temp(conn, 'temp_pack_reach')
         conn.commit()
-        self.begin_store_checked(conn)
+        self.begin_pack_write(conn)
         if seeded:
             # What the next pack must look at again (see _start_reachability).
             conn.execute(self.q(sql.PACK_SEED_SAVE))
@@ -325,15 +337,12 @@ class PackVerbs:
             params = (flag, pack_tid, snapshot_tid or ALL_REVISIONS, flag)
         else:
             params = (flag,)
-        if self.pack_lock_is_write_lock:
-            self._fill_candidates_in_ranges(conn, params, pause)
-        else:
-            large = domain is None and sql.PACK_LARGE_JOINS_BEGIN
-            if large:
-                conn.execute(sql.PACK_LARGE_JOINS_BEGIN)
-            conn.execute(self.q(sql.PACK_CANDIDATES), params)
-            if large:
-                conn.execute(sql.PACK_LARGE_JOINS_END)
+        large = domain is None and sql.PACK_LARGE_JOINS_BEGIN
+        if large:
+            conn.execute(sql.PACK_LARGE_JOINS_BEGIN)
+        conn.execute(self.q(sql.PACK_CANDIDATES), params)
+        if large:
+            conn.execute(sql.PACK_LARGE_JOINS_END)
         # The deletion batches join ranges of it (merge joins on the keys
         # once the planner knows its size).
         self._analyze_temp(conn, 'pack_object')
@@ -368,7 +377,7 @@ class PackVerbs:
         if base:
             conn.execute(self.q(sql.PACK_SEED_TAKE))
         conn.commit()
-        self.begin_store_checked(conn)
+        self.begin_pack_write(conn)
         self.set_pack_info(conn, prepared=None, prepared_gc=None)
         if not seeded and self.keep_history:
             self.set_pack_info(conn, seed_base=None)
@@ -518,29 +527,6 @@ class PackVerbs:
         timeout = float(getattr(self.options, 'pack_batch_timeout', 1.0) or 1.0)
         return timeout * (self.PACK_WRITE_LOCK_SHARE if self.pack_lock_is_write_lock else 1.0)
 
-    def _fill_candidates_in_ranges(self, conn, params, pause=None):
-        """PACK_CANDIDATES a range of current objects per write transaction,
-        each sized to hold the database's write lock a few milliseconds
-        (filled at once, half a million candidates held it seconds).  The
-        candidates count only once pack_info says ``prepared``, so a pack
-        stopped part way leaves nothing another one trusts."""
-        target = self.pack_write_lock_target()
-        size, after = 1000, -1
-        conn.commit()
-        while True:
-            self.begin_store_checked(conn)
-            started = time.time()
-            upto = conn.query_value(self.q(self.sql.PACK_CURRENT_RANGE_END), (after, size))
-            if upto is None:
-                return          # (in a transaction, for the caller's writes)
-            conn.execute(self.q(self.sql.PACK_CANDIDATES_RANGE), params + (after, upto))
-            conn.commit()
-            held = time.time() - started
-            after = upto
-            size = next_step_size(size, held, target)
-            if pause is not None:
-                pause(held)
-
     def _any(self, conn, name):
         return conn.query_one('SELECT zoid FROM %s LIMIT 1' % name) is not None
 
@@ -615,9 +601,27 @@ class PackVerbs:
             objects = max(conn.cursor.rowcount, 0)
         else:
             objects = revisions
-        conn.execute(self.q(sql.PACK_DELETE_REFS))
-        conn.execute(self.q(sql.PACK_DELETE_DONE))
+        if self.pack_tables_apart:
+            conn.execute(sql.PACK_DONE_SAVE)
+        else:
+            conn.execute(self.q(sql.PACK_DELETE_REFS))
+            conn.execute(self.q(sql.PACK_DELETE_DONE))
         return rows, revisions, objects, blobs
+
+    def forget_deleted(self, conn):
+        """After a deletion batch committed, where the pack's tables are
+        apart: the references and candidates of what it deleted go, in a
+        write of those tables only (no commit waits for it).  Should the
+        pack stop before, they stay: rows about objects and revisions
+        that no longer exist, which no join of a pack follows (OIDs are
+        never reused, and revisions are joined by their tid)."""
+        if not self.pack_tables_apart:
+            return
+        self.begin_pack_write(conn)
+        conn.execute(self.sql.PACK_DONE_REFS)
+        conn.execute(self.sql.PACK_DONE_OBJECTS)
+        self.clear_pack_temp(conn, 'temp_pack_done')
+        conn.commit()
 
     # --- what other processes drop from their caches ---------------------
 

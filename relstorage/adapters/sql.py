@@ -678,11 +678,6 @@ class Statements:
         LEFT JOIN temp_pack_reach x ON x.zoid = c.zoid
         WHERE ((x.zoid IS NULL AND %s = 1) OR c.revisions = 0)
     """
-    #: The same for the current objects in (%s, %s]: single-writer
-    #: databases fill pack_object a range at a time (see
-    #: compute_pack_candidates).
-    PACK_CANDIDATES_RANGE = PACK_CANDIDATES + "  AND c.zoid > %s AND c.zoid <= %s\n"
-    PACK_CANDIDATES_RANGE_HF = PACK_CANDIDATES_HF + "  AND c.zoid > %s AND c.zoid <= %s\n"
     PACK_CLEAR_CANDIDATES = "DELETE FROM pack_object"
 
     # What the candidates amount to: objects, revisions, bytes, blobs.
@@ -782,6 +777,8 @@ class Statements:
     PACK_DELETE_DONE = """
         DELETE FROM pack_object WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
     """
+    # Where the pack's tables are apart (SQLite): see PackVerbs.forget_deleted.
+    PACK_DONE_SAVE = PACK_DONE_REFS = PACK_DONE_OBJECTS = None
 
     # History-preserving end of a pack: transactions up to the pack time
     # are packed (no undo), and those left without states go.

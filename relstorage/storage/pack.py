@@ -50,15 +50,12 @@ from_bytes = int.from_bytes
 
 log = logging.getLogger(__name__)
 
-#: Revisions analysed per database transaction of the pre-pack: at most
-#: (single-writer databases, where every commit waits for such a
-#: transaction; it is sized by time) ...
-ANALYSIS_BATCH = 2000
-#: ... and elsewhere.  Fewer, larger transactions: the thread recording
-#: them waits for the interpreter lock after every statement (up to the
-#: switch interval, 5 ms, while this one unpickles).  (10,000 made
-#: zodbpack's peak RSS 76 MB against 52 at a million objects.)
-SERVER_ANALYSIS_BATCH = 5000
+#: Revisions analysed per database transaction of the pre-pack.  Fewer,
+#: larger transactions: the thread recording them waits for the
+#: interpreter lock after every statement (up to the switch interval, 5
+#: ms, while this one unpickles).  (10,000 made zodbpack's peak RSS 76 MB
+#: against 52 at a million objects.)
+ANALYSIS_BATCH = 5000
 #: Candidates deleted per statement group of a deletion batch, to start with.
 FIRST_DELETE_SIZE = 100
 MAX_DELETE_SIZE = 20000
@@ -69,7 +66,7 @@ MAX_DELETE_SIZE = 20000
 MAX_BATCH_ROWS = 5000
 #: Attempts to take a busy commit lock before the pack gives up.
 LOCK_ATTEMPTS = 20
-#: The shortest pause between two writes of the pack on a single-writer
+#: The shortest pause between two deletion batches on a single-writer
 #: database (seconds): longer than a waiting commit's step (adapters/sqlite).
 WRITERS_TURN = 0.005
 
@@ -173,15 +170,13 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             report.up_to_date = True
         else:
             phase_start = time.time()
-            snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
-                                    _writers_turn(adapter, options))
+            snapshot_tid = _analyse(adapter, conn, referencesf, report, progress)
             report.pack_tid = min(pack_tid_for(t), snapshot_tid)
             report.phases['analysis'] = time.time() - phase_start
             phase_start = time.time()
             bar = progress('computing reachability', None, 'steps')
             steps, report.reach_domain = adapter.compute_pack_candidates(
-                conn, report.pack_tid, gc, pause=_writers_turn(adapter, options),
-                snapshot_tid=snapshot_tid)
+                conn, report.pack_tid, gc, snapshot_tid=snapshot_tid)
             bar.update(steps)
             bar.close()
             report.phases['reachability'] = time.time() - phase_start
@@ -241,7 +236,7 @@ def _up_to_date(adapter, conn, gc):
     transaction was committed since its pack time: then it removed all a
     pack can remove now (a later pack time sees the same database), and
     the analysis and reachability need not run again."""
-    adapter.begin_store_checked(conn)
+    adapter.begin_pack_write(conn)
     info = adapter.pack_info(conn)
     last = adapter.get_last_tid(conn)
     conn.rollback()
@@ -260,14 +255,14 @@ def _acquire(adapter):
 # ----------------------------------------------------------------------
 # Phase 1: references.
 
-def _analyse(adapter, conn, referencesf, report, progress, pause=None):
+def _analyse(adapter, conn, referencesf, report, progress):
     """Record the references of every revision committed since the last
     analysis, up to a snapshot; return the snapshot's tid."""
     load = adapter.open_load()
     try:
         adapter.begin_snapshot(load)
         snapshot_tid = adapter.get_last_tid(load)
-        adapter.begin_store_checked(conn)
+        adapter.begin_pack_write(conn)
         done = adapter.pack_refs_tid(conn)
         # An analysis killed part way through a tid left some of its rows.
         adapter.forget_refs_after(conn, done)
@@ -285,39 +280,25 @@ def _analyse(adapter, conn, referencesf, report, progress, pause=None):
         completed = done
         analysed = 0
         read = _reference_reader(referencesf)
-        # Elsewhere than SQLite a _record only costs the pack: it runs
-        # in a thread of its own while this one reads and unpickles the
-        # next batch (the database inserts while Python unpickles).
-        # Where the commit lock is the database's write lock (SQLite),
-        # every commit waits for a whole _record: it is kept a few
-        # milliseconds long and runs here (in a thread of its own, it
-        # would hold the lock while waiting for the interpreter lock
-        # after each statement); the pause after it runs in that thread.
-        target = adapter.pack_write_lock_target()
-        adapt = adapter.pack_lock_is_write_lock
-        size = ANALYSIS_BATCH if adapt else SERVER_ANALYSIS_BATCH
+        # A _record only costs the pack (it writes the pack's own tables,
+        # which no commit waits for: on SQLite they are in a file of
+        # their own): it runs in a thread of its own while this one reads
+        # and unpickles the next batch (the database inserts while Python
+        # unpickles).
+        size = ANALYSIS_BATCH
         recorder = _Recorder()
 
         def record(upto_tid, oids, rows):
             try:
-                return _record(adapter, conn, oids, rows, upto_tid, seeds, fresh)
+                _record(adapter, conn, oids, rows, upto_tid, seeds, fresh)
             except BaseException:
-                # (Not left open, on SQLite holding the write lock, until
-                # the error reaches the caller.)
+                # (Not left open, holding its locks, until the error
+                # reaches the caller.)
                 _rollback_quietly(conn)
                 raise
 
         def flush(upto_tid):
-            nonlocal size
-            if adapt:
-                recorder.wait()
-                took = record(upto_tid, oids, rows)
-                size = next_step_size(size, took, target, low=min(20, ANALYSIS_BATCH),
-                                      high=ANALYSIS_BATCH)
-                if pause is not None:
-                    recorder.submit(pause, took)
-            else:
-                recorder.submit(record, upto_tid, oids, rows)
+            recorder.submit(record, upto_tid, oids, rows)
             bar.update(len(oids))
 
         try:
@@ -407,15 +388,43 @@ def _reference_reader(referencesf):
     return _zodb_references if referencesf is zodb_referencesf else referencesf
 
 
+#: Class pickles (the first of a ZODB record's two pickles) known to end
+#: exactly where they do and to hold no reference: a state that starts
+#: with one and has neither persistent-id opcode byte after it references
+#: nothing, and is not unpickled.  Bounded (a database has a few hundred
+#: classes; what does not fit is unpickled as before).
+_PLAIN_CLASS_PICKLES = set()
+_PLAIN_CLASS_PICKLES_MAX = 10000
+#: The persistent-id opcodes (BINPERSID, PERSID): without either byte in
+#: a pickle, no persistent_load can be called while reading it.
+_BINPERSID, _PERSID = b'Q', b'P'
+
+
 def _zodb_references(state):
     """What ZODB.serialize.referencesf returns, without building its
     wrapper classes for every state (a third of the per-revision cost):
     the OIDs of the ordinary references, weak and cross-database ones
-    (lists) left out."""
+    (lists) left out.  A state whose class pickle is known and whose data
+    pickle holds no persistent-id opcode byte is not unpickled at all (at
+    a million small objects, most states of a site's leaves)."""
+    # Protocol 2 and later pickles start with PROTO: the class pickle's
+    # STOP followed by the data pickle's PROTO is where they meet, when
+    # that first '.\x80' is the STOP (checked by unpickling, once per
+    # distinct class pickle).
+    # (A data pickle cut short lacks its final STOP: that one is read, and
+    # refused, as before.)
+    end = state.find(b'.\x80') + 1
+    if end and state[-1:] == b'.' and state[:end] in _PLAIN_CLASS_PICKLES:
+        if state.find(_BINPERSID, end) < 0 and state.find(_PERSID, end) < 0:
+            return []
     found = []
-    unpickler = Unpickler(BytesIO(state))
+    stream = BytesIO(state)
+    unpickler = Unpickler(stream)
     unpickler.persistent_load = found.append
     unpickler.noload()      # the class
+    if (end and not found and stream.tell() == end
+            and len(_PLAIN_CLASS_PICKLES) < _PLAIN_CLASS_PICKLES_MAX):
+        _PLAIN_CLASS_PICKLES.add(state[:end])
     unpickler.noload()      # the state
     oids = []
     for ref in found:
@@ -436,9 +445,11 @@ def _zodb_references(state):
 def _references(referencesf, oid, tid, state):
     """The OIDs (ints) a state references; PackError if it cannot be read."""
     if state is None:
-        return set()
+        return ()
     try:
-        refs = referencesf(bytes(state))
+        refs = referencesf(state if type(state) is bytes else bytes(state))
+        if not refs:
+            return ()
         for ref in refs:
             if len(ref) != 8:
                 raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
@@ -459,13 +470,11 @@ def _rollback_quietly(conn):
 
 
 def _record(adapter, conn, oids, rows, completed_tid, seeds=False, fresh=False):
-    """Record references; return how long the write transaction took."""
+    """Record references, and that every revision up to completed_tid is."""
     _begin_write(adapter, conn)
-    started = time.time()
     adapter.add_refs(conn, oids, rows, seeds, fresh)
     adapter.set_pack_info(conn, refs_tid=completed_tid)
     conn.commit()
-    return time.time() - started
 
 
 # ----------------------------------------------------------------------
@@ -572,13 +581,16 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 files = blobs.forget(batch.removed, batch.trimmed)
                 if not blobs.in_database:
                     report.blobs_removed += files
+            # The duty cycle is the share of time the pack holds the commit
+            # lock (what commits wait for); the pack's writes that hold no
+            # lock a commit needs run in the pause.
+            pause_until = time.time() + _duty_cycle_sleep(held, options, write_lock)
+            adapter.forget_deleted(conn)
             # After the commit: a display (or a test) sees a finished batch.
             bar.update(batch.revisions)
             if batch.finished:
                 break
-            # The duty cycle is the share of time the pack holds the commit
-            # lock (what commits wait for).
-            time.sleep(_duty_cycle_sleep(held, options, write_lock))
+            time.sleep(max(0.0, pause_until - time.time()))
         adapter.begin_store_checked(conn)
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
         # What the next pack checks to know it has nothing to do.
@@ -675,12 +687,12 @@ def _touched(adapter, conn, referencesf, after_tid, upto_tid, batch):
 
 
 def _begin_write(adapter, conn):
-    """begin_store_checked, tried again when the database stays busy
-    (SQLite: a write transaction waits commit-lock-timeout for the
-    database's write lock, and a busy site may keep it that long)."""
+    """begin_pack_write, tried again when the database says it is busy
+    (UnableToAcquireCommitLockError: where beginning a write transaction
+    waits for a lock, a busy site may keep it commit-lock-timeout)."""
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
-            adapter.begin_store_checked(conn)
+            adapter.begin_pack_write(conn)
             return
         except UnableToAcquireCommitLockError:
             conn.rollback()
@@ -736,19 +748,6 @@ def _duty_cycle_sleep(held, options, write_lock=False):
         # every few milliseconds (adapters/sqlite): a pack that took the
         # lock again at once would keep it from every commit.
         pause = max(pause, WRITERS_TURN)
-    return pause
-
-
-def _writers_turn(adapter, options):
-    """Where the commit lock is the database's write lock, every write
-    of the pack (references recorded, candidates filled) blocks commits:
-    after each, the pack sleeps per the duty cycle, as after a deletion
-    batch.  Elsewhere those writes block no commit: None."""
-    if not adapter.pack_lock_is_write_lock:
-        return None
-
-    def pause(held):
-        time.sleep(_duty_cycle_sleep(held, options, True))
     return pause
 
 

@@ -453,7 +453,7 @@ from relstorage.blobs.common import BlobMode
 from relstorage.adapters.base import Adapter
 from relstorage.storage import pack
 config, point = sys.argv[1], sys.argv[2]
-pack.ANALYSIS_BATCH = pack.SERVER_ANALYSIS_BATCH = 1
+pack.ANALYSIS_BATCH = 1
 pack.FIRST_DELETE_SIZE = pack.MAX_DELETE_SIZE = 2
 def die():
     os.kill(os.getpid(), signal.SIGKILL)

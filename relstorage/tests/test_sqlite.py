@@ -1,7 +1,10 @@
 """The shared suite on SQLite (no server needed), plus SQLite-only cases."""
+import contextlib
+import io
 import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -406,6 +409,189 @@ class SqliteWriteLockWaitTests(unittest.TestCase):
         self.assertEqual(writer.returncode, 0, err.decode())
 
 
+class SqlitePackFileTests(unittest.TestCase):
+    """The pack's own tables live in pack.sqlite3, which only the pack's
+    connection attaches: its analysis and reachability write there
+    without the main file's lock, which every commit needs."""
+
+    keep_history = False
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix='relstoragetest_')
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.data_dir = os.path.join(self.tmp, 'data')
+        self.conf = os.path.join(self.tmp, 'zope.conf')
+        with open(self.conf, 'w') as f:
+            f.write(zconfig(self.data_dir, 'keep-history %s\ncommit-lock-timeout 1'
+                            % ('true' if self.keep_history else 'false')))
+        self.db = self.open_db()
+        self.addCleanup(lambda: self.db.close())    # (the last one opened)
+
+    def open_db(self):
+        with open(self.conf) as f:
+            return ZODB.config.databaseFromFile(f)
+
+    def zodbpack(self, *args):
+        from relstorage import zodbpack
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = zodbpack.main(['-d', '0'] + list(args) + [self.conf])
+        self.assertEqual(status, 0, err.getvalue())
+        return out.getvalue()
+
+    def make_garbage(self, name):
+        with self.db.transaction() as conn:
+            conn.root()[name] = PersistentMapping(child=PersistentMapping())
+        with self.db.transaction() as conn:
+            gone = conn.root().pop(name)
+        return gone._p_oid, gone['child']._p_oid
+
+    def pack_db(self, sql):
+        raw = sqlite3.connect(os.path.join(self.data_dir, 'pack.sqlite3'))
+        try:
+            return raw.execute(sql).fetchall()
+        finally:
+            raw.close()
+
+    def main_tables(self):
+        raw = sqlite3.connect(os.path.join(self.data_dir, 'main.sqlite3'))
+        try:
+            return {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
+        finally:
+            raw.close()
+
+    def assert_gone(self, *oids):
+        from ZODB.POSException import POSKeyError
+        for oid in oids:
+            with self.assertRaises(POSKeyError):
+                self.db.storage.load(oid)
+
+    def assert_reachable_load(self):
+        from ZODB.serialize import referencesf
+        from ZODB.utils import z64
+        seen, todo = set(), [z64]
+        while todo:
+            oid = todo.pop()
+            if oid not in seen:
+                seen.add(oid)
+                todo.extend(referencesf(self.db.storage.load(oid)[0]))
+        return seen
+
+    def test_commit_does_not_wait_for_a_write_of_the_pack(self):
+        # Regression: the pack's analysis wrote its references into the
+        # main file, holding the lock every commit waits for.
+        self.make_garbage('a')
+        self.zodbpack()
+        self.assertNotIn('object_ref', self.main_tables())
+        adapter = self.db.storage._adapter
+        conn = adapter.open_pack()
+        try:
+            adapter.begin_pack_write(conn)
+            conn.execute('INSERT INTO object_ref (zoid, tid, to_zoid) VALUES (-5, 1, 2)')
+            # The pack holds pack.sqlite3's write lock now; a commit
+            # (commit-lock-timeout 1) goes through all the same.
+            with self.db.transaction() as c:
+                c.root()['during'] = 1
+        finally:
+            conn.rollback()
+            conn.close()
+        with self.db.transaction() as c:
+            self.assertEqual(c.root()['during'], 1)
+
+    def test_pack_tables_of_an_older_database_move_to_their_own_file(self):
+        from relstorage.adapters.sqlite import sql
+        with self.db.transaction() as conn:
+            conn.root()['keep'] = PersistentMapping(child=PersistentMapping())
+        first = self.make_garbage('a')
+        self.zodbpack()
+        self.assert_gone(*first)
+        refs = self.pack_db('SELECT COUNT(*) FROM object_ref')[0][0]
+        self.assertGreater(refs, 0)
+        # As an earlier version left it: the tables in main.sqlite3.
+        raw = sqlite3.connect(os.path.join(self.data_dir, 'main.sqlite3'), isolation_level=None)
+        raw.execute('ATTACH DATABASE ? AS old', (os.path.join(self.data_dir, 'pack.sqlite3'),))
+        for stmt in sql.PACK_APART_SCHEMA:
+            raw.execute(stmt.replace('pack.', ''))
+        for table in sql.PACK_APART_TABLES:
+            raw.execute('INSERT INTO main.%s SELECT * FROM old.%s' % (table, table))
+        raw.execute('DETACH DATABASE old')
+        raw.close()
+        for suffix in ('', '-wal', '-shm'):
+            path = os.path.join(self.data_dir, 'pack.sqlite3' + suffix)
+            if os.path.exists(path):
+                os.remove(path)
+        second = self.make_garbage('b')
+        out = self.zodbpack()
+        # The references recorded before were used (an incremental
+        # reachability needs them and the last pack's seeds).
+        self.assertIn('incremental', out)
+        self.assert_gone(*second)
+        self.assert_reachable_load()
+        self.assertFalse(self.main_tables() & set(sql.PACK_APART_TABLES))
+        self.assertIn('pack_removed', self.main_tables())
+        self.assertGreaterEqual(self.pack_db('SELECT COUNT(*) FROM object_ref')[0][0], refs)
+
+    def test_zap_all_forgets_what_the_pack_recorded(self):
+        self.make_garbage('a')
+        self.zodbpack()
+        self.assertTrue(self.pack_db('SELECT * FROM pack_info'))
+        self.db.storage.zap_all()
+        self.assertEqual(self.pack_db('SELECT * FROM pack_info'), [])
+        self.assertEqual(self.pack_db('SELECT * FROM object_ref'), [])
+        self.db.close()
+        self.db = self.open_db()     # a new root
+        with self.db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping()
+        garbage = self.make_garbage('b')
+        self.zodbpack()
+        self.assert_gone(*garbage)
+        self.assert_reachable_load()
+
+    def test_pack_stopped_before_forgetting_a_batch_leaves_harmless_rows(self):
+        # A batch's deletions commit in main.sqlite3; the references and
+        # candidates of what it removed go afterwards, in pack.sqlite3.  A
+        # pack stopped in between leaves those rows: later packs, with
+        # or without the pre-pack's state, remove and keep what they must.
+        from relstorage.adapters.packing import PackVerbs
+        first = self.make_garbage('a')
+        with mock_attr(PackVerbs, 'forget_deleted', lambda self, conn: None):
+            self.zodbpack()
+        self.assert_gone(*first)
+        stale = self.pack_db('SELECT COUNT(*) FROM pack_object')[0][0]
+        self.assertGreater(stale, 0)
+        with self.db.transaction() as conn:
+            conn.root()['keep'] = PersistentMapping(child=PersistentMapping(v=1))
+        second = self.make_garbage('b')
+        self.zodbpack('--prepack')
+        self.zodbpack('--use-prepack-state')
+        self.assert_gone(*second)
+        third = self.make_garbage('c')
+        self.zodbpack()
+        self.assert_gone(*third)
+        reachable = self.assert_reachable_load()
+        with self.db.transaction() as conn:
+            self.assertIn(conn.root()['keep']['child']._p_oid, reachable)
+            self.assertEqual(conn.root()['keep']['child']['v'], 1)
+
+
+class SqlitePackFileHPTests(SqlitePackFileTests):
+    keep_history = True
+
+
+class mock_attr:
+    """Set ``obj.name`` to ``value`` for a with block."""
+
+    def __init__(self, obj, name, value):
+        self.obj, self.name, self.value = obj, name, value
+
+    def __enter__(self):
+        self.old = getattr(self.obj, self.name)
+        setattr(self.obj, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.obj, self.name, self.old)
+
+
 class _TracingDriver:
     """sqlite3, with every statement of the connections it opens recorded."""
 
@@ -504,7 +690,8 @@ def _test_suite():
     result = suite.make_suite(SqliteFactory())
     loader = unittest.TestLoader()
     for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests,
-                 SqliteWriteLockWaitTests, SqliteEmptyCommitDurabilityTests):
+                 SqliteWriteLockWaitTests, SqliteEmptyCommitDurabilityTests,
+                 SqlitePackFileTests, SqlitePackFileHPTests):
         result.addTest(loader.loadTestsFromTestCase(case))
     return result
 

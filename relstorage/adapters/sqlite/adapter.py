@@ -1,9 +1,11 @@
 """SQLite adapter.
 
-The data directory holds two database files: ``main.sqlite3`` (states,
-transactions) and ``oids.sqlite3`` (the OID counter).  The OID counter lives
-apart so that handing out OIDs never waits for SQLite's single writer lock,
-which a committing transaction holds from vote to finish.
+The data directory holds three database files: ``main.sqlite3`` (states,
+transactions), ``oids.sqlite3`` (the OID counter) and, once a pack ran,
+``pack.sqlite3`` (the pack's recorded references and candidates).  The OID
+counter and the pack's tables live apart so that handing out OIDs, and a
+pack's analysis, never wait for or hold SQLite's single writer lock of the
+main file, which a committing transaction holds from vote to finish.
 
 Every connection runs in WAL mode, so readers keep their snapshot while a
 writer commits, and several processes on one host can share the directory.
@@ -25,6 +27,7 @@ from .pragmas import pragma_statement
 
 MAIN_DB = 'main.sqlite3'
 OID_DB = 'oids.sqlite3'
+PACK_DB = 'pack.sqlite3'
 PACK_LOCK = 'pack.lock'
 # OIDs reserved per durable round trip (allocation is a fsync'd commit):
 # the first block of a process; each further block is twice the last, up to
@@ -61,6 +64,8 @@ class Sqlite3Adapter(Adapter):
     statements_class = sql.SqliteStatements
     # BEGIN IMMEDIATE takes the whole database (see lock_commit).
     pack_lock_is_write_lock = True
+    # ... but not pack.sqlite3 unless attached, as only the pack does.
+    pack_tables_apart = True
 
     def __init__(self, data_dir, pragmas=None, options=None, driver=None):
         super().__init__(options)
@@ -239,7 +244,61 @@ class Sqlite3Adapter(Adapter):
     # --- pack ------------------------------------------------------------------
 
     def pack_schema(self):
-        return sql.PACK_SCHEMA
+        return sql.PACK_MAIN_SCHEMA + sql.PACK_APART_SCHEMA
+
+    def open_pack(self):
+        """A store connection with ``pack.sqlite3`` attached as ``pack``.
+        Only the pack's connection attaches it: a commit's BEGIN
+        IMMEDIATE takes the lock of every attached file."""
+        conn = self.open_store()
+        try:
+            conn.execute('ATTACH DATABASE ? AS pack', (os.path.join(self.data_dir, PACK_DB),))
+            conn.raw.execute('PRAGMA pack.journal_mode = wal').fetchall()
+            # Everything in this file only lets a later pack skip work
+            # (references already read, a pre-pack's candidates, the last
+            # pack's time): a suffix of its commits lost in a power cut is
+            # work done again, never a wrong deletion.  Its deletions commit
+            # after the main file's in a batch, so a crash between leaves
+            # rows about objects already gone, which no join of the pack
+            # follows (OIDs are never reused).
+            conn.raw.execute('PRAGMA pack.synchronous = normal')
+            self._move_pack_tables_apart(conn)
+            for stmt in self.pack_schema():
+                conn.execute(stmt)
+            for stmt in self.pack_temp_tables().values():
+                conn.execute(stmt)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _move_pack_tables_apart(self, conn):
+        """Databases packed before the pack's tables had a file of their
+        own keep them in the main file, where they would hide the new
+        ones (SQLite looks in main first): copy them over, then drop them.
+        Only a pack writes them and the pack lock is ours, so the copy
+        runs without the main file's lock; one interrupted is done again
+        (the main file still has the tables)."""
+        legacy = [t for t in sql.PACK_APART_TABLES if t in self.list_tables(conn)]
+        if not legacy:
+            return
+        for stmt in sql.PACK_APART_SCHEMA:
+            conn.execute(stmt)
+        conn.execute('BEGIN DEFERRED')
+        for table in legacy:
+            conn.execute('DELETE FROM pack.%s' % table)
+            conn.execute('INSERT INTO pack.%s SELECT * FROM main.%s' % (table, table))
+        conn.commit()
+        self.begin_store_checked(conn)
+        for table in legacy:
+            conn.execute('DROP TABLE main.%s' % table)
+        conn.commit()
+
+    def begin_pack_write(self, conn):
+        # Only pack.sqlite3 is written: a deferred transaction takes that
+        # file's lock at its first write, and never the main file's.
+        conn.execute('BEGIN DEFERRED')
 
     def pack_temp_tables(self):
         return sql.PACK_TEMP_TABLES
@@ -257,12 +316,36 @@ class Sqlite3Adapter(Adapter):
 
     # --- maintenance --------------------------------------------------------
 
+    def zap_all(self):
+        # The pack's file first: a zap interrupted after it leaves a pack
+        # with nothing recorded (it analyses everything), never a record
+        # of a pack that says the emptied database needs none.
+        self._clear_pack_db()
+        return super().zap_all()
+
+    def _clear_pack_db(self):
+        path = os.path.join(self.data_dir, PACK_DB)
+        if not os.path.exists(path):
+            return
+        raw = self.driver.connect(path, timeout=float(self.options.commit_lock_timeout),
+                                  isolation_level=None)
+        try:
+            raw.execute('BEGIN IMMEDIATE')
+            tables = {row[0] for row in raw.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table in sql.PACK_APART_TABLES:
+                if table in tables:
+                    raw.execute('DELETE FROM %s' % table)
+            raw.execute('COMMIT')
+        finally:
+            raw.close()
+
     def drop_all(self):
         self.close()
         with self._oid_lock:
             self._oid_block = []
             self._reset_oid_state()
-        for name in (MAIN_DB, OID_DB, PACK_LOCK):
+        for name in (MAIN_DB, OID_DB, PACK_DB, PACK_LOCK):
             for suffix in ('', '-wal', '-shm', '-journal'):
                 path = os.path.join(self.data_dir, name + suffix)
                 if os.path.exists(path):

@@ -54,32 +54,45 @@ class SqliteStatements(Statements):
     PACK_LATE_ENTRIES = _in_written_order(Statements.PACK_LATE_ENTRIES)
     PACK_REACH_STEP_DOM = _in_written_order(Statements.PACK_REACH_STEP_DOM)
 
-    #: The last of the next %s current objects after zoid %s (the upper
-    #: end of one range of PACK_CANDIDATES_RANGE).
-    PACK_CURRENT_RANGE_END = """
-        SELECT MAX(zoid) FROM (
-            SELECT zoid FROM temp_pack_current WHERE zoid > %s ORDER BY zoid LIMIT %s)
-    """
+    # The pack's tables are in a file of their own (PACK_APART_SCHEMA): a
+    # deletion batch notes what it removed, and the references and
+    # candidates of those go once it committed, out of the main file's
+    # lock (PackVerbs.forget_deleted).
+    PACK_DONE_SAVE = "INSERT INTO temp_pack_done (zoid, below) SELECT zoid, below FROM temp_pack_batch"
+    PACK_DONE_REFS = Statements.PACK_DELETE_REFS.replace('temp_pack_batch', 'temp_pack_done')
+    PACK_DONE_OBJECTS = Statements.PACK_DELETE_DONE.replace('temp_pack_batch', 'temp_pack_done')
 
 
-PACK_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS object_ref (
+#: The pack's own tables, in a database file of their own attached as
+#: ``pack`` (see Sqlite3Adapter.open_pack): only the pack writes them, and
+#: a write there takes that file's lock, not the one every commit needs.
+#: (Statements name them unqualified: SQLite finds them in the attached
+#: file once the main one has no table of that name.)
+PACK_APART_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_seed')
+PACK_APART_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS pack.object_ref (
         zoid INTEGER NOT NULL,
         tid INTEGER NOT NULL,
         to_zoid INTEGER NOT NULL,
         PRIMARY KEY (zoid, tid, to_zoid)
     ) WITHOUT ROWID""",
-    "CREATE INDEX IF NOT EXISTS object_ref_tid ON object_ref (tid)",
-    """CREATE TABLE IF NOT EXISTS pack_object (
+    "CREATE INDEX IF NOT EXISTS pack.object_ref_tid ON object_ref (tid)",
+    """CREATE TABLE IF NOT EXISTS pack.pack_object (
         zoid INTEGER PRIMARY KEY,
         keep_tid INTEGER NOT NULL,
         garbage INTEGER NOT NULL
     )""",
-    """CREATE TABLE IF NOT EXISTS pack_info (
+    """CREATE TABLE IF NOT EXISTS pack.pack_info (
         name TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     )""",
-    "CREATE TABLE IF NOT EXISTS pack_seed (zoid INTEGER PRIMARY KEY)",
+    "CREATE TABLE IF NOT EXISTS pack.pack_seed (zoid INTEGER PRIMARY KEY)",
+)
+
+#: In the main file: the deletion batches write it in the transaction that
+#: deletes (other processes read it with the rows gone, see
+#: PackVerbs.pack_removals).
+PACK_MAIN_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark INTEGER NOT NULL,
         zoid INTEGER NOT NULL,
@@ -100,6 +113,9 @@ PACK_TEMP_TABLES = {
     'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid INTEGER PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL, garbage INTEGER NOT NULL)""",
+    # What a deletion batch removed, for PACK_DONE_* once it committed.
+    'temp_pack_done': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_done (
+        zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL)""",
 }
 
 # Blob bytes, the same in both history modes.
