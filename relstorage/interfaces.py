@@ -357,6 +357,11 @@ class IRelStorageAdapter(Interface):
     def begin_pack_write(conn):
         """Begin a transaction that writes only the pack's own tables."""
 
+    def pair_pack_tables(conn):
+        """Called by each analysis once its snapshot is taken: where the
+        pack's tables are kept apart from the data, tie them to the data
+        as it is now, so that they are not used with another copy."""
+
     def forget_deleted(conn):
         """After a deletion batch committed: drop the references and
         candidates of what it removed, where the pack's tables are apart

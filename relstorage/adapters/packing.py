@@ -67,6 +67,12 @@ class PackVerbs:
     #: pack's writes other than its deletions out of the commits' way.
     pack_tables_apart = False
 
+    def pair_pack_tables(self, conn):
+        """Called by each analysis once its snapshot is taken, before it
+        records anything.  Where the pack's tables are in the database
+        they describe, a restore carries them along: nothing to do (see
+        the SQLite adapter, where they are not)."""
+
     def begin_pack_write(self, conn):
         """Begin a transaction that writes only the pack's own tables
         (references, candidates, pack_info): SQLite's are in a file of

@@ -262,6 +262,7 @@ def _analyse(adapter, conn, referencesf, report, progress):
     try:
         adapter.begin_snapshot(load)
         snapshot_tid = adapter.get_last_tid(load)
+        adapter.pair_pack_tables(conn)
         adapter.begin_pack_write(conn)
         done = adapter.pack_refs_tid(conn)
         # An analysis killed part way through a tid left some of its rows.
@@ -388,43 +389,17 @@ def _reference_reader(referencesf):
     return _zodb_references if referencesf is zodb_referencesf else referencesf
 
 
-#: Class pickles (the first of a ZODB record's two pickles) known to end
-#: exactly where they do and to hold no reference: a state that starts
-#: with one and has neither persistent-id opcode byte after it references
-#: nothing, and is not unpickled.  Bounded (a database has a few hundred
-#: classes; what does not fit is unpickled as before).
-_PLAIN_CLASS_PICKLES = set()
-_PLAIN_CLASS_PICKLES_MAX = 10000
-#: The persistent-id opcodes (BINPERSID, PERSID): without either byte in
-#: a pickle, no persistent_load can be called while reading it.
-_BINPERSID, _PERSID = b'Q', b'P'
-
-
 def _zodb_references(state):
     """What ZODB.serialize.referencesf returns, without building its
     wrapper classes for every state (a third of the per-revision cost):
     the OIDs of the ordinary references, weak and cross-database ones
-    (lists) left out.  A state whose class pickle is known and whose data
-    pickle holds no persistent-id opcode byte is not unpickled at all (at
-    a million small objects, most states of a site's leaves)."""
-    # Protocol 2 and later pickles start with PROTO: the class pickle's
-    # STOP followed by the data pickle's PROTO is where they meet, when
-    # that first '.\x80' is the STOP (checked by unpickling, once per
-    # distinct class pickle).
-    # (A data pickle cut short lacks its final STOP: that one is read, and
-    # refused, as before.)
-    end = state.find(b'.\x80') + 1
-    if end and state[-1:] == b'.' and state[:end] in _PLAIN_CLASS_PICKLES:
-        if state.find(_BINPERSID, end) < 0 and state.find(_PERSID, end) < 0:
-            return []
+    (lists) left out.  Every state is read whole, even one without any
+    reference: one that cannot be read stops the pack (its references,
+    lost in the damage, may be what keeps other objects alive)."""
     found = []
-    stream = BytesIO(state)
-    unpickler = Unpickler(stream)
+    unpickler = Unpickler(BytesIO(state))
     unpickler.persistent_load = found.append
     unpickler.noload()      # the class
-    if (end and not found and stream.tell() == end
-            and len(_PLAIN_CLASS_PICKLES) < _PLAIN_CLASS_PICKLES_MAX):
-        _PLAIN_CLASS_PICKLES.add(state[:end])
     unpickler.noload()      # the state
     oids = []
     for ref in found:
@@ -486,12 +461,15 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     checked = info['checked_tid']
     gc = info.get('prepared_gc', 0)
     write_lock = adapter.pack_lock_is_write_lock
-    # Catch up with the commits made during the analysis without the lock;
-    # under the lock only the last few remain to be read.
-    adapter.begin_store_checked(conn)
+    # Catch up with the commits made during the analysis without the lock
+    # (it writes only the pack's tables); under the lock only the last few
+    # remain to be read.
+    adapter.begin_pack_write(conn)
     last = adapter.get_last_tid(conn)
     report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last, gc)
     adapter.set_pack_info(conn, checked_tid=last)
+    conn.commit()
+    adapter.begin_store_checked(conn)
     adapter.clear_pack_removals(conn)
     conn.commit()
     checked = last
@@ -542,7 +520,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     # brought back (and what it reaches), then redo it.
                     conn.rollback()
                     after_oid = batch.first_after
-                    adapter.begin_store_checked(conn)
+                    adapter.begin_pack_write(conn)
                     last = adapter.get_last_tid(conn)
                     report.kept_by_new_commits += _recheck(
                         adapter, conn, referencesf, checked, last, gc)

@@ -531,6 +531,44 @@ class SqlitePackFileTests(unittest.TestCase):
         self.assertIn('pack_removed', self.main_tables())
         self.assertGreaterEqual(self.pack_db('SELECT COUNT(*) FROM object_ref')[0][0], refs)
 
+    def test_main_file_restored_alone_does_not_use_the_pack_file(self):
+        # Regression: the references recorded from revisions that a main
+        # file restored from a backup does not have were used with it,
+        # and a pack removed an object its current revision references.
+        from relstorage.adapters.packing import PackVerbs
+        with self.db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(b=PersistentMapping(v='B'))
+        self.zodbpack()
+        self.db.close()
+        main = os.path.join(self.data_dir, 'main.sqlite3')
+        backup = os.path.join(self.tmp, 'backup.sqlite3')
+        source, target = sqlite3.connect(main), sqlite3.connect(backup)
+        source.backup(target)
+        source.close()
+        target.close()
+        self.db = self.open_db()
+        with self.db.transaction() as conn:
+            conn.root()['x']['b'] = PersistentMapping(v='C')
+        self.zodbpack()                 # records x -> c, removes b
+        self.db.close()
+        for suffix in ('', '-wal', '-shm'):
+            if os.path.exists(main + suffix):
+                os.remove(main + suffix)
+        shutil.copy(backup, main)       # pack.sqlite3 stays as it is
+        self.db = self.open_db()
+        with self.db.transaction() as conn:
+            self.assertEqual(conn.root()['x']['b']['v'], 'B')
+            conn.root()['y'] = PersistentMapping()
+        # (A full reachability, as a larger database gets.)
+        with mock_attr(PackVerbs, 'INCREMENTAL_MIN', 0), \
+                mock_attr(PackVerbs, 'INCREMENTAL_SHARE', 0):
+            with self.assertLogs('relstorage.adapters.sqlite.adapter', 'WARNING') as logged:
+                self.zodbpack()
+        self.assertIn('restored from a backup', logged.output[0])
+        with self.db.transaction() as conn:
+            self.assertEqual(conn.root()['x']['b']['v'], 'B')
+        self.assert_reachable_load()
+
     def test_zap_all_forgets_what_the_pack_recorded(self):
         self.make_garbage('a')
         self.zodbpack()

@@ -14,7 +14,9 @@ Write transactions begin IMMEDIATE: the database-wide lock is taken at once
 The wait for it is ours, not SQLite's busy handler: see ``begin_store``.
 """
 import fcntl
+import logging
 import os
+import random
 import time
 
 from ...interfaces import RelStorageError
@@ -24,6 +26,8 @@ from . import drivers
 from . import sql
 from .pragmas import check_pragmas
 from .pragmas import pragma_statement
+
+log = logging.getLogger(__name__)
 
 MAIN_DB = 'main.sqlite3'
 OID_DB = 'oids.sqlite3'
@@ -41,6 +45,9 @@ OID_BLOCK_MAX = 16384
 # next one twice as late, up to WRITE_WAIT_MAX.
 WRITE_WAIT_FIRST = 0.0002
 WRITE_WAIT_MAX = 0.002
+#: Rows of a pack table moved out of an older main file deleted per write
+#: transaction (see _move_pack_tables_apart).
+LEGACY_DELETE_ROWS = 20000
 
 # Applied before the user's <pragmas>, which may override any of them.
 DEFAULT_PRAGMAS = (
@@ -256,11 +263,13 @@ class Sqlite3Adapter(Adapter):
             conn.raw.execute('PRAGMA pack.journal_mode = wal').fetchall()
             # Everything in this file only lets a later pack skip work
             # (references already read, a pre-pack's candidates, the last
-            # pack's time): a suffix of its commits lost in a power cut is
-            # work done again, never a wrong deletion.  Its deletions commit
-            # after the main file's in a batch, so a crash between leaves
-            # rows about objects already gone, which no join of the pack
-            # follows (OIDs are never reused).
+            # pack's time), and is used only with the main file it was
+            # made with (pair_pack_tables): a suffix of its commits lost
+            # in a power cut is work done again, never a wrong deletion.
+            # A deletion batch commits in the main file first, then here
+            # (forget_deleted): a crash between leaves rows about objects
+            # already gone, which no join of the pack follows (OIDs are
+            # never reused, revisions are joined by their tid).
             conn.raw.execute('PRAGMA pack.synchronous = normal')
             self._move_pack_tables_apart(conn)
             for stmt in self.pack_schema():
@@ -268,6 +277,7 @@ class Sqlite3Adapter(Adapter):
             for stmt in self.pack_temp_tables().values():
                 conn.execute(stmt)
             conn.commit()
+            self._check_pairing(conn)
         except BaseException:
             conn.close()
             raise
@@ -276,23 +286,74 @@ class Sqlite3Adapter(Adapter):
     def _move_pack_tables_apart(self, conn):
         """Databases packed before the pack's tables had a file of their
         own keep them in the main file, where they would hide the new
-        ones (SQLite looks in main first): copy them over, then drop them.
-        Only a pack writes them and the pack lock is ours, so the copy
-        runs without the main file's lock; one interrupted is done again
-        (the main file still has the tables)."""
+        ones (SQLite looks in main first): copy them over, then remove
+        them.  Only a pack writes them and the pack lock is ours, so the
+        copy runs without the main file's lock; one interrupted is done
+        again (the main file still has the tables).  Their rows go in
+        short write transactions before the tables are dropped: dropping
+        a table frees all its pages under the lock commits wait for."""
         legacy = [t for t in sql.PACK_APART_TABLES if t in self.list_tables(conn)]
         if not legacy:
             return
+        log.info("Moving the pack's tables of %s to %s", self.describe(), PACK_DB)
         for stmt in sql.PACK_APART_SCHEMA:
             conn.execute(stmt)
         conn.execute('BEGIN DEFERRED')
-        for table in legacy:
+        for table in sql.PACK_APART_TABLES:
             conn.execute('DELETE FROM pack.%s' % table)
-            conn.execute('INSERT INTO pack.%s SELECT * FROM main.%s' % (table, table))
+            if table in legacy:
+                conn.execute('INSERT INTO pack.%s SELECT * FROM main.%s' % (table, table))
         conn.commit()
-        self.begin_store_checked(conn)
         for table in legacy:
+            keyed = table != 'pack_info'
+            while keyed:
+                self.begin_store_checked(conn)
+                upto = conn.query_value(
+                    'SELECT MAX(zoid) FROM (SELECT zoid FROM main.%s ORDER BY zoid LIMIT %d)'
+                    % (table, LEGACY_DELETE_ROWS))
+                if upto is not None:
+                    conn.execute('DELETE FROM main.%s WHERE zoid <= ?' % table, (upto,))
+                conn.commit()
+                if upto is None:
+                    break
+                time.sleep(WRITE_WAIT_MAX * 2)
+            self.begin_store_checked(conn)
             conn.execute('DROP TABLE main.%s' % table)
+            conn.commit()
+
+    def pair_pack_tables(self, conn):
+        # pack.sqlite3 holds what the analyses found in the main file; a
+        # main file restored from a backup (alone) may no longer have
+        # what they read, and references recorded from revisions it lost
+        # would make a pack remove what its own revisions reference.  So
+        # each analysis, once its snapshot is taken, writes a new token
+        # in the main file, then in pack.sqlite3: a main file holding the
+        # token holds everything up to that snapshot, and open_pack
+        # forgets a pack.sqlite3 whose token is not the main file's.
+        token = random.SystemRandom().getrandbits(62) + 1
+        self.begin_store_checked(conn)
+        conn.execute('DELETE FROM pack_pairing')
+        conn.execute('INSERT INTO pack_pairing (id, token) VALUES (0, ?)', (token,))
+        conn.commit()
+        self.begin_pack_write(conn)
+        self.set_pack_info(conn, pairing=token)
+        conn.commit()
+
+    def _check_pairing(self, conn):
+        main = conn.query_value('SELECT token FROM pack_pairing WHERE id = 0')
+        info = self.pack_info(conn)
+        conn.rollback()
+        if info.get('pairing') == main:
+            return
+        if not info and conn.query_one('SELECT zoid FROM object_ref LIMIT 1') is None:
+            conn.rollback()
+            return
+        log.warning("%s was not made with the main database file of %s as it is now "
+                    "(restored from a backup?): the pack forgets what it recorded there "
+                    "and analyses every revision again.", PACK_DB, self.describe())
+        self.begin_pack_write(conn)
+        for table in sql.PACK_APART_TABLES:
+            conn.execute('DELETE FROM %s' % table)
         conn.commit()
 
     def begin_pack_write(self, conn):

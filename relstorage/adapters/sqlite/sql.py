@@ -89,9 +89,11 @@ PACK_APART_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pack.pack_seed (zoid INTEGER PRIMARY KEY)",
 )
 
-#: In the main file: the deletion batches write it in the transaction that
-#: deletes (other processes read it with the rows gone, see
-#: PackVerbs.pack_removals).
+#: In the main file: pack_removed, which the deletion batches write in the
+#: transaction that deletes (other processes read it with the rows gone,
+#: see PackVerbs.pack_removals), and pack_pairing, the token that says
+#: which pack.sqlite3 goes with this main file (Sqlite3Adapter.
+#: pair_pack_tables).
 PACK_MAIN_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS pack_removed (
         mark INTEGER NOT NULL,
@@ -99,6 +101,10 @@ PACK_MAIN_SCHEMA = (
         below INTEGER NOT NULL,
         PRIMARY KEY (mark, zoid)
     ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS pack_pairing (
+        id INTEGER PRIMARY KEY,
+        token INTEGER NOT NULL
+    )""",
 )
 
 #: The pack's work tables, named -> DDL.
