@@ -385,22 +385,55 @@ class _Recorder:
 def _reference_reader(referencesf):
     """``referencesf``, or the same done at less cost per state when it
     is ZODB's (the analysis calls it once per revision: a million times
-    at a million objects)."""
-    return _zodb_references if referencesf is zodb_referencesf else referencesf
+    at a million objects).  One reader per analysis (not thread-safe)."""
+    return _ZODBReferences() if referencesf is zodb_referencesf else referencesf
+
+
+class _ZODBReferences:
+    """What ZODB.serialize.referencesf returns, without building its
+    wrapper classes for every state (a third of the per-revision cost),
+    and with one unpickler for all the states of an analysis (making one
+    cost as much as reading a small state): the OIDs of the ordinary
+    references, weak and cross-database ones (lists) left out.  Every
+    state is read whole, even one without any reference: one that cannot
+    be read stops the pack (its references, lost in the damage, may be
+    what keeps other objects alive).  The unpickler's memo is emptied
+    before each state, and an unpickler that failed is not used again."""
+
+    def __init__(self):
+        self._unpickler = None
+
+    def _fresh(self):
+        self._stream = BytesIO()
+        self._found = []
+        self._unpickler = Unpickler(self._stream)
+        self._unpickler.persistent_load = self._found.append
+
+    def __call__(self, state):
+        if self._unpickler is None:
+            self._fresh()
+        stream, unpickler, found = self._stream, self._unpickler, self._found
+        stream.seek(0)
+        stream.write(state)
+        stream.truncate()
+        stream.seek(0)
+        del found[:]
+        unpickler.memo.clear()
+        try:
+            unpickler.noload()      # the class
+            unpickler.noload()      # the state
+        except BaseException:
+            self._unpickler = None
+            raise
+        return _oids_of(found)
 
 
 def _zodb_references(state):
-    """What ZODB.serialize.referencesf returns, without building its
-    wrapper classes for every state (a third of the per-revision cost):
-    the OIDs of the ordinary references, weak and cross-database ones
-    (lists) left out.  Every state is read whole, even one without any
-    reference: one that cannot be read stops the pack (its references,
-    lost in the damage, may be what keeps other objects alive)."""
-    found = []
-    unpickler = Unpickler(BytesIO(state))
-    unpickler.persistent_load = found.append
-    unpickler.noload()      # the class
-    unpickler.noload()      # the state
+    """_ZODBReferences for one state."""
+    return _ZODBReferences()(state)
+
+
+def _oids_of(found):
     oids = []
     for ref in found:
         if isinstance(ref, tuple):

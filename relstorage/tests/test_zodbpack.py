@@ -115,11 +115,15 @@ class ReferencesTests(unittest.TestCase):
             [oid.decode('latin-1')],                # an OID unpickled as str
             [(other, None), oid, ['w', (other,)]],
         ]
-        self.assertIs(pack._reference_reader(referencesf), pack._zodb_references)
-        for refs in forms:
+        reader = pack._reference_reader(referencesf)
+        self.assertIsInstance(reader, pack._ZODBReferences)
+        for refs in forms + forms[::-1]:
             with self.subTest(refs=refs):
                 state = self.pickle_with(refs)
                 self.assertEqual(pack._zodb_references(state), referencesf(state))
+                # One reader for every state of an analysis: nothing of a
+                # state read before shows in the next one.
+                self.assertEqual(reader(state), referencesf(state))
         garbled = self.pickle_with([oid])[:-5]
         with self.assertRaises(Exception):
             referencesf(garbled)
@@ -145,10 +149,17 @@ class ReferencesTests(unittest.TestCase):
             plain[:data] + b'\x80\x03\xff\xfe\xfd.',   # a known class, garbage after
         ]
         self.assertEqual(pack._references(pack._zodb_references, 5, 9, plain), ())
+        reader = pack._reference_reader(referencesf)
         for state in damaged:
             with self.subTest(state=state):
                 with self.assertRaisesRegex(pack.PackError, '0x5 at transaction 0x9'):
                     pack._references(pack._zodb_references, 5, 9, state)
+                # The same with the reader of an analysis, which reads
+                # the next state as if it were its first.
+                self.assertEqual(pack._references(reader, 5, 8, with_ref), {7})
+                with self.assertRaisesRegex(pack.PackError, '0x5 at transaction 0x9'):
+                    pack._references(reader, 5, 9, state)
+                self.assertEqual(pack._references(reader, 5, 10, with_ref), {7})
 
     def test_reference_of_another_length_stops_the_pack(self):
         # (u64 refused it; int.from_bytes would take it.)
