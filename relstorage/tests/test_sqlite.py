@@ -23,6 +23,7 @@ from relstorage.interfaces import RelStorageError
 
 from . import suite
 from .core_cases import record_calls
+from .pack_cases import mock_attr
 
 
 class SqliteFactory:
@@ -614,20 +615,6 @@ class SqlitePackFileTests(unittest.TestCase):
 
 class SqlitePackFileHPTests(SqlitePackFileTests):
     keep_history = True
-
-
-class mock_attr:
-    """Set ``obj.name`` to ``value`` for a with block."""
-
-    def __init__(self, obj, name, value):
-        self.obj, self.name, self.value = obj, name, value
-
-    def __enter__(self):
-        self.old = getattr(self.obj, self.name)
-        setattr(self.obj, self.name, self.value)
-
-    def __exit__(self, *exc):
-        setattr(self.obj, self.name, self.old)
 
 
 class _TracingDriver:
