@@ -305,21 +305,26 @@ class Sqlite3Adapter(Adapter):
                 conn.execute('INSERT INTO pack.%s SELECT * FROM main.%s' % (table, table))
         conn.commit()
         for table in legacy:
-            keyed = table != 'pack_info'
-            while keyed:
-                self.begin_store_checked(conn)
-                upto = conn.query_value(
-                    'SELECT MAX(zoid) FROM (SELECT zoid FROM main.%s ORDER BY zoid LIMIT %d)'
-                    % (table, LEGACY_DELETE_ROWS))
-                if upto is not None:
-                    conn.execute('DELETE FROM main.%s WHERE zoid <= ?' % table, (upto,))
-                conn.commit()
-                if upto is None:
-                    break
-                time.sleep(WRITE_WAIT_MAX * 2)
+            if table != 'pack_info':        # (a few rows, without zoid)
+                self._delete_legacy_rows(conn, table)
             self.begin_store_checked(conn)
             conn.execute('DROP TABLE main.%s' % table)
             conn.commit()
+
+    def _delete_legacy_rows(self, conn, table):
+        """Empty main's ``table`` LEGACY_DELETE_ROWS rows (by zoid) per
+        write transaction, leaving commits a turn between them."""
+        while True:
+            self.begin_store_checked(conn)
+            upto = conn.query_value(
+                'SELECT MAX(zoid) FROM (SELECT zoid FROM main.%s ORDER BY zoid LIMIT %d)'
+                % (table, LEGACY_DELETE_ROWS))
+            if upto is None:
+                conn.commit()
+                return
+            conn.execute('DELETE FROM main.%s WHERE zoid <= ?' % table, (upto,))
+            conn.commit()
+            time.sleep(WRITE_WAIT_MAX * 2)
 
     def pair_pack_tables(self, conn):
         # pack.sqlite3 holds what the analyses found in the main file; a
