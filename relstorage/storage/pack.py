@@ -67,8 +67,10 @@ MAX_BATCH_ROWS = 5000
 #: Attempts to take a busy commit lock before the pack gives up.
 LOCK_ATTEMPTS = 20
 #: The shortest pause between two deletion batches on a single-writer
-#: database (seconds): longer than a waiting commit's step (adapters/sqlite).
-WRITERS_TURN = 0.005
+#: database (seconds): longer than a waiting commit's longest step
+#: between two tries (adapters/sqlite WRITE_WAIT_MAX), so that a commit
+#: that met a batch gets the lock before the next one.
+WRITERS_TURN = 0.0012
 
 
 class PackRunningError(RelStorageError):
@@ -514,32 +516,48 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # the batch size only bounds the work lost when a batch is redone
     # (larger batches spread the cost of the re-check and the commit).
     target = adapter.pack_write_lock_target()
+    # A batch undone by a power loss brings back only garbage and old
+    # revisions, so its commit need not wait for the disk (where the
+    # database lets it), unless it is followed by the removal of blob
+    # files that are the only copy of their data (a shared blob directory).
+    durable = blobs is not None and not blobs.in_database
     size = FIRST_DELETE_SIZE
     after_oid = -1
     busy = 0
     try:
         while True:
             batch = _Batch()
-            started = time.time()
             if write_lock:
-                started, last = _lock_commit(adapter, conn, options)
-            else:
-                adapter.begin_store_checked(conn)
+                # Every commit waits for all of the batch: its candidates
+                # are chosen before the lock (only the pack writes its
+                # tables), and the lock holds only their deletion, one
+                # statement group sized by the time the last one took.
+                adapter.begin_pack_write(conn)
+                if not batch.prepare(adapter, conn, after_oid, size):
+                    conn.commit()
+                    break
+                conn.commit()
             try:
-                while True:
-                    part_started = time.time()
-                    room = MAX_BATCH_ROWS - batch.rows
-                    if not batch.delete_part(adapter, conn, after_oid, min(size, room)):
-                        break
-                    after_oid = batch.last_oid
-                    part = time.time() - part_started
-                    size = next_step_size(size, part, target, high=MAX_DELETE_SIZE)
-                    if time.time() - started + part >= target or batch.rows >= MAX_BATCH_ROWS:
-                        break
                 if write_lock:
-                    locked_at = started
+                    locked_at, last = _lock_commit(adapter, conn, options, durable)
+                    batch.delete_prepared(adapter, conn)
+                    after_oid = batch.last_oid
+                    size = next_step_size(size, time.time() - locked_at, target,
+                                          high=MAX_BATCH_ROWS)
                     touched = _touched(adapter, conn, referencesf, checked, last, batch)
                 else:
+                    adapter.begin_store_checked(conn, durable=durable)
+                    started = time.time()
+                    while True:
+                        part_started = time.time()
+                        room = MAX_BATCH_ROWS - batch.rows
+                        if not batch.delete_part(adapter, conn, after_oid, min(size, room)):
+                            break
+                        after_oid = batch.last_oid
+                        part = time.time() - part_started
+                        size = next_step_size(size, part, target, high=MAX_DELETE_SIZE)
+                        if time.time() - started + part >= target or batch.rows >= MAX_BATCH_ROWS:
+                            break
                     # Most commits since the last check are read without
                     # the lock; under it, only those of the last moments.
                     seen = adapter.get_last_tid(conn)
@@ -638,6 +656,7 @@ class _Batch:
         self.revisions = self.objects = self.blobs = 0
         self.finished = False
         self.mark = None
+        self.prepared = None
 
     def _mark(self, adapter, conn):
         # In the batch's transaction: whoever sees its deletions sees the
@@ -656,6 +675,22 @@ class _Batch:
         if not rows:
             self.finished = True
             return False
+        self._count(rows, revisions, objects, blobs)
+        return True
+
+    def prepare(self, adapter, conn, after_oid, size):
+        """Choose the next ``size`` candidates (the whole batch, for
+        delete_prepared); False when none is left."""
+        self.first_after = after_oid
+        self.prepared = adapter.prepare_pack_batch(conn, after_oid, size)
+        return bool(self.prepared)
+
+    def delete_prepared(self, adapter, conn):
+        revisions, objects, blobs = adapter.delete_prepared_batch(
+            conn, mark=lambda: self._mark(adapter, conn))
+        self._count(self.prepared, revisions, objects, blobs)
+
+    def _count(self, rows, revisions, objects, blobs):
         self.last_oid = rows[-1][0]
         self.rows += len(rows)
         for oid, below, garbage in rows:
@@ -667,7 +702,6 @@ class _Batch:
         self.revisions += revisions
         self.objects += objects
         self.blobs += blobs
-        return True
 
 
 def _lock_in_batch(adapter, conn):
@@ -712,13 +746,13 @@ def _begin_write(adapter, conn):
             log.info("%s is busy; the pack's analysis tries again", adapter.describe())
 
 
-def _lock_commit(adapter, conn, options):
+def _lock_commit(adapter, conn, options, durable=True):
     """Take the commit lock the way a commit does; when it stays busy
     (UnableToAcquireCommitLockError), wait pack-commit-busy-delay and try
     again.  Returns the time it was taken and the last committed tid."""
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
-            adapter.begin_store_checked(conn)
+            adapter.begin_store_checked(conn, durable=durable)
             last = adapter.lock_commit_checked(conn)
             return time.time(), last
         except UnableToAcquireCommitLockError:

@@ -30,6 +30,7 @@ finish must not fail for a reason vote could have detected).
 """
 import contextlib
 import logging
+import struct
 import threading
 import weakref
 
@@ -58,6 +59,10 @@ from ..interfaces import RelStorageError as StorageError
 from ..options import Options
 from . import commit
 from . import history
+
+#: ZODB.utils.p64 without its wrapper: polls convert every changed (or
+#: packed away) OID, thousands per poll while a pack deletes.
+_oid_bytes = struct.Struct('>Q').pack
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +368,7 @@ class RelStorage(ConflictResolvingStorage):
             self._own_tids = set()
             # What this instance committed itself is already in its ZODB
             # connection's cache: invalidating it would only cost reloads.
-            return [p64(oid) for oid, tid in changes if tid not in own] + removed
+            return [_oid_bytes(oid) for oid, tid in changes if tid not in own] + removed
 
     def _pack_removals(self, conn, after_mark, upto_mark):
         """OIDs (bytes) the pack batches of marks (after_mark, upto_mark]
@@ -376,7 +381,7 @@ class RelStorage(ConflictResolvingStorage):
             lambda after, upto: self._adapter.pack_removals(conn, after, upto))
         if rows is None:
             return None
-        return [p64(oid) for oid, below in rows if below == ALL_REVISIONS]
+        return [_oid_bytes(oid) for oid, below in rows if below == ALL_REVISIONS]
 
     def sync(self, force=True):
         with self._lock:

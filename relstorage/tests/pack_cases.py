@@ -1130,16 +1130,20 @@ class IncrementalPackTests(PackCase):
         db, y = self.packed_then_unlinked()
         # Stopped after its first batch (history-preserving: a's older
         # revision removed; history-free has nothing to remove).
+        # (A single-writer database prepares each batch, then deletes it
+        # in one part: there, the second prepare stops it.)
         calls = []
-        original = packmod._Batch.delete_part
 
-        def delete_part(batch, *args):
-            calls.append(1)
-            if len(calls) > 1:
-                raise KeyboardInterrupt
-            return original(batch, *args)
+        def counted(original):
+            def delete(batch, *args):
+                calls.append(1)
+                if len(calls) > 1:
+                    raise KeyboardInterrupt
+                return original(batch, *args)
+            return delete
         try:
-            with mock_attr(packmod._Batch, 'delete_part', delete_part):
+            with mock_attr(packmod._Batch, 'delete_part', counted(packmod._Batch.delete_part)), \
+                    mock_attr(packmod._Batch, 'prepare', counted(packmod._Batch.prepare)):
                 db.storage.run_pack(time.time() + 1, referencesf, gc=False)
         except KeyboardInterrupt:
             self.assertTrue(self.keep_history)

@@ -612,6 +612,45 @@ class SqlitePackFileTests(unittest.TestCase):
             self.assertIn(conn.root()['keep']['child']._p_oid, reachable)
             self.assertEqual(conn.root()['keep']['child']['v'], 1)
 
+    def synchronous_of_deletion_batches(self):
+        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+        seen = []
+        original = Sqlite3Adapter.delete_prepared_batch
+
+        def delete_prepared_batch(adapter, conn, *args, **kw):
+            seen.append(conn.query_value('PRAGMA main.synchronous'))
+            return original(adapter, conn, *args, **kw)
+        garbage = self.make_garbage('a')
+        with mock_attr(Sqlite3Adapter, 'delete_prepared_batch', delete_prepared_batch):
+            self.zodbpack()
+        self.assert_gone(*garbage)
+        self.assertTrue(seen)
+        return set(seen)
+
+    def test_deletion_batches_do_not_wait_for_the_disk(self):
+        # A batch holds the lock every commit waits for until its COMMIT
+        # returns; losing one to a power cut only brings garbage back.
+        self.assertEqual(self.synchronous_of_deletion_batches(), {1})     # NORMAL
+        with self.db.transaction() as conn:
+            conn.root()['after'] = 1
+        raw = self.db.storage._adapter.open_store()
+        try:
+            self.assertEqual(raw.execute('PRAGMA main.synchronous').fetchone()[0], 2)
+        finally:
+            raw.close()
+
+    def test_deletion_batches_wait_for_the_disk_before_blob_files_go(self):
+        # With a shared blob directory, the files of a batch's removed
+        # revisions are deleted once it committed: that commit must
+        # survive a power cut, or its rows would come back without them.
+        self.db.close()
+        with open(self.conf, 'w') as f:
+            f.write(zconfig(self.data_dir, 'keep-history %s\nblob-dir %s\nshared-blob-dir true'
+                            % ('true' if self.keep_history else 'false',
+                               os.path.join(self.tmp, 'blobs'))))
+        self.db = self.open_db()
+        self.assertEqual(self.synchronous_of_deletion_batches(), {2})     # FULL
+
 
 class SqlitePackFileHPTests(SqlitePackFileTests):
     keep_history = True

@@ -42,9 +42,14 @@ OID_BLOCK = 128
 OID_BLOCK_MAX = 16384
 # How often a write transaction asks again for the write lock while
 # another holds it: the first retry after WRITE_WAIT_FIRST seconds, each
-# next one twice as late, up to WRITE_WAIT_MAX.
+# next one twice as late, up to WRITE_WAIT_MAX.  (A try that fails costs
+# microseconds; the pack leaves the lock free between its batches a
+# little longer than WRITE_WAIT_MAX: storage/pack.py WRITERS_TURN.)
 WRITE_WAIT_FIRST = 0.0002
-WRITE_WAIT_MAX = 0.002
+WRITE_WAIT_MAX = 0.001
+#: Seconds between the checkpoints of the main file a pack makes between
+#: its deletion batches (see forget_deleted).
+PACK_CHECKPOINT_EVERY = 0.05
 #: Rows of a pack table moved out of an older main file deleted per write
 #: transaction (see _move_pack_tables_apart).
 LEGACY_DELETE_ROWS = 20000
@@ -126,8 +131,8 @@ class Sqlite3Adapter(Adapter):
         # lasts until rollback, whatever other processes commit meanwhile.
         conn.execute('BEGIN DEFERRED')
 
-    def begin_store(self, conn, writes_data=True):
-        self._set_commit_durability(conn, writes_data)
+    def begin_store(self, conn, writes_data=True, durable=True):
+        self._set_commit_durability(conn, writes_data, durable)
         # SQLite's busy handler sleeps longer and longer between tries (up
         # to 100 ms each): a waiting commit or pack batch sleeps on long
         # after a short holder is done, and a process that commits
@@ -159,7 +164,7 @@ class Sqlite3Adapter(Adapter):
         finally:
             raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
 
-    def _set_commit_durability(self, conn, writes_data):
+    def _set_commit_durability(self, conn, writes_data, durable=True):
         # A history-free commit that writes no object only publishes a new
         # last tid, and the fsync of its COMMIT (synchronous FULL) is then
         # nearly all of its cost (about 0.2 of 0.25 ms).  In WAL mode,
@@ -172,8 +177,14 @@ class Sqlite3Adapter(Adapter):
         # user and description), so they stay at the configured level, as
         # does a configuration asking for more (EXTRA) or less than FULL.
         # Only in WAL mode: with a rollback journal, NORMAL may corrupt the
-        # database on power loss.
-        relax = (not writes_data and not self.keep_history
+        # database on power loss.  ``durable`` false (a pack's deletion
+        # batch): after a power loss, the database is as it was before
+        # some of the last such commits, and nothing it lost was anybody's
+        # data: the garbage and old revisions they removed are back.  A
+        # batch holds the lock every commit waits for, through its COMMIT
+        # (a 1,000,000-object pack held it 2.24 s in 1,757 batches, against
+        # 2.87 s in 1,895 with FULL); the next FULL commit syncs its pages.
+        relax = ((not durable or (not writes_data and not self.keep_history))
                  and self.pragmas.get('journal_mode', '').lower() == 'wal'
                  and self.pragmas.get('synchronous', '').lower() in ('full', '2'))
         relaxed = conn.session_settings.get('synchronous') == 'normal'
@@ -325,6 +336,19 @@ class Sqlite3Adapter(Adapter):
             conn.execute('DELETE FROM main.%s WHERE zoid <= ?' % table, (upto,))
             conn.commit()
             time.sleep(WRITE_WAIT_MAX * 2)
+
+    def forget_deleted(self, conn):
+        super().forget_deleted(conn)
+        # The batches' pages pile up in main's WAL, and the commit that
+        # passes wal_autocheckpoint copies them into the database file
+        # and syncs it: a pack batch, holding the lock every commit
+        # waits for (up to 60 ms), or a commit.  The pack does it itself,
+        # between its batches, where it holds no lock (PASSIVE: it waits
+        # for nobody and nobody waits for it).
+        now = time.monotonic()
+        if now - conn.session_settings.get('checkpointed', 0) >= PACK_CHECKPOINT_EVERY:
+            conn.raw.execute('PRAGMA main.wal_checkpoint(PASSIVE)').fetchall()
+            conn.session_settings['checkpointed'] = now
 
     def pair_pack_tables(self, conn):
         # pack.sqlite3 holds what the analyses found in the main file; a
