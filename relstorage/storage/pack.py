@@ -524,19 +524,21 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     size = FIRST_DELETE_SIZE
     after_oid = -1
     busy = 0
+    prepared = None
     try:
         while True:
             batch = _Batch()
             if write_lock:
                 # Every commit waits for all of the batch: its candidates
                 # are chosen before the lock (only the pack writes its
-                # tables), and the lock holds only their deletion, one
-                # statement group sized by the time the last one took.
-                adapter.begin_pack_write(conn)
-                if not batch.prepare(adapter, conn, after_oid, size):
-                    conn.commit()
+                # tables; usually in the pause after the last batch), and
+                # the lock holds only their deletion, one statement group
+                # sized by the time the last one took.
+                if prepared is None or prepared.first_after != after_oid:
+                    prepared = _prepare(adapter, conn, after_oid, size)
+                batch, prepared = prepared, None
+                if not batch.prepared:
                     break
-                conn.commit()
             try:
                 if write_lock:
                     locked_at, last = _lock_commit(adapter, conn, options, durable)
@@ -619,6 +621,8 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             bar.update(batch.revisions)
             if batch.finished:
                 break
+            if write_lock:
+                prepared = _prepare(adapter, conn, after_oid, size)
             time.sleep(max(0.0, pause_until - time.time()))
         adapter.begin_store_checked(conn)
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
@@ -637,6 +641,19 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
         conn.commit()
     finally:
         bar.close()
+
+
+def _prepare(adapter, conn, after_oid, size):
+    """A batch whose candidates are chosen (without the commit lock)."""
+    batch = _Batch()
+    adapter.begin_pack_write(conn)
+    try:
+        batch.prepare(adapter, conn, after_oid, size)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    return batch
 
 
 class _LockBusy(Exception):

@@ -193,6 +193,14 @@ class Sqlite3Adapter(Adapter):
             # Not inside a transaction: SQLite refuses to change it there.
             conn.raw.execute('PRAGMA synchronous = %s' % value)
             conn.session_settings['synchronous'] = 'normal' if relax else None
+        # Nor does a pack's batch run the automatic checkpoint, which
+        # copies the write-ahead log into the database file and syncs it
+        # while every commit waits (up to 110 ms seen): the pack
+        # checkpoints between its batches (forget_deleted).
+        if durable == bool(conn.session_settings.get('no_autocheckpoint')):
+            conn.raw.execute('PRAGMA wal_autocheckpoint = %d' % (
+                int(self.pragmas.get('wal_autocheckpoint', 1000)) if durable else 0))
+            conn.session_settings['no_autocheckpoint'] = not durable
 
     def list_tables(self, conn):
         rows = conn.query_all("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -340,14 +348,14 @@ class Sqlite3Adapter(Adapter):
     def forget_deleted(self, conn):
         super().forget_deleted(conn)
         # The batches' pages pile up in main's WAL, and the commit that
-        # passes wal_autocheckpoint copies them into the database file
-        # and syncs it: a pack batch, holding the lock every commit
-        # waits for (up to 60 ms), or a commit.  The pack does it itself,
-        # between its batches, where it holds no lock (PASSIVE: it waits
-        # for nobody and nobody waits for it).
+        # passes wal_autocheckpoint would copy them into the database file
+        # and sync it: a commit of the site (a batch does not: see
+        # _set_commit_durability).  The pack does it itself, between its
+        # batches, where it holds no lock (PASSIVE: it waits for nobody
+        # and nobody waits for it), for pack.sqlite3 too.
         now = time.monotonic()
         if now - conn.session_settings.get('checkpointed', 0) >= PACK_CHECKPOINT_EVERY:
-            conn.raw.execute('PRAGMA main.wal_checkpoint(PASSIVE)').fetchall()
+            conn.raw.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
             conn.session_settings['checkpointed'] = now
 
     def pair_pack_tables(self, conn):
