@@ -181,12 +181,11 @@ class IRelStorageAdapter(Interface):
 
     # --- commit (store connection; see storage/commit.py) ------------
 
-    def begin_store_checked(conn, writes_data=True, durable=True):
+    def begin_store_checked(conn, writes_data=True):
         """Begin the write transaction; on single-writer databases this
         waits for the database lock, raising UnableToAcquireCommitLockError
         after commit-lock-timeout.  ``writes_data`` false: the transaction
-        will store no object and no blob.  ``durable`` false: a power loss
-        may undo it without losing anybody's data (a pack's deletions)."""
+        will store no object and no blob."""
 
     def clear_temp(conn):
         """Empty ``temp_store``."""

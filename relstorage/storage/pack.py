@@ -516,11 +516,9 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # the batch size only bounds the work lost when a batch is redone
     # (larger batches spread the cost of the re-check and the commit).
     target = adapter.pack_write_lock_target()
-    # A batch undone by a power loss brings back only garbage and old
-    # revisions, so its commit need not wait for the disk (where the
-    # database lets it), unless it is followed by the removal of blob
-    # files that are the only copy of their data (a shared blob directory).
-    durable = blobs is not None and not blobs.in_database
+    # (Where the pack's tables are apart, forget_deleted uses the batch's
+    # temporary table: one prepared part per batch.)
+    assert write_lock or not adapter.pack_tables_apart
     size = FIRST_DELETE_SIZE
     after_oid = -1
     busy = 0
@@ -541,14 +539,14 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     break
             try:
                 if write_lock:
-                    locked_at, last = _lock_commit(adapter, conn, options, durable)
+                    locked_at, last = _lock_commit(adapter, conn, options)
                     batch.delete_prepared(adapter, conn)
                     after_oid = batch.last_oid
                     size = next_step_size(size, time.time() - locked_at, target,
                                           high=MAX_BATCH_ROWS)
                     touched = _touched(adapter, conn, referencesf, checked, last, batch)
                 else:
-                    adapter.begin_store_checked(conn, durable=durable)
+                    adapter.begin_store_checked(conn)
                     started = time.time()
                     while True:
                         part_started = time.time()
@@ -763,13 +761,13 @@ def _begin_write(adapter, conn):
             log.info("%s is busy; the pack's analysis tries again", adapter.describe())
 
 
-def _lock_commit(adapter, conn, options, durable=True):
+def _lock_commit(adapter, conn, options):
     """Take the commit lock the way a commit does; when it stays busy
     (UnableToAcquireCommitLockError), wait pack-commit-busy-delay and try
     again.  Returns the time it was taken and the last committed tid."""
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
-            adapter.begin_store_checked(conn, durable=durable)
+            adapter.begin_store_checked(conn)
             last = adapter.lock_commit_checked(conn)
             return time.time(), last
         except UnableToAcquireCommitLockError:

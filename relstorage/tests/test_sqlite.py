@@ -612,47 +612,34 @@ class SqlitePackFileTests(unittest.TestCase):
             self.assertIn(conn.root()['keep']['child']._p_oid, reachable)
             self.assertEqual(conn.root()['keep']['child']['v'], 1)
 
-    def synchronous_of_deletion_batches(self):
+    def test_deletion_batches_are_on_disk_before_their_references_go(self):
+        # Review finding: with batches committed at synchronous NORMAL, a
+        # power cut could undo a batch but not the removal, in
+        # pack.sqlite3, of the references of what it deleted: the objects
+        # back, their references forgotten, a later pack free to remove
+        # what they reference.  So a batch's COMMIT syncs (FULL), and only
+        # then are its references forgotten.
         from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
-        seen = []
-        original = Sqlite3Adapter.delete_prepared_batch
+        events = []
+        delete_prepared_batch = Sqlite3Adapter.delete_prepared_batch
+        forget_deleted = Sqlite3Adapter.forget_deleted
 
-        def delete_prepared_batch(adapter, conn, *args, **kw):
-            seen.append((conn.query_value('PRAGMA main.synchronous'),
-                         conn.query_value('PRAGMA wal_autocheckpoint')))
-            return original(adapter, conn, *args, **kw)
+        def deleting(adapter, conn, *args, **kw):
+            events.append(('batch', conn.query_value('PRAGMA main.synchronous')))
+            return delete_prepared_batch(adapter, conn, *args, **kw)
+
+        def forgetting(adapter, conn):
+            events.append(('forget', conn.raw.in_transaction))
+            return forget_deleted(adapter, conn)
         garbage = self.make_garbage('a')
-        with mock_attr(Sqlite3Adapter, 'delete_prepared_batch', delete_prepared_batch):
+        with mock_attr(Sqlite3Adapter, 'delete_prepared_batch', deleting), \
+                mock_attr(Sqlite3Adapter, 'forget_deleted', forgetting):
             self.zodbpack()
         self.assert_gone(*garbage)
-        self.assertTrue(seen)
-        return set(seen)
-
-    def test_deletion_batches_do_not_wait_for_the_disk(self):
-        # A batch holds the lock every commit waits for until its COMMIT
-        # returns; losing one to a power cut only brings garbage back.
-        # Nor does it run the automatic checkpoint (the pack checkpoints
-        # between its batches).
-        self.assertEqual(self.synchronous_of_deletion_batches(), {(1, 0)})     # NORMAL
-        with self.db.transaction() as conn:
-            conn.root()['after'] = 1
-        raw = self.db.storage._adapter.open_store()
-        try:
-            self.assertEqual(raw.execute('PRAGMA main.synchronous').fetchone()[0], 2)
-        finally:
-            raw.close()
-
-    def test_deletion_batches_wait_for_the_disk_before_blob_files_go(self):
-        # With a shared blob directory, the files of a batch's removed
-        # revisions are deleted once it committed: that commit must
-        # survive a power cut, or its rows would come back without them.
-        self.db.close()
-        with open(self.conf, 'w') as f:
-            f.write(zconfig(self.data_dir, 'keep-history %s\nblob-dir %s\nshared-blob-dir true'
-                            % ('true' if self.keep_history else 'false',
-                               os.path.join(self.tmp, 'blobs'))))
-        self.db = self.open_db()
-        self.assertEqual(self.synchronous_of_deletion_batches(), {(2, 1000)})     # FULL
+        # Each batch at FULL, its references forgotten after its commit.
+        self.assertTrue(events)
+        self.assertEqual(events[0::2], [('batch', 2)] * (len(events) // 2))
+        self.assertEqual(events[1::2], [('forget', False)] * (len(events) // 2))
 
 
 class SqlitePackFileHPTests(SqlitePackFileTests):
