@@ -181,11 +181,12 @@ class IRelStorageAdapter(Interface):
 
     # --- commit (store connection; see storage/commit.py) ------------
 
-    def begin_store_checked(conn, writes_data=True):
+    def begin_store_checked(conn, writes_data=True, durable=True):
         """Begin the write transaction; on single-writer databases this
         waits for the database lock, raising UnableToAcquireCommitLockError
         after commit-lock-timeout.  ``writes_data`` false: the transaction
-        will store no object and no blob."""
+        will store no object and no blob.  ``durable`` false: a power loss
+        may undo it without losing anybody's data (a pack's deletions)."""
 
     def clear_temp(conn):
         """Empty ``temp_store``."""
@@ -362,10 +363,16 @@ class IRelStorageAdapter(Interface):
         pack's tables are kept apart from the data, tie them to the data
         as it is now, so that they are not used with another copy."""
 
-    def forget_deleted(conn):
-        """After a deletion batch committed: drop the references and
-        candidates of what it removed, where the pack's tables are apart
-        (pack_tables_apart); otherwise the batch did it."""
+    def forget_deleted(conn, final=False):
+        """After a deletion batch committed (and, ``final``, once all
+        did): drop the references and candidates of what the batches
+        removed, where the pack's tables are apart (pack_tables_apart),
+        once those batches are on disk (sync_deleted); otherwise each
+        batch did it."""
+
+    def sync_deleted(conn):
+        """Wait until the deletion batches committed so far are on disk
+        (a batch begun with ``durable`` false may commit before)."""
 
     def seed_unreached(conn, oids):
         """Of ``oids`` (changed after the analysis), record as seeds those

@@ -240,11 +240,14 @@ class Adapter(PackVerbs):
     def start_snapshot(self, conn):
         """Vendor hook of ``begin_snapshot``."""
 
-    def begin_store(self, conn, writes_data=True):
+    def begin_store(self, conn, writes_data=True, durable=True):
         """Start the write transaction on a store connection.
 
         ``writes_data`` is false for a commit that stores no object and no
-        blob (an empty transaction or one that only checks readCurrent)."""
+        blob (an empty transaction or one that only checks readCurrent).
+        ``durable`` false: losing this transaction to a power loss (not to
+        a process's death) loses nobody's data, so its commit need not wait
+        for the disk (a pack's deletion batch); vendors may ignore it."""
 
     def q(self, sql):
         """``sql`` converted to the driver's paramstyle (cached)."""
@@ -740,12 +743,12 @@ class Adapter(PackVerbs):
         (a retry votes in it) or is about to be rolled back."""
         raise NotImplementedError
 
-    def begin_store_checked(self, conn, writes_data=True):
+    def begin_store_checked(self, conn, writes_data=True, durable=True):
         """``begin_store`` (on the server chosen now: see
         ``follow_server``); on single-writer databases this waits for the lock."""
         self.follow_server(conn)
         try:
-            self.begin_store(conn, writes_data)
+            self.begin_store(conn, writes_data, durable)
         except Exception as exc:
             if self.classify_error(exc) != 'lock':
                 raise

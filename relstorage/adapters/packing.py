@@ -626,20 +626,45 @@ class PackVerbs:
             conn.execute(self.q(sql.PACK_DELETE_DONE))
         return revisions, objects, blobs
 
-    def forget_deleted(self, conn):
+    #: Seconds between two removals, from the pack's tables where they are
+    #: apart, of the references and candidates of what the deletion
+    #: batches removed (each first waits for those batches to be on disk).
+    FORGET_EVERY = 0.05
+
+    def forget_deleted(self, conn, final=False):
         """After a deletion batch committed, where the pack's tables are
-        apart: the references and candidates of what it deleted (still in
-        temp_pack_batch: there, a batch is one prepared part) go, in a
-        write of those tables only (no commit waits for it).  Should the
-        pack stop before, they stay: rows about objects and revisions
+        apart (pack_tables_apart; a batch is then one prepared part, still
+        in temp_pack_batch): note what it removed, and, every FORGET_EVERY
+        seconds and when ``final`` (the deletion is over: nothing more to
+        note), remove the references and candidates of what the batches
+        noted removed, in a write of those tables only (no commit waits
+        for it), once those batches are on disk (sync_deleted).  Should
+        the pack stop before, they stay: rows about objects and revisions
         that no longer exist, which no join of a pack follows (OIDs are
         never reused, and revisions are joined by their tid)."""
         if not self.pack_tables_apart:
             return
+        if not final:
+            self.begin_pack_write(conn)
+            conn.execute(self.sql.PACK_DONE_SAVE)
+            conn.commit()
+            now = time.monotonic()
+            if now - conn.session_settings.get('forgotten', 0) < self.FORGET_EVERY:
+                return
+        # Else a power cut could undo the batches and not this: their
+        # objects back, their references gone, and what those reference
+        # free for a later pack to remove.
+        self.sync_deleted(conn)
         self.begin_pack_write(conn)
-        conn.execute(self.q(self.sql.PACK_DELETE_REFS))
-        conn.execute(self.q(self.sql.PACK_DELETE_DONE))
+        conn.execute(self.sql.PACK_DONE_REFS)
+        conn.execute(self.sql.PACK_DONE_OBJECTS)
+        self.clear_pack_temp(conn, 'temp_pack_done')
         conn.commit()
+        conn.session_settings['forgotten'] = time.monotonic()
+
+    def sync_deleted(self, conn):
+        """Wait until the deletion batches committed so far are on disk
+        (where they may commit without waiting for it)."""
 
     # --- what other processes drop from their caches ---------------------
 

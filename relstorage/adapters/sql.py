@@ -777,6 +777,8 @@ class Statements:
     PACK_DELETE_DONE = """
         DELETE FROM pack_object WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
     """
+    # Where the pack's tables are apart (SQLite): see PackVerbs.forget_deleted.
+    PACK_DONE_SAVE = PACK_DONE_REFS = PACK_DONE_OBJECTS = None
 
     # History-preserving end of a pack: transactions up to the pack time
     # are packed (no undo), and those left without states go.

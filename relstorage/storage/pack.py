@@ -516,7 +516,13 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # the batch size only bounds the work lost when a batch is redone
     # (larger batches spread the cost of the re-check and the commit).
     target = adapter.pack_write_lock_target()
-    # (Where the pack's tables are apart, forget_deleted uses the batch's
+    # A batch undone by a power cut brings back only garbage and old
+    # revisions, so its commit need not wait for the disk (where the
+    # database lets it; forget_deleted waits for it before the references
+    # of what it removed go), unless it is followed by the removal of blob
+    # files that are the only copy of their data (a shared blob directory).
+    durable = blobs is not None and not blobs.in_database
+    # (Where the pack's tables are apart, forget_deleted notes the batch's
     # temporary table: one prepared part per batch.)
     assert write_lock or not adapter.pack_tables_apart
     size = FIRST_DELETE_SIZE
@@ -539,14 +545,14 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     break
             try:
                 if write_lock:
-                    locked_at, last = _lock_commit(adapter, conn, options)
+                    locked_at, last = _lock_commit(adapter, conn, options, durable)
                     batch.delete_prepared(adapter, conn)
                     after_oid = batch.last_oid
                     size = next_step_size(size, time.time() - locked_at, target,
                                           high=MAX_BATCH_ROWS)
                     touched = _touched(adapter, conn, referencesf, checked, last, batch)
                 else:
-                    adapter.begin_store_checked(conn)
+                    adapter.begin_store_checked(conn, durable=durable)
                     started = time.time()
                     while True:
                         part_started = time.time()
@@ -622,6 +628,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             if write_lock:
                 prepared = _prepare(adapter, conn, after_oid, size)
             time.sleep(max(0.0, pause_until - time.time()))
+        adapter.forget_deleted(conn, final=True)
         adapter.begin_store_checked(conn)
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
         # What the next pack checks to know it has nothing to do.
@@ -761,13 +768,13 @@ def _begin_write(adapter, conn):
             log.info("%s is busy; the pack's analysis tries again", adapter.describe())
 
 
-def _lock_commit(adapter, conn, options):
+def _lock_commit(adapter, conn, options, durable=True):
     """Take the commit lock the way a commit does; when it stays busy
     (UnableToAcquireCommitLockError), wait pack-commit-busy-delay and try
     again.  Returns the time it was taken and the last committed tid."""
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
-            adapter.begin_store_checked(conn)
+            adapter.begin_store_checked(conn, durable=durable)
             last = adapter.lock_commit_checked(conn)
             return time.time(), last
         except UnableToAcquireCommitLockError:

@@ -406,6 +406,7 @@ NOT_DRIVEN = {
     'claim_fresh_oids',         # no SQL
     'pack_write_lock_target',   # no SQL
     'pair_pack_tables',         # no SQL where the pack's tables live with the data
+    'sync_deleted',             # no SQL (a file's fsync, where the pack's tables are apart)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
     # Oracle cannot bound an idle transaction (holds_locks_for_retry is

@@ -593,7 +593,7 @@ class SqlitePackFileTests(unittest.TestCase):
         # or without the pre-pack's state, remove and keep what they must.
         from relstorage.adapters.packing import PackVerbs
         first = self.make_garbage('a')
-        with mock_attr(PackVerbs, 'forget_deleted', lambda self, conn: None):
+        with mock_attr(PackVerbs, 'forget_deleted', lambda self, conn, final=False: None):
             self.zodbpack()
         self.assert_gone(*first)
         stale = self.pack_db('SELECT COUNT(*) FROM pack_object')[0][0]
@@ -612,34 +612,68 @@ class SqlitePackFileTests(unittest.TestCase):
             self.assertIn(conn.root()['keep']['child']._p_oid, reachable)
             self.assertEqual(conn.root()['keep']['child']['v'], 1)
 
-    def test_deletion_batches_are_on_disk_before_their_references_go(self):
-        # Review finding: with batches committed at synchronous NORMAL, a
-        # power cut could undo a batch but not the removal, in
-        # pack.sqlite3, of the references of what it deleted: the objects
-        # back, their references forgotten, a later pack free to remove
-        # what they reference.  So a batch's COMMIT syncs (FULL), and only
-        # then are its references forgotten.
+    def pack_events(self):
+        """(what, detail) in order: each deletion batch with the
+        synchronous level of its COMMIT, each sync_deleted, and each
+        removal of the references of deleted objects from pack.sqlite3."""
+        from relstorage.adapters.connections import DBConnection
+        from relstorage.adapters.sqlite import sql
         from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
         events = []
         delete_prepared_batch = Sqlite3Adapter.delete_prepared_batch
-        forget_deleted = Sqlite3Adapter.forget_deleted
+        sync_deleted = Sqlite3Adapter.sync_deleted
+        execute = DBConnection.execute
 
         def deleting(adapter, conn, *args, **kw):
             events.append(('batch', conn.query_value('PRAGMA main.synchronous')))
             return delete_prepared_batch(adapter, conn, *args, **kw)
 
-        def forgetting(adapter, conn):
-            events.append(('forget', conn.raw.in_transaction))
-            return forget_deleted(adapter, conn)
+        def syncing(adapter, conn):
+            events.append(('sync', None))
+            return sync_deleted(adapter, conn)
+
+        def executing(conn, stmt, *args):
+            if stmt == sql.SqliteStatements.PACK_DONE_REFS:
+                events.append(('forget', None))
+            return execute(conn, stmt, *args)
         garbage = self.make_garbage('a')
         with mock_attr(Sqlite3Adapter, 'delete_prepared_batch', deleting), \
-                mock_attr(Sqlite3Adapter, 'forget_deleted', forgetting):
+                mock_attr(Sqlite3Adapter, 'sync_deleted', syncing), \
+                mock_attr(DBConnection, 'execute', executing):
             self.zodbpack()
         self.assert_gone(*garbage)
-        # Each batch at FULL, its references forgotten after its commit.
-        self.assertTrue(events)
-        self.assertEqual(events[0::2], [('batch', 2)] * (len(events) // 2))
-        self.assertEqual(events[1::2], [('forget', False)] * (len(events) // 2))
+        self.assert_reachable_load()
+        return events
+
+    def test_references_go_only_once_the_batches_are_on_disk(self):
+        # A batch's COMMIT does not wait for the disk (synchronous NORMAL):
+        # a power cut may undo it, which brings garbage back.  A helper
+        # agent's review found that the references of what it removed
+        # then left pack.sqlite3 at once: a power cut could undo the
+        # batch and not that, and a later pack remove what the objects
+        # back reference.  They go only after sync_deleted.
+        events = self.pack_events()
+        self.assertIn(('batch', 1), events)
+        self.assertEqual({what for what, _ in events}, {'batch', 'sync', 'forget'})
+        self.assertEqual({detail for what, detail in events if what == 'batch'}, {1})
+        last = None
+        for what, _detail in events:
+            if what == 'forget':
+                self.assertEqual(last, 'sync')
+            last = what
+        self.assertEqual(events[-2:], [('sync', None), ('forget', None)])
+
+    def test_deletion_batches_wait_for_the_disk_before_blob_files_go(self):
+        # With a shared blob directory, the files of a batch's removed
+        # revisions are deleted once it committed: it must be on disk.
+        self.db.close()
+        with open(self.conf, 'w') as f:
+            f.write(zconfig(self.data_dir, 'keep-history %s\nblob-dir %s\nshared-blob-dir true'
+                            % ('true' if self.keep_history else 'false',
+                               os.path.join(self.tmp, 'blobs'))))
+        self.db = self.open_db()
+        events = self.pack_events()
+        self.assertEqual({detail for what, detail in events if what == 'batch'}, {2})
 
 
 class SqlitePackFileHPTests(SqlitePackFileTests):

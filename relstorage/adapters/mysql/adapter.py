@@ -233,7 +233,7 @@ class MySQLAdapter(Adapter):
     def start_snapshot(self, conn):
         conn.execute('START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY')
 
-    def begin_store(self, conn, writes_data=True):
+    def begin_store(self, conn, writes_data=True, durable=True):
         # Nothing of this transaction has reached the server yet, so a
         # connection that died since the last one (server restart, idle
         # timeout, KILL) is simply replaced.

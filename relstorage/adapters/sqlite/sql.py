@@ -54,6 +54,14 @@ class SqliteStatements(Statements):
     PACK_LATE_ENTRIES = _in_written_order(Statements.PACK_LATE_ENTRIES)
     PACK_REACH_STEP_DOM = _in_written_order(Statements.PACK_REACH_STEP_DOM)
 
+    # The pack's tables are in a file of their own (PACK_APART_SCHEMA):
+    # the deletion batches note what they removed, and the references and
+    # candidates of those go once the batches are on disk, out of the main
+    # file's lock (PackVerbs.forget_deleted).
+    PACK_DONE_SAVE = "INSERT INTO temp_pack_done (zoid, below) SELECT zoid, below FROM temp_pack_batch"
+    PACK_DONE_REFS = Statements.PACK_DELETE_REFS.replace('temp_pack_batch', 'temp_pack_done')
+    PACK_DONE_OBJECTS = Statements.PACK_DELETE_DONE.replace('temp_pack_batch', 'temp_pack_done')
+
 
 #: The pack's own tables, in a database file of their own attached as
 #: ``pack`` (see Sqlite3Adapter.open_pack): only the pack writes them, and
@@ -111,6 +119,9 @@ PACK_TEMP_TABLES = {
     'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid INTEGER PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL, garbage INTEGER NOT NULL)""",
+    # What the deletion batches removed, for PACK_DONE_* once on disk.
+    'temp_pack_done': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_done (
+        zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL)""",
 }
 
 # Blob bytes, the same in both history modes.
