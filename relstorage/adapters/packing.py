@@ -649,7 +649,7 @@ class PackVerbs:
             conn.execute(self.sql.PACK_DONE_SAVE)
             conn.commit()
             now = time.monotonic()
-            if now - conn.session_settings.get('forgotten', 0) < self.FORGET_EVERY:
+            if now - conn.session_settings.setdefault('forgotten', now) < self.FORGET_EVERY:
                 return
         # Else a power cut could undo the batches and not this: their
         # objects back, their references gone, and what those reference

@@ -17,6 +17,7 @@ import ZODB
 import ZODB.config
 from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
+from ZODB.utils import u64
 
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.interfaces import RelStorageError
@@ -632,6 +633,12 @@ class SqlitePackFileTests(unittest.TestCase):
             events.append(('sync', None))
             return sync_deleted(adapter, conn)
 
+        def fsyncing(fd, fsync=os.fsync):
+            # (Linux names an open file in /proc.)
+            where = '/proc/self/fd/%d' % fd
+            events.append(('fsync', os.readlink(where) if os.path.exists(where) else fd))
+            return fsync(fd)
+
         def executing(conn, stmt, *args):
             if stmt == sql.SqliteStatements.PACK_DONE_REFS:
                 events.append(('forget', None))
@@ -639,10 +646,17 @@ class SqlitePackFileTests(unittest.TestCase):
         garbage = self.make_garbage('a')
         with mock_attr(Sqlite3Adapter, 'delete_prepared_batch', deleting), \
                 mock_attr(Sqlite3Adapter, 'sync_deleted', syncing), \
+                mock_attr(os, 'fsync', fsyncing), \
                 mock_attr(DBConnection, 'execute', executing):
             self.zodbpack()
         self.assert_gone(*garbage)
         self.assert_reachable_load()
+        # Nothing left about them in pack.sqlite3.
+        gone = ','.join(str(u64(oid)) for oid in garbage)
+        for table in ('object_ref', 'pack_object'):
+            self.assertEqual(
+                self.pack_db('SELECT COUNT(*) FROM %s WHERE zoid IN (%s)' % (table, gone)),
+                [(0,)], table)
         return events
 
     def test_references_go_only_once_the_batches_are_on_disk(self):
@@ -654,14 +668,46 @@ class SqlitePackFileTests(unittest.TestCase):
         # back reference.  They go only after sync_deleted.
         events = self.pack_events()
         self.assertIn(('batch', 1), events)
-        self.assertEqual({what for what, _ in events}, {'batch', 'sync', 'forget'})
+        self.assertEqual({what for what, _ in events}, {'batch', 'sync', 'fsync', 'forget'})
         self.assertEqual({detail for what, detail in events if what == 'batch'}, {1})
+        wal = os.path.realpath(os.path.join(self.data_dir, 'main.sqlite3')) + '-wal'
         last = None
-        for what, _detail in events:
+        for what, detail in events:
             if what == 'forget':
-                self.assertEqual(last, 'sync')
-            last = what
-        self.assertEqual(events[-2:], [('sync', None), ('forget', None)])
+                self.assertEqual(last, ('fsync', wal))
+            if what != 'sync':
+                last = (what, detail)
+        self.assertEqual(events[-2:], [('fsync', wal), ('forget', None)])
+
+    def test_references_of_many_batches_go_at_the_end(self):
+        # Noted batch after batch, forgotten all at once at the end.
+        from relstorage.adapters.packing import PackVerbs
+        with self.db.transaction() as conn:
+            conn.root()['many'] = PersistentMapping(
+                (str(i), PersistentMapping(v=i)) for i in range(300))
+        with self.db.transaction() as conn:
+            del conn.root()['many']
+        with mock_attr(PackVerbs, 'FORGET_EVERY', 3600), \
+                mock_attr(PackVerbs, 'PACK_WRITE_LOCK_SHARE', 1e-9):
+            events = self.pack_events()
+        self.assertGreater(sum(1 for what, _ in events if what == 'batch'), 2)
+        self.assertEqual([what for what, _ in events if what != 'batch'],
+                         ['sync', 'fsync', 'forget'])
+
+    def test_write_ahead_log_beside_a_linked_main_file(self):
+        # Review finding: SQLite keeps the log beside the file a symbolic
+        # link names; the pack looked for it beside the link, found none
+        # and synced nothing.
+        self.db.close()
+        elsewhere = os.path.join(self.tmp, 'elsewhere')
+        os.mkdir(elsewhere)
+        main = os.path.join(self.data_dir, 'main.sqlite3')
+        shutil.move(main, os.path.join(elsewhere, 'main.sqlite3'))
+        os.symlink(os.path.join(elsewhere, 'main.sqlite3'), main)
+        self.db = self.open_db()
+        events = self.pack_events()
+        self.assertIn(('fsync', os.path.join(os.path.realpath(elsewhere), 'main.sqlite3-wal')),
+                      events)
 
     def test_deletion_batches_wait_for_the_disk_before_blob_files_go(self):
         # With a shared blob directory, the files of a batch's removed
@@ -674,6 +720,7 @@ class SqlitePackFileTests(unittest.TestCase):
         self.db = self.open_db()
         events = self.pack_events()
         self.assertEqual({detail for what, detail in events if what == 'batch'}, {2})
+        # (Blob files themselves: pack_cases test_sigkill_during_blob_removal.)
 
 
 class SqlitePackFileHPTests(SqlitePackFileTests):
