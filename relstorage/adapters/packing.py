@@ -527,7 +527,7 @@ class PackVerbs:
     #: database (every commit waits for all of it), as a share of
     #: pack-batch-timeout: 1.5 ms of deletions by default.  (5 ms made
     #: batches of about 7 ms with their commit, and the writer's p99 during
-    #: a SQLite pack 13.5 ms; with 1.5 ms, 7.5-9 ms, for the same pack time.)
+    #: a SQLite pack 13.5 ms; with 1.5 ms, 7.5-11 ms, for the same pack time.)
     PACK_WRITE_LOCK_SHARE = 1 / 667.0
 
     def pack_write_lock_target(self):
