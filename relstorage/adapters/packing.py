@@ -641,16 +641,17 @@ class PackVerbs:
         for it), once those batches are on disk (sync_deleted).  Should
         the pack stop before, they stay: rows about objects and revisions
         that no longer exist, which no join of a pack follows (OIDs are
-        never reused, and revisions are joined by their tid)."""
+        never reused, and revisions are joined by their tid).  Returns
+        whether it removed them this time."""
         if not self.pack_tables_apart:
-            return
+            return False
         if not final:
             self.begin_pack_write(conn)
             conn.execute(self.sql.PACK_DONE_SAVE)
             conn.commit()
             now = time.monotonic()
             if now - conn.session_settings.setdefault('forgotten', now) < self.FORGET_EVERY:
-                return
+                return False
         # Else a power cut could undo the batches and not this: their
         # objects back, their references gone, and what those reference
         # free for a later pack to remove.
@@ -661,6 +662,7 @@ class PackVerbs:
         self.clear_pack_temp(conn, 'temp_pack_done')
         conn.commit()
         conn.session_settings['forgotten'] = time.monotonic()
+        return True
 
     def sync_deleted(self, conn):
         """Wait until the deletion batches committed so far are on disk

@@ -538,7 +538,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 # tables; usually in the pause after the last batch), and
                 # the lock holds only their deletion, one statement group
                 # sized by the time the last one took.
-                if prepared is None or prepared.first_after != after_oid:
+                if prepared is None:
                     prepared = _prepare(adapter, conn, after_oid, size)
                 batch, prepared = prepared, None
                 if not batch.prepared:

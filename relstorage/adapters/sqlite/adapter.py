@@ -25,6 +25,7 @@ from ..packing import PackLock
 from . import drivers
 from . import sql
 from .pragmas import check_pragmas
+from .pragmas import pragma_is_on
 from .pragmas import pragma_statement
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,6 @@ OID_BLOCK_MAX = 16384
 # little longer than WRITE_WAIT_MAX: storage/pack.py WRITERS_TURN.)
 WRITE_WAIT_FIRST = 0.0002
 WRITE_WAIT_MAX = 0.001
-#: Seconds between the checkpoints of the main file a pack makes between
-#: its deletion batches (see forget_deleted).
-PACK_CHECKPOINT_EVERY = 0.05
 #: Rows of a pack table moved out of an older main file deleted per write
 #: transaction (see _move_pack_tables_apart).
 LEGACY_DELETE_ROWS = 20000
@@ -61,11 +59,6 @@ DEFAULT_PRAGMAS = (
     ('synchronous', 'full'),
     ('foreign_keys', 'off'),
 )
-
-
-def _on(value):
-    """A boolean pragma's value, as given in <pragmas>, is on."""
-    return str(value).strip().lower() in ('1', 'on', 'true', 'yes')
 
 
 class Sqlite3Adapter(Adapter):
@@ -376,7 +369,7 @@ class Sqlite3Adapter(Adapter):
             raise RelStorageError("Cannot sync the write-ahead log of %s (%s): %s"
                                   % (self.describe(), path, exc)) from exc
         try:
-            if _on(self.pragmas.get('fullfsync')) and hasattr(fcntl, 'F_FULLFSYNC'):
+            if pragma_is_on(self.pragmas.get('fullfsync')) and hasattr(fcntl, 'F_FULLFSYNC'):
                 fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
             else:
                 os.fsync(fd)
@@ -384,17 +377,17 @@ class Sqlite3Adapter(Adapter):
             os.close(fd)
 
     def forget_deleted(self, conn, final=False):
-        super().forget_deleted(conn, final)
+        forgot = super().forget_deleted(conn, final)
         # The batches' pages pile up in main's WAL, and the commit that
         # passes wal_autocheckpoint would copy them into the database file
         # and sync it: a commit of the site (the batches do not: see
-        # _set_commit_durability).  The pack does it itself, between its
-        # batches, where it holds no lock (PASSIVE: it waits for nobody
-        # and nobody waits for it), for pack.sqlite3 too.
-        now = time.monotonic()
-        if now - conn.session_settings.get('checkpointed', 0) >= PACK_CHECKPOINT_EVERY:
+        # _set_commit_durability).  The pack does it itself, each time it
+        # has just synced the log (FORGET_EVERY), where it holds no lock
+        # (PASSIVE: it waits for nobody and nobody waits for it), for
+        # pack.sqlite3 too.
+        if forgot:
             conn.raw.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
-            conn.session_settings['checkpointed'] = now
+        return forgot
 
     def pair_pack_tables(self, conn):
         # pack.sqlite3 holds what the analyses found in the main file; a

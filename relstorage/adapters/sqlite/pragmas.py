@@ -16,6 +16,7 @@ INT = 'an integer'
 TEXT = 'a string'
 
 _BOOL_WORDS = ('on', 'off', 'true', 'false', 'yes', 'no', '1', '0')
+_ON_WORDS = ('on', 'true', 'yes', '1')
 
 PRAGMAS = {
     'analysis_limit': INT,
@@ -115,3 +116,8 @@ def pragma_statement(name, value):
     if name in _QUOTED or PRAGMAS[name] == TEXT:
         text = "'%s'" % text.replace("'", "''")
     return 'PRAGMA %s = %s' % (name, text)
+
+
+def pragma_is_on(value):
+    """Is a boolean pragma's value, as <pragmas> gives it (or None), on?"""
+    return str(value).strip().lower() in _ON_WORDS
