@@ -21,6 +21,7 @@ from ..interfaces import UnableToLockRowsError
 from ..interfaces import describe_oids
 from ..options import Options
 from .connections import DBConnection
+from .connections import as_bytes as _bytes
 from .servers import ServerChooser
 from .sessions import SessionPool
 from .packing import PackVerbs
@@ -964,12 +965,6 @@ def lock_runs(oids, read_current_oids):
         else:
             runs.append((exclusive, [oid]))
     return runs
-
-
-def _bytes(value):
-    if value is None or isinstance(value, bytes):
-        return value
-    return bytes(value)
 
 
 def _one_line(exc):

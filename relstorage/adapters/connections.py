@@ -20,6 +20,13 @@ import weakref
 log = logging.getLogger(__name__)
 
 
+def as_bytes(value):
+    """A binary column's value as bytes (drivers may give a memoryview)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return bytes(value)
+
+
 def _close_driver(raw, cursor):
     for obj in (cursor, raw):
         try:

@@ -6,12 +6,59 @@ in ``object_ref``, reachability in temporary tables expanded by
 The client holds one batch of rows at a time.
 """
 import logging
+import struct
 import time
+
+from .connections import as_bytes
 
 log = logging.getLogger(__name__)
 
 #: Greater than every tid: "all revisions" as a ``below`` bound.
 ALL_REVISIONS = (1 << 63) - 1
+
+
+class PackRemovals:
+    """What pack deletion batches removed, as pack_removed_list keeps it:
+    ``garbage``, the 8-byte OIDs (big-endian, ZODB's own form) of objects
+    removed entirely, end to end; ``trimmed``, 16 bytes per object whose
+    older revisions went: its OID, then the tid below which they did.
+    Every other process reads these lists at its next poll, as fast as
+    the pack deletes: one value per batch, not a row per object (2,000 to
+    3,000 rows a poll were a writer's main cost during a SQLite pack)."""
+
+    __slots__ = ('garbage', 'trimmed')
+
+    def __init__(self, garbage=b'', trimmed=b''):
+        self.garbage = garbage
+        self.trimmed = trimmed
+
+    @classmethod
+    def of(cls, removed, trimmed):
+        """From OIDs (ints) removed and (oid, below) pairs trimmed."""
+        flat = [value for pair in trimmed for value in pair]
+        return cls(struct.pack('>%dQ' % len(removed), *removed),
+                   struct.pack('>%dQ' % len(flat), *flat))
+
+    @classmethod
+    def joined(cls, lists):
+        lists = list(lists)
+        return cls(b''.join(g for g, _ in lists), b''.join(t for _, t in lists))
+
+    def garbage_oids(self):
+        """The OIDs removed entirely, as bytes."""
+        g = self.garbage
+        return [g[i:i + 8] for i in range(0, len(g), 8)]
+
+    def garbage_ints(self):
+        return struct.unpack('>%dQ' % (len(self.garbage) // 8), self.garbage)
+
+    def trimmed_pairs(self):
+        """(oid, below) of the objects trimmed."""
+        flat = struct.unpack('>%dQ' % (len(self.trimmed) // 8), self.trimmed)
+        return list(zip(flat[0::2], flat[1::2]))
+
+    def __len__(self):
+        return len(self.garbage) // 8 + len(self.trimmed) // 16
 
 
 def next_step_size(size, seconds, target, low=50, high=20000):
@@ -583,9 +630,9 @@ class PackVerbs:
     # --- deletion -----------------------------------------------------------
 
     def delete_pack_batch(self, conn, after_oid, limit, mark=None):
-        """Delete the next ``limit`` candidates after ``after_oid``; with a
-        ``mark`` callable, log them in pack_removed under the mark it
-        returns (called only when there is something to delete).
+        """Delete the next ``limit`` candidates after ``after_oid``; a
+        ``mark`` callable is called first when there is something to
+        delete (it moves the pack mark on: see new_removal_mark).
 
         Returns (rows, revisions, objects, blobs): rows are (oid, below,
         garbage) of the batch, empty when nothing is left."""
@@ -609,7 +656,7 @@ class PackVerbs:
         objects, blobs).  See delete_pack_batch for ``mark``."""
         sql = self.sql
         if mark is not None:
-            conn.execute(self.q(sql.PACK_REMOVED_LOG), (mark(),))
+            mark()
         blobs = 0
         if self.has_blob_chunk:
             blobs = conn.query_value(self.q(sql.PACK_BATCH_BLOBS)) or 0
@@ -671,11 +718,18 @@ class PackVerbs:
     # --- what other processes drop from their caches ---------------------
 
     def new_removal_mark(self, conn):
-        """Move the pack mark on for a deletion batch (in its transaction)
-        and say that the batch logs its removals under it; returns it."""
-        mark = self.bump_pack_mark(conn)
-        conn.execute(self.q(self.sql.PACK_REMOVED_WRITTEN), (mark,))
-        return mark
+        """Move the pack mark on for a deletion batch (in its transaction);
+        returns it.  The batch then lists what it removed under it
+        (log_pack_removals), in the same transaction."""
+        return self.bump_pack_mark(conn)
+
+    def log_pack_removals(self, conn, mark, removed, trimmed):
+        """List, under the deletion batch's ``mark``, the OIDs it removed
+        and the (oid, below) of the objects it trimmed (in its
+        transaction: whoever sees the deletions sees the list)."""
+        lists = PackRemovals.of(removed, trimmed)
+        conn.execute(self.q(self.sql.PACK_REMOVED_LOG),
+                     (mark, self.binary(lists.garbage), self.binary(lists.trimmed)))
 
     def clear_pack_removals(self, conn):
         """Forget the removal lists of earlier packs (a process that did
@@ -685,23 +739,23 @@ class PackVerbs:
     _pack_removed_exists = False
 
     def pack_removals(self, conn, after_mark, upto_mark):
-        """(oid, below) of what the deletion batches with marks in
-        (after_mark, upto_mark] removed: the revisions of oid older than
-        below (ALL_REVISIONS: the whole object), as the snapshot of
-        ``conn`` shows them.  None when some mark of the range has no list
-        (zap_all, or a list already emptied): anything may be gone."""
+        """What the deletion batches with marks in (after_mark, upto_mark]
+        removed (PackRemovals), as the snapshot of ``conn`` shows them.
+        None when some mark of the range has no list (zap_all, a list
+        already emptied, or a batch of a pack of an earlier version,
+        which listed elsewhere): anything may be gone."""
         if upto_mark <= after_mark:
-            return []
+            return PackRemovals()
         if not self._pack_removed_exists:
             # Asked only when the mark moved; the first pack creates the
             # table, and zap_all moves the mark without it.
-            if 'pack_removed' not in self.list_tables(conn):
+            if 'pack_removed_list' not in self.list_tables(conn):
                 return None
             self._pack_removed_exists = True
-        written = conn.query_value(self.q(self.sql.PACK_REMOVED_MARKS), (after_mark, upto_mark))
-        if written != upto_mark - after_mark:
+        rows = conn.query_all(self.q(self.sql.PACK_REMOVED_GET), (after_mark, upto_mark))
+        if len(rows) != upto_mark - after_mark:
             return None
-        return conn.query_all(self.q(self.sql.PACK_REMOVED_GET), (after_mark, upto_mark))
+        return PackRemovals.joined((as_bytes(g) or b'', as_bytes(t) or b'') for g, t in rows)
 
     def any_garbage_candidate(self, conn, oids):
         """Is one of ``oids`` still a garbage candidate of the pack?"""

@@ -15,7 +15,7 @@ Tables (both modes):
                      counter every pack deletion batch (and zap_all)
                      increments, so that other processes learn, with the
                      same query, that cached revisions and objects may be
-                     gone; ``pack_removed`` says which.
+                     gone; ``pack_removed_list`` says which.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
@@ -41,13 +41,16 @@ Pack tables, created by the first pack (see storage/pack.py):
 ``pack_object``      the pre-pack's result: objects whose revisions older
                      than ``keep_tid`` go, and (``garbage`` = 1) objects that
                      go entirely.
-``pack_removed``     (mark, zoid, below): what the deletion batch that set
-                     the pack mark to ``mark`` removed: the revisions of
-                     ``zoid`` older than ``below`` (all of them for a
-                     garbage object).  Row (mark, -1, 0) says the batch
-                     wrote its list; a mark without it (zap_all, or rows of
-                     an earlier pack already emptied) means "anything may
-                     be gone".
+``pack_removed_list`` (mark, garbage, trimmed): what the deletion batch that
+                     set the pack mark to ``mark`` removed, one row per
+                     batch (adapters/packing.py PackRemovals): the OIDs of
+                     objects removed entirely, and (OID, tid) of objects
+                     whose revisions older than that tid went.  A mark
+                     without a row (zap_all, lists of an earlier pack
+                     already emptied, or a batch of an earlier version,
+                     which listed a row per object in ``pack_removed``,
+                     left to the processes of that version) means
+                     "anything may be gone".
 ``pack_seed``        (zoid): where new garbage may be since the last
                      reachability: what history-free analyses since found
                      (targets of references a new revision dropped,
@@ -365,7 +368,8 @@ class Statements:
     #: The pack's permanent tables (created by the first pack): emptied by
     #: zap_all too, or a later pack would trust references recorded for
     #: the old history (pack_info's refs_tid) and skip new revisions.
-    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_removed', 'pack_seed')
+    ZAP_PACK_TABLES = ('object_ref', 'pack_object', 'pack_info', 'pack_removed_list',
+                       'pack_removed', 'pack_seed')
     #: Whether object_ref may lose its rows without pack_info losing
     #: refs_tid (PostgreSQL: an UNLOGGED table, emptied by crash recovery).
     PACK_REFS_MAY_VANISH = False
@@ -759,18 +763,13 @@ class Statements:
         DELETE FROM current_object
         WHERE zoid IN (SELECT zoid FROM temp_pack_batch WHERE garbage = 1)
     """
-    # The removal log read by other processes (see pack_removed above).
+    # The removal lists read by other processes (see pack_removed_list above).
     PACK_REMOVED_LOG = """
-        INSERT INTO pack_removed (mark, zoid, below)
-        SELECT %s, zoid, below FROM temp_pack_batch
+        INSERT INTO pack_removed_list (mark, garbage, trimmed) VALUES (%s, %s, %s)
     """
-    PACK_REMOVED_WRITTEN = "INSERT INTO pack_removed (mark, zoid, below) VALUES (%s, -1, 0)"
-    PACK_REMOVED_CLEAR = "DELETE FROM pack_removed"
-    PACK_REMOVED_MARKS = """
-        SELECT COUNT(*) FROM pack_removed WHERE zoid = -1 AND mark > %s AND mark <= %s
-    """
+    PACK_REMOVED_CLEAR = "DELETE FROM pack_removed_list"
     PACK_REMOVED_GET = """
-        SELECT zoid, below FROM pack_removed WHERE mark > %s AND mark <= %s AND zoid >= 0
+        SELECT garbage, trimmed FROM pack_removed_list WHERE mark > %s AND mark <= %s
     """
     PACK_ANY_GARBAGE = "SELECT zoid FROM pack_object WHERE garbage = 1 AND zoid IN ({in_list})"
 

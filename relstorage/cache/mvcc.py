@@ -94,6 +94,14 @@ class ChangeIndex:
             self._reset_log()
             self._known.clear()
 
+    def among(self, oids):
+        """Those of ``oids`` this index says anything about (set
+        operations: a pack lists every object it removed, and most were
+        never read here)."""
+        oids = set(oids)
+        with self._lock:
+            return (self._known.keys() & oids) | (self._changes.keys() & oids)
+
     def forget(self, removed):
         """A pack removed, for each (oid, below) of ``removed``, the
         revisions of oid older than tid ``below``: forget what says one of

@@ -21,6 +21,7 @@ import re
 import threading
 import time
 
+from ..adapters.packing import ALL_REVISIONS
 from ..directories import ensure_directory
 from .local import LocalStateCache
 from .shared import HOT_MAX
@@ -498,10 +499,13 @@ class StorageCache:
         return rows
 
     def forget_removed(self, removed):
-        """``removed``: (oid, below) pairs, the revisions of oid older than
-        tid ``below`` that a pack removed: the index no longer says they
-        are current, and the local cache drops their states."""
-        for oid, tid in self.index.forget(removed):
+        """``removed`` (adapters/packing.py PackRemovals): the objects a
+        pack removed, and the revisions older than a tid it removed of
+        others: the index no longer says they are current, and the local
+        cache drops their states."""
+        pairs = [(oid, ALL_REVISIONS) for oid in self.index.among(removed.garbage_ints())]
+        pairs.extend(removed.trimmed_pairs())
+        for oid, tid in self.index.forget(pairs):
             self.local.discard(oid, tid)
 
     def zapped(self, mark, old_last):

@@ -21,7 +21,7 @@ Two phases (docs/pack.rst tells the user's side):
    other candidates), and the batch is redone.  Where the commit lock is
    the database's write lock (SQLite) the batch holds it throughout and
    is kept short.  The batch moves the pack mark on and lists what it
-   removed in ``pack_removed``, so other processes forget only that.
+   removed in ``pack_removed_list``, so other processes forget only that.
    Between batches the pack sleeps per ``pack-duty-cycle``.  Blob files go
    after the batch that removed their rows has committed.
 
@@ -587,6 +587,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     conn.commit()
                     checked = last
                     continue
+                batch.log(adapter, conn)
                 adapter.set_pack_info(conn, checked_tid=last)
                 conn.commit()
             except _LockBusy:
@@ -691,11 +692,16 @@ class _Batch:
 
     def _mark(self, adapter, conn):
         # In the batch's transaction: whoever sees its deletions sees the
-        # new pack mark, and in pack_removed the list of what went, so
+        # new pack mark, and under it the list of what went (log), so
         # other processes drop only that from their caches.
         if self.mark is None:
             self.mark = adapter.new_removal_mark(conn)
         return self.mark
+
+    def log(self, adapter, conn):
+        """List what the batch removed under its mark (before its commit)."""
+        if self.mark is not None:
+            adapter.log_pack_removals(conn, self.mark, self.removed, self.trimmed)
 
     def delete_part(self, adapter, conn, after_oid, size):
         """Delete the next ``size`` candidates; False when none is left."""

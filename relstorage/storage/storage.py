@@ -51,7 +51,6 @@ from ZODB.interfaces import IStorageUndoable
 from ZODB.utils import p64
 from ZODB.utils import u64
 
-from ..adapters.packing import ALL_REVISIONS
 from ..blobs import make_blobs
 from ..cache.storage_cache import StorageCache
 from ..interfaces import DisconnectedError
@@ -372,7 +371,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _pack_removals(self, conn, after_mark, upto_mark):
         """OIDs (bytes) the pack batches of marks (after_mark, upto_mark]
-        removed, or None when anything may be gone (see pack_removed in
+        removed, or None when anything may be gone (see pack_removed_list in
         adapters/sql.py)."""
         if upto_mark < after_mark:
             return None
@@ -381,7 +380,7 @@ class RelStorage(ConflictResolvingStorage):
             lambda after, upto: self._adapter.pack_removals(conn, after, upto))
         if rows is None:
             return None
-        return [_oid_bytes(oid) for oid, below in rows if below == ALL_REVISIONS]
+        return rows.garbage_oids()
 
     def sync(self, force=True):
         with self._lock:

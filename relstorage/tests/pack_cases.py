@@ -752,6 +752,41 @@ class PackCostTests(PackCase):
         self.assertEqual(cache.db_loads - loads, loads_of_drop)
         tm.abort()
 
+    def test_removal_lists_say_what_went(self):
+        # One list per deletion batch, not a row per object (every other
+        # process reads them as fast as the pack deletes): the OIDs it
+        # removed and, history-preserving, the objects whose older
+        # revisions it removed, with the tid of the revision kept.
+        db = self.db()
+        child_oid = self.populate(db)
+        with db.transaction() as conn:
+            keep_oid = conn.root()['keep']._p_oid
+        report = db.storage.run_pack(time.time() + 1, referencesf)
+        _state, keep_tid = db.storage.load(keep_oid)
+        adapter = db.storage.adapter
+        conn = adapter.open_load()
+        try:
+            adapter.begin_snapshot(conn)
+            _last, mark = adapter.snapshot_marks(conn)
+            listed = conn.query_value('SELECT COUNT(*) FROM pack_removed_list')
+            self.assertEqual(listed, report.batches)
+            lists = adapter.pack_removals(conn, mark - listed, mark)
+            # A mark without a list (zap_all; a batch of an earlier
+            # version): anything may be gone.
+            self.assertIsNone(adapter.pack_removals(conn, mark - listed, mark + 1))
+        finally:
+            conn.rollback()
+            conn.close()
+        garbage = lists.garbage_oids()
+        self.assertEqual(len(garbage), 2)       # 'drop' and 'child'
+        self.assertIn(child_oid, garbage)
+        if self.keep_history:
+            trimmed = dict(lists.trimmed_pairs())
+            self.assertEqual(trimmed[u64(keep_oid)], u64(keep_tid))
+            self.assertIn(0, trimmed)           # the root
+        else:
+            self.assertEqual(lists.trimmed_pairs(), [])
+
     def test_zap_all_still_invalidates_everything(self):
         db = self.db()
         with db.transaction() as conn:

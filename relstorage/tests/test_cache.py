@@ -24,6 +24,8 @@ from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
 
+from relstorage.adapters.packing import ALL_REVISIONS
+from relstorage.adapters.packing import PackRemovals
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.cache.local import LocalStateCache
 from relstorage.cache.mvcc import ChangeIndex
@@ -126,6 +128,20 @@ class LocalStateCacheTests(unittest.TestCase):
             self.assertRegex(text, r'^[A-Za-z0-9._-]+$')
 
 
+class PackRemovalsTests(unittest.TestCase):
+
+    def test_lists_round_trip(self):
+        one = PackRemovals.of([1, 2 ** 62], [(3, 40)])
+        two = PackRemovals.of([5], [])
+        both = PackRemovals.joined([(one.garbage, one.trimmed), (two.garbage, two.trimmed)])
+        self.assertEqual(both.garbage_oids(), [p64(1), p64(2 ** 62), p64(5)])
+        self.assertEqual(both.garbage_ints(), (1, 2 ** 62, 5))
+        self.assertEqual(both.trimmed_pairs(), [(3, 40)])
+        self.assertEqual(len(both), 4)
+        empty = PackRemovals()
+        self.assertEqual((empty.garbage_oids(), empty.trimmed_pairs(), len(empty)), ([], [], 0))
+
+
 class History:
     """A database's history, as the poll and load statements see it."""
 
@@ -185,6 +201,22 @@ class ChangeIndexTests(unittest.TestCase):
         self.assertEqual(index.tid_at(1, 20), 10)
         self.assertEqual(index.tid_at(2, 20), 20)
         self.assertIsNone(index.tid_at(3, 20))        # never seen: unknown
+
+    def test_among_is_what_the_index_knows_of(self):
+        # A pack lists every object it removed; the index is asked only
+        # about those it knows of (checked, or in the change log).
+        history = History()
+        index = ChangeIndex(1000)
+        index.poll(None, 0, history.poll)
+        history.commit(10, [1, 2])
+        index.poll(0, 10, history.poll)
+        index.record(7, 5, 10)
+        self.assertEqual(index.among(range(0, 100)), {1, 2, 7})
+        self.assertEqual(index.among([3, 4]), set())
+        self.assertEqual(sorted(index.forget([(oid, ALL_REVISIONS) for oid in index.among([2, 7, 9])])),
+                         [(2, 10), (7, 5)])
+        self.assertIsNone(index.tid_at(2, 10))
+        self.assertEqual(index.tid_at(1, 10), 10)
 
     def test_snapshot_inside_a_segment(self):
         history = History()
@@ -683,7 +715,7 @@ class HistoryFreeSnapshotIsolationTests(SnapshotIsolationTests):
 def _test_suite():
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
-    for case in (LocalStateCacheTests, ChangeIndexTests, SnapshotIsolationTests,
+    for case in (LocalStateCacheTests, PackRemovalsTests, ChangeIndexTests, SnapshotIsolationTests,
                  HistoryFreeSnapshotIsolationTests):
         suite.addTest(loader.loadTestsFromTestCase(case))
     return suite

@@ -372,6 +372,7 @@ def drive_every_verb(adapter, recorder):
     adapter.any_garbage_candidate(conn, {3, 4})
     adapter.clear_pack_removals(conn)
     adapter.delete_pack_batch(conn, 0, 100, mark=lambda: adapter.new_removal_mark(conn))
+    adapter.log_pack_removals(conn, 1, [3], [(4, 150)])
     adapter.forget_deleted(conn)          # (nothing: the batch did it)
     adapter.pack_removals(conn, 0, 1)
     adapter.finish_pack(conn, 150)
@@ -883,7 +884,7 @@ class ErrorTests(unittest.TestCase):
         created = sorted(re.match(r'CREATE (?:GLOBAL TEMPORARY )?(?:TABLE|INDEX) (\w+)',
                                   stmt).group(1)
                          for stmt, _, _ in recorder.calls if stmt.startswith('CREATE'))
-        self.assertEqual(created, ['pack_info', 'pack_object', 'pack_removed', 'pack_seed',
+        self.assertEqual(created, ['pack_info', 'pack_object', 'pack_removed_list', 'pack_seed',
                                    'temp_pack_batch', 'temp_pack_current', 'temp_pack_dom',
                                    'temp_pack_frontier', 'temp_pack_next', 'temp_pack_seed'])
 

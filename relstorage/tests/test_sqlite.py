@@ -530,7 +530,7 @@ class SqlitePackFileTests(unittest.TestCase):
         self.assert_gone(*second)
         self.assert_reachable_load()
         self.assertFalse(self.main_tables() & set(sql.PACK_APART_TABLES))
-        self.assertIn('pack_removed', self.main_tables())
+        self.assertIn('pack_removed_list', self.main_tables())
         self.assertGreaterEqual(self.pack_db('SELECT COUNT(*) FROM object_ref')[0][0], refs)
 
     def test_main_file_restored_alone_does_not_use_the_pack_file(self):

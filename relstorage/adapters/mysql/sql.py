@@ -193,8 +193,8 @@ OID_PRUNE_EVERY = 16
 
 #: Tables RelStorage owns (dropped by drop_all).
 ALL_TABLES = ('commit_lock', 'new_oid', 'transaction_log', 'current_object',
-              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info', 'pack_removed',
-              'pack_seed')
+              'object_state', 'blob_chunk', 'object_ref', 'pack_object', 'pack_info',
+              'pack_removed_list', 'pack_removed', 'pack_seed')
 
 PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS object_ref (
@@ -216,11 +216,10 @@ PACK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS pack_seed (
         zoid BIGINT NOT NULL PRIMARY KEY
     ) ENGINE = InnoDB""",
-    """CREATE TABLE IF NOT EXISTS pack_removed (
-        mark BIGINT NOT NULL,
-        zoid BIGINT NOT NULL,
-        below BIGINT NOT NULL,
-        PRIMARY KEY (mark, zoid)
+    """CREATE TABLE IF NOT EXISTS pack_removed_list (
+        mark BIGINT NOT NULL PRIMARY KEY,
+        garbage LONGBLOB NOT NULL,
+        trimmed LONGBLOB NOT NULL
     ) ENGINE = InnoDB""",
 )
 

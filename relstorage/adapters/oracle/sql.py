@@ -351,12 +351,12 @@ PACK_TABLES = {
     'pack_seed': (
         "CREATE TABLE pack_seed (zoid NUMBER(20) NOT NULL PRIMARY KEY)",
     ),
-    'pack_removed': (
-        """CREATE TABLE pack_removed (
-            mark NUMBER(20) NOT NULL,
-            zoid NUMBER(20) NOT NULL,
-            below NUMBER(20) NOT NULL,
-            PRIMARY KEY (mark, zoid)
+    'pack_removed_list': (
+        # (Nullable: Oracle stores an empty BLOB as NULL.)
+        """CREATE TABLE pack_removed_list (
+            mark NUMBER(20) NOT NULL PRIMARY KEY,
+            garbage BLOB,
+            trimmed BLOB
         )""",
     ),
 }
@@ -397,7 +397,8 @@ PACK_TEMP_TABLES = {
 #: Every table RelStorage owns, in an order that can be dropped.
 ALL_TABLES = ('blob_chunk', 'current_object', 'transaction_log', 'object_state',
               'commit_lock', 'temp_store', 'temp_blob_chunk') \
-    + tuple(PACK_TABLES) + tuple(PACK_TEMP_TABLES)
+    + tuple(PACK_TABLES) + tuple(PACK_TEMP_TABLES) \
+    + ('pack_removed',)     # (the removal lists of earlier versions)
 SEQUENCES = ('zoid_seq',)
 
 

@@ -289,11 +289,10 @@ PACK_SCHEMA = (
     # Logged: what it says is not derived from other tables (a few rows
     # per changed object, until the next pack).
     "CREATE TABLE IF NOT EXISTS pack_seed (zoid BIGINT PRIMARY KEY)",
-    """CREATE TABLE IF NOT EXISTS pack_removed (
-        mark BIGINT NOT NULL,
-        zoid BIGINT NOT NULL,
-        below BIGINT NOT NULL,
-        PRIMARY KEY (mark, zoid)
+    """CREATE TABLE IF NOT EXISTS pack_removed_list (
+        mark BIGINT PRIMARY KEY,
+        garbage BYTEA NOT NULL,
+        trimmed BYTEA NOT NULL
     )""",
 )
 
@@ -313,6 +312,7 @@ PACK_TEMP_TABLES = {
 
 DROP_ALL = (
     "DROP TABLE IF EXISTS blob_chunk, current_object, transaction_log, object_state, "
-    "commit_lock, object_ref, pack_object, pack_info, pack_removed, pack_seed CASCADE",
+    "commit_lock, object_ref, pack_object, pack_info, pack_removed_list, pack_removed, "
+    "pack_seed CASCADE",
     "DROP SEQUENCE IF EXISTS zoid_seq",
 )

@@ -89,18 +89,17 @@ PACK_APART_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pack.pack_seed (zoid INTEGER PRIMARY KEY)",
 )
 
-#: In the main file: pack_removed, which the deletion batches write in the
-#: transaction that deletes (other processes read it with the rows gone,
-#: see PackVerbs.pack_removals), and pack_pairing, the token that says
-#: which pack.sqlite3 goes with this main file (Sqlite3Adapter.
+#: In the main file: pack_removed_list, which the deletion batches write in
+#: the transaction that deletes (other processes read it with the rows
+#: gone, see PackVerbs.pack_removals), and pack_pairing, the token that
+#: says which pack.sqlite3 goes with this main file (Sqlite3Adapter.
 #: pair_pack_tables).
 PACK_MAIN_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS pack_removed (
-        mark INTEGER NOT NULL,
-        zoid INTEGER NOT NULL,
-        below INTEGER NOT NULL,
-        PRIMARY KEY (mark, zoid)
-    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS pack_removed_list (
+        mark INTEGER PRIMARY KEY,
+        garbage BLOB NOT NULL,
+        trimmed BLOB NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS pack_pairing (
         id INTEGER PRIMARY KEY,
         token INTEGER NOT NULL
