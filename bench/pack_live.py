@@ -290,6 +290,23 @@ def run_zodbpack(config):
             'summary': (out.strip() or err.strip()).splitlines()[-1:] }
 
 
+def pack_phases(summary, pack_start, pack_end):
+    """(name, start, end) of the phases of a pack, from our zodbpack's
+    summary line (which gives their durations; 4.3's does not): placed
+    back from the pack's end, so the process's start-up counts in the
+    first."""
+    found = re.search(r'analysis ([0-9.]+)s, reachability ([0-9.]+)s.*deletion ([0-9.]+)s',
+                      ' '.join(summary))
+    if not found:
+        return []
+    analysis, reach, deletion = map(float, found.groups())
+    deletion_start = pack_end - deletion
+    reach_start = deletion_start - reach
+    return [('analysis', pack_start, reach_start),
+            ('reachability', reach_start, deletion_start),
+            ('deletion', deletion_start, pack_end)]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.pack_live')
     parser.add_argument('--target', default='sqlite', help='sqlite, pg or mariadb')
@@ -350,6 +367,8 @@ def main(argv=None):
         print('               %s' % second['summary'])
         print('  third pack:  %.1fs (nothing new)' % third['seconds'])
         print('               %s' % third['summary'])
+        for name, start, end in pack_phases(first['summary'], pack_start, pack_end):
+            print('  writer during the %s: %s' % (name, writer.stats(start, end)))
         samples = os.environ.get('RS_PACK_LIVE_SAMPLES')
         if samples:
             # The writer's commits, to see which phase of the pack the
