@@ -735,6 +735,11 @@ class PackVerbs:
         """Forget the removal lists of earlier packs (a process that did
         not read them yet drops its whole cache instead)."""
         conn.execute(self.q(self.sql.PACK_REMOVED_CLEAR))
+        if 'pack_removed' in self.list_tables(conn):
+            # Where development builds of 5.0 listed a row per object;
+            # emptied, not dropped: their processes may still read it
+            # (they find no list, and drop their whole cache).
+            conn.execute('DELETE FROM pack_removed')
 
     _pack_removed_exists = False
 
@@ -742,7 +747,7 @@ class PackVerbs:
         """What the deletion batches with marks in (after_mark, upto_mark]
         removed (PackRemovals), as the snapshot of ``conn`` shows them.
         None when some mark of the range has no list (zap_all, a list
-        already emptied, or a batch of a pack of an earlier version,
+        already emptied, or a batch of a development build of 5.0,
         which listed elsewhere): anything may be gone."""
         if upto_mark <= after_mark:
             return PackRemovals()

@@ -47,9 +47,9 @@ Pack tables, created by the first pack (see storage/pack.py):
                      objects removed entirely, and (OID, tid) of objects
                      whose revisions older than that tid went.  A mark
                      without a row (zap_all, lists of an earlier pack
-                     already emptied, or a batch of an earlier version,
-                     which listed a row per object in ``pack_removed``,
-                     left to the processes of that version) means
+                     already emptied, or a batch of a development build
+                     of 5.0, which listed a row per object in
+                     ``pack_removed``, now emptied by each pack) means
                      "anything may be gone".
 ``pack_seed``        (zoid): where new garbage may be since the last
                      reachability: what history-free analyses since found

@@ -41,6 +41,8 @@ from bisect import bisect_left
 from bisect import bisect_right
 from bisect import insort
 
+from ..adapters.packing import ALL_REVISIONS
+
 log = logging.getLogger(__name__)
 
 
@@ -102,14 +104,18 @@ class ChangeIndex:
         with self._lock:
             return (self._known.keys() & oids) | (self._changes.keys() & oids)
 
-    def forget(self, removed):
+    def forget(self, removed, garbage=()):
         """A pack removed, for each (oid, below) of ``removed``, the
-        revisions of oid older than tid ``below``: forget what says one of
-        them is current.  Returns the (oid, tid) pairs forgotten."""
+        revisions of oid older than tid ``below``, and every revision of
+        the objects ``garbage`` lists: forget what says one of them is
+        current.  Returns the (oid, tid) pairs forgotten."""
         gone = []
         with self._lock:
             known = self._known
             changes = self._changes
+            # (Under the same lock: an instance in an older snapshot may
+            # record one of them meanwhile.)
+            removed = [(oid, ALL_REVISIONS) for oid in self.among(garbage)] + list(removed)
             for oid, below in removed:
                 entry = known.get(oid)
                 if entry is not None and entry[0] < below:

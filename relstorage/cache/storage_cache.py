@@ -21,7 +21,6 @@ import re
 import threading
 import time
 
-from ..adapters.packing import ALL_REVISIONS
 from ..directories import ensure_directory
 from .local import LocalStateCache
 from .shared import HOT_MAX
@@ -503,9 +502,7 @@ class StorageCache:
         pack removed, and the revisions older than a tid it removed of
         others: the index no longer says they are current, and the local
         cache drops their states."""
-        pairs = [(oid, ALL_REVISIONS) for oid in self.index.among(removed.garbage_ints())]
-        pairs.extend(removed.trimmed_pairs())
-        for oid, tid in self.index.forget(pairs):
+        for oid, tid in self.index.forget(removed.trimmed_pairs(), removed.garbage_ints()):
             self.local.discard(oid, tid)
 
     def zapped(self, mark, old_last):

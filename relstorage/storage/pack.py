@@ -628,7 +628,8 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 # pack.  Left there, they would go with the next commit's
                 # fsync, which holds the lock every commit waits for (a
                 # SQLite writer's p99 during the deletion: 8.4 ms with
-                # that, 5.9 without).
+                # that, 5.9 without).  In the pause: on a disk whose fsync
+                # is slow, the pack is slower for it, not the site.
                 adapter.sync_deleted(conn)
             adapter.forget_deleted(conn)
             # After the commit: a display (or a test) sees a finished batch.

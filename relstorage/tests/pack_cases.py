@@ -787,6 +787,33 @@ class PackCostTests(PackCase):
         else:
             self.assertEqual(lists.trimmed_pairs(), [])
 
+    def test_removal_table_of_development_builds_is_emptied(self):
+        # Development builds of 5.0 listed a row per removed object in
+        # pack_removed; nothing reads it now, and it is emptied (their
+        # processes may still query it) rather than left to grow.
+        db = self.db()
+        child_oid = self.populate(db)
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_store()
+        try:
+            adapter.begin_store(conn)
+            conn.execute('CREATE TABLE pack_removed (mark BIGINT NOT NULL, zoid BIGINT NOT NULL, '
+                         'below BIGINT NOT NULL, PRIMARY KEY (mark, zoid))')
+            conn.execute('INSERT INTO pack_removed (mark, zoid, below) VALUES (1, 5, 0)')
+            conn.commit()
+        finally:
+            conn.close()
+            adapter.close()
+        db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertFalse(self.exists(child_oid))
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_load()
+        try:
+            self.assertEqual(conn.query_value('SELECT COUNT(*) FROM pack_removed'), 0)
+        finally:
+            conn.close()
+            adapter.close()
+
     def test_zap_all_still_invalidates_everything(self):
         db = self.db()
         with db.transaction() as conn:

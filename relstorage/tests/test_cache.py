@@ -24,7 +24,6 @@ from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
 
-from relstorage.adapters.packing import ALL_REVISIONS
 from relstorage.adapters.packing import PackRemovals
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.cache.local import LocalStateCache
@@ -213,10 +212,28 @@ class ChangeIndexTests(unittest.TestCase):
         index.record(7, 5, 10)
         self.assertEqual(index.among(range(0, 100)), {1, 2, 7})
         self.assertEqual(index.among([3, 4]), set())
-        self.assertEqual(sorted(index.forget([(oid, ALL_REVISIONS) for oid in index.among([2, 7, 9])])),
-                         [(2, 10), (7, 5)])
+        self.assertEqual(sorted(index.forget([], garbage=[2, 7, 9])), [(2, 10), (7, 5)])
         self.assertIsNone(index.tid_at(2, 10))
         self.assertEqual(index.tid_at(1, 10), 10)
+
+    def test_forget_trimmed_revisions_keeps_the_current_one(self):
+        # History-preserving: a pack removed the revisions of 1 older
+        # than 20 (the one current at the pack time).
+        history = History()
+        index = ChangeIndex(1000)
+        index.poll(None, 0, history.poll)
+        history.commit(10, [1])
+        index.poll(0, 10, history.poll)
+        history.commit(20, [1])
+        index.poll(10, 20, history.poll)
+        index.record(2, 5, 20)
+        self.assertEqual(index.forget([(1, 20), (2, 20)]), [(1, 10), (2, 5)])
+        self.assertEqual(index.tid_at(1, 20), 20)
+        self.assertIsNone(index.tid_at(2, 20))
+        # A revision at or after ``below`` stays.
+        index.record(3, 30, 30)
+        self.assertEqual(index.forget([(3, 30)]), [])
+        self.assertEqual(index.tid_at(3, 30), 30)
 
     def test_snapshot_inside_a_segment(self):
         history = History()
