@@ -180,6 +180,20 @@ class History:
 
 class ChangeIndexTests(unittest.TestCase):
 
+    @staticmethod
+    def polled(*commits):
+        """(history, index): an index that polled after each (tid, oids)
+        of ``commits`` was committed."""
+        history = History()
+        index = ChangeIndex(1000)
+        index.poll(None, 0, history.poll)
+        previous = 0
+        for tid, oids in commits:
+            history.commit(tid, oids)
+            index.poll(previous, tid, history.poll)
+            previous = tid
+        return history, index
+
     def test_poll_covered_by_the_log_needs_no_query(self):
         history = History()
         index = ChangeIndex(1000)
@@ -204,11 +218,7 @@ class ChangeIndexTests(unittest.TestCase):
     def test_among_is_what_the_index_knows_of(self):
         # A pack lists every object it removed; the index is asked only
         # about those it knows of (checked, or in the change log).
-        history = History()
-        index = ChangeIndex(1000)
-        index.poll(None, 0, history.poll)
-        history.commit(10, [1, 2])
-        index.poll(0, 10, history.poll)
+        _history, index = self.polled((10, [1, 2]))
         index.record(7, 5, 10)
         self.assertEqual(index.among(range(0, 100)), {1, 2, 7})
         self.assertEqual(index.among([3, 4]), set())
@@ -219,13 +229,7 @@ class ChangeIndexTests(unittest.TestCase):
     def test_forget_trimmed_revisions_keeps_the_current_one(self):
         # History-preserving: a pack removed the revisions of 1 older
         # than 20 (the one current at the pack time).
-        history = History()
-        index = ChangeIndex(1000)
-        index.poll(None, 0, history.poll)
-        history.commit(10, [1])
-        index.poll(0, 10, history.poll)
-        history.commit(20, [1])
-        index.poll(10, 20, history.poll)
+        _history, index = self.polled((10, [1]), (20, [1]))
         index.record(2, 5, 20)
         self.assertEqual(index.forget([(1, 20), (2, 20)]), [(1, 10), (2, 5)])
         self.assertEqual(index.tid_at(1, 20), 20)
@@ -284,11 +288,7 @@ class ChangeIndexTests(unittest.TestCase):
         self.assertIsNone(bare.tid_at(1, 9))
 
     def test_rolled_back_history_is_never_used(self):
-        history = History()
-        index = ChangeIndex(1000)
-        index.poll(None, 0, history.poll)
-        history.commit(10, [1])
-        index.poll(0, 10, history.poll)
+        history, index = self.polled((10, [1]))
         index.record(1, 10, 50)
         # The database is restored to tid 5; snapshots in (5, 50] belonged
         # to the old history.
