@@ -337,6 +337,7 @@ class Converter:
             if dest is None and not args.dry_run:
                 dest = open_storage(dest_factory, 'destination')
                 self._check_strategy(dest)
+                _check_not_same(source, dest)
                 if args.clear:
                     dest = self._clear(dest_factory, dest)
             self.say('Source:      %s' % _name(source))
@@ -537,6 +538,16 @@ class Converter:
         if stats.blobs:
             text += ', %d blobs' % stats.blobs
         self.say(text + ' (%s).' % _duration(stats.elapsed))
+
+
+def _check_not_same(source, dest):
+    """Refuse a destination that is the source itself (--clear would
+    empty it before anything is read)."""
+    if not (copy.is_relstorage(source) and copy.is_relstorage(dest)):
+        return
+    if source.adapter.database_identity() == dest.adapter.database_identity():
+        raise UsageError('the source and the destination are the same database (%s); '
+                         'nothing was written' % _name(dest))
 
 
 def _holds_data(storage):

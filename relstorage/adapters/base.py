@@ -310,6 +310,19 @@ class Adapter(PackVerbs):
     def open_load(self):
         return self.open_connection('load')
 
+    def database_identity(self):
+        """What tells this database apart from every other, as its server
+        names it: two spellings of one address give the same (and, on
+        PostgreSQL, a physical replica of it).  zodbconvert refuses to
+        copy a database onto itself."""
+        conn = self.open_load()
+        try:
+            row = conn.query_one(self.sql.DATABASE_IDENTITY)
+            conn.rollback()
+        finally:
+            conn.close()
+        return (self.vendor,) + tuple(str(value) for value in row)
+
     def open_store(self):
         conn = self.open_connection('store')
         self.ensure_temp_table(conn)

@@ -100,6 +100,9 @@ class Statements:
     # --- snapshot reads -------------------------------------------------
 
     GET_LAST_TID = "SELECT tid FROM commit_lock WHERE id = 0"
+    #: One row naming the database as the server knows it (see
+    #: Adapter.database_identity).
+    DATABASE_IDENTITY = None
     #: Whether an idle session still answers (sessions.py).
     PING = "SELECT 1"
     GET_SNAPSHOT_MARKS = "SELECT id, tid FROM commit_lock WHERE id IN (0, 1)"

@@ -277,6 +277,7 @@ def drive_every_verb(adapter, recorder):
     if not hp:
         recorder.tables -= {'current_object', 'transaction_log'}
     adapter.prepare_schema(create=False)          # verifies only
+    adapter.database_identity()                   # zodbconvert: not onto itself
     load = adapter.open_load()
     adapter.begin_snapshot(load)
     adapter.get_last_tid(load)

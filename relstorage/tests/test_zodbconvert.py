@@ -991,6 +991,37 @@ class TestRefusals(ConvertTestCase):
                                                    '--clear', '--verify'))
         self.assertIn('Clearing', out)
 
+    def test_same_database_refused_before_clearing(self):
+        # A helper agent's check: a config whose source and destination
+        # named one database, run with --clear, emptied it ("Clearing the
+        # destination", then "Nothing to copy").  Also through another
+        # spelling of it (a linked SQLite data-dir, localhost for an
+        # address), the way copied configs drift.
+        for db_class in configured():
+            with self.subTest(db_class.name):
+                src = self.path('s-%s.fs' % db_class.name)
+                make_source(src)
+                db = self.database(db_class)
+                self.assertConverted(self.convert(fs_section('source', src),
+                                                  rs_section('destination', db)))
+                storage = self.open_rs(db)
+                last = storage.lastTransaction()
+                storage.close()
+                other = rs_section('destination', db)
+                if db_class is SqliteDB:
+                    link = db.dir + '-link'
+                    os.symlink(db.dir, link)
+                    other = other.replace(db.dir, link)
+                else:
+                    other = other.replace('127.0.0.1', 'localhost')
+                for dest in (rs_section('destination', db), other):
+                    _, err = self.assertConverted(
+                        self.convert(rs_section('source', db), dest, '--clear'), rc=2)
+                    self.assertIn('the same database', err)
+                    storage = self.open_rs(db)
+                    self.assertEqual(storage.lastTransaction(), last)
+                    storage.close()
+
     def test_clear_needs_relstorage(self):
         src = self.path('s.fs')
         make_source(src)

@@ -46,6 +46,9 @@ class MySQLStatements(Statements):
     #: Appended to a SELECT taking shared row locks.
     SHARE_LOCK_CLAUSE = 'LOCK IN SHARE MODE'
 
+    # (MariaDB has no server_uuid.)
+    DATABASE_IDENTITY = "SELECT @@hostname, @@port, @@datadir, DATABASE()"
+
     def __init__(self, keep_history):
         super().__init__(keep_history)
         self.LOCK_CURRENT_SHARED = self.LOCK_CURRENT_SHARED.replace(

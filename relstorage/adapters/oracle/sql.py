@@ -52,6 +52,12 @@ class OracleStatements(Statements):
     """Statements for one history mode; ``lock_wait`` is the clause that
     bounds row-lock waits (``WAIT n`` or ``NOWAIT``)."""
 
+    DATABASE_IDENTITY = """
+        SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', 'CON_NAME'),
+               SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA')
+        FROM DUAL
+    """
+
     def __init__(self, keep_history, lock_wait='WAIT 30'):
         super().__init__(keep_history)
         for name in ('LOCK_COMMIT', 'LOCK_OBJECTS'):

@@ -37,6 +37,12 @@ class PostgreSQLStatements(Statements):
 
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 
+    # The cluster's identifier is the same on its physical replicas.
+    DATABASE_IDENTITY = """
+        SELECT system_identifier::text, current_database(), current_schema()
+        FROM pg_control_system()
+    """
+
     UPDATE_CURRENT = """
         INSERT INTO current_object (zoid, tid)
         SELECT zoid, %s FROM temp_store

@@ -98,6 +98,11 @@ class Sqlite3Adapter(Adapter):
     def describe(self):
         return 'SQLite database in %s' % self.data_dir
 
+    def database_identity(self):
+        # The main file itself, however the data-dir is spelled or linked.
+        found = os.stat(os.path.join(self.data_dir, MAIN_DB))
+        return (self.vendor, found.st_dev, found.st_ino)
+
     # --- connections ------------------------------------------------------
 
     def connect(self, purpose):
