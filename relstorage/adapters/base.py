@@ -839,6 +839,10 @@ class Adapter(PackVerbs):
     def copy_blob(self, conn, oid, from_tid, to_tid):
         conn.execute(self.q(self.sql.COPY_BLOB), (to_tid, oid, from_tid))
 
+    def any_blob_chunk(self, conn):
+        """Does the database hold the bytes of any blob?"""
+        return self._any(conn, 'blob_chunk')
+
     def blob_chunk_count(self, conn, oid, tid):
         return conn.query_value(self.q(self.sql.BLOB_CHUNK_COUNT), (oid, tid)) or 0
 

@@ -32,6 +32,7 @@ import time
 from ZODB.blob import rename_or_copy_blob
 
 from ..cache.shared import MAX_VALUE
+from ..interfaces import RelStorageError
 from .common import BlobMode
 from .common import _remove
 
@@ -51,6 +52,29 @@ class CachedBlobs(BlobMode):
         self._check_every = (self.cache_size * check // 100) if self.cache_size else None
         self._added = 0
         self._lock = threading.Lock()
+
+    def check_not_shared(self, adapter):
+        """Refuse a blob-dir that holds blob files while the database holds
+        no blob bytes at all: the only copies of those blobs, as a shared
+        blob directory keeps them (RelStorage 4.3's default mode), which
+        this mode would take for a cache and prune (a helper agent's check:
+        a 4.3 configuration without a shared-blob-dir line lost its blobs
+        that way)."""
+        conn = adapter.open_load()
+        try:
+            if adapter.any_blob_chunk(conn):
+                return
+        finally:
+            conn.rollback()
+            conn.close()
+        found = _first_blob_file(self.blob_dir)
+        if found is not None:
+            raise RelStorageError(
+                "blob-dir %s holds blob files (%s), but %s holds no blob data: it looks "
+                "like a shared blob directory, whose files are the only copies. With "
+                "shared-blob-dir false it would be used as a cache and pruned. Set "
+                "shared-blob-dir true to keep using it as it is, or, if it is an old "
+                "cache, empty it." % (self.blob_dir, found, adapter.describe()))
 
     # --- commit -------------------------------------------------------------
 
@@ -175,6 +199,18 @@ class _KeepSmall:
                 self.pieces = None
             else:
                 self.pieces.append(bytes(data))
+
+
+def _first_blob_file(blob_dir):
+    """A ``.blob`` file under ``blob_dir`` (not a temporary one), or None."""
+    for dirpath, dirnames, filenames in os.walk(blob_dir):
+        if dirpath == os.path.join(blob_dir, 'tmp'):
+            dirnames[:] = []
+            continue
+        for name in filenames:
+            if name.endswith('.blob'):
+                return os.path.join(dirpath, name)
+    return None
 
 
 def _touch(path):

@@ -117,6 +117,8 @@ class RelStorage(ConflictResolvingStorage):
                     "The schema at %s has no blob_chunk table, so blobs cannot be kept "
                     "in the database; use shared-blob-dir true or recreate the schema."
                     % adapter.describe())
+            if self._blobs is not None and self._blobs.in_database:
+                self._blobs.check_not_shared(adapter)
         else:
             self._cache = _parent._cache
             self._blobs = _parent._blobs

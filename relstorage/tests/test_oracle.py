@@ -299,6 +299,7 @@ def drive_every_verb(adapter, recorder):
     adapter.transactions_in_range(load, 1, 2)
     adapter.records_in_transaction(load, 2)
     adapter.blob_chunk_count(load, 1, 2)
+    adapter.any_blob_chunk(load)
     adapter.load_blob_chunk(load, 1, 2, 0)
     adapter.session_alive(load)
     if hp:

@@ -202,6 +202,45 @@ class SqliteConfigTests(unittest.TestCase):
                             for m in messages),
                         messages)
 
+    def test_shared_blob_dir_is_not_taken_for_a_cache(self):
+        # A helper agent's check: blobs written to a shared blob directory
+        # (RelStorage 4.3's default mode), then the same configuration
+        # without its shared-blob-dir line and with a small
+        # blob-cache-size: the cache pruned the files, which were the only
+        # copies (POSKeyError).  Now the storage does not open that way.
+        from ZODB.blob import Blob
+        from relstorage.interfaces import RelStorageError
+        data_dir = os.path.join(self.tmp, 'data')
+        blob_dir = os.path.join(self.tmp, 'blobs')
+        shared = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir true' % blob_dir)
+        db = ZODB.config.databaseFromString(shared)
+        try:
+            with db.transaction() as conn:
+                conn.root()['file'] = Blob(b'only here' * 1000)
+        finally:
+            db.close()
+        as_cache = zconfig(data_dir, 'blob-dir %s\nblob-cache-size 1kb' % blob_dir)
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(as_cache)
+        self.assertIn('shared-blob-dir true', str(raised.exception))
+        db = ZODB.config.databaseFromString(shared)
+        try:
+            with db.transaction() as conn:
+                with conn.root()['file'].open() as f:
+                    self.assertEqual(f.read(), b'only here' * 1000)
+        finally:
+            db.close()
+        # A cache of blobs the database holds opens as before.
+        data2 = os.path.join(self.tmp, 'data2')
+        cache = zconfig(data2, 'blob-dir %s' % os.path.join(self.tmp, 'cache'))
+        for _ in range(2):
+            db = ZODB.config.databaseFromString(cache)
+            try:
+                with db.transaction() as conn:
+                    conn.root()['file'] = Blob(b'in the database')
+            finally:
+                db.close()
+
     def test_missing_cache_local_dir_is_created(self):
         data_dir = os.path.join(self.tmp, 'data')
         cache_dir = os.path.join(self.tmp, 'cache')
