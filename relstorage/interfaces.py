@@ -4,7 +4,8 @@ The exception classes sort failures into the three kinds a ZODB application
 has to tell apart: retry the transaction (ConflictError subclasses and
 DisconnectedError, all ``transaction.interfaces.TransientError``), fix the
 configuration (SchemaMismatchError, ConfigurationError) or report a bug
-(the rest of StorageError).
+(the rest of StorageError).  A failure of ``tpc_finish`` (CommitFailedError,
+CommitUnknownError) is never one to retry.
 
 ``IRelStorageAdapter`` is the contract between the storage and its
 adapters: what storage/, cache/, blobs/ and the tools may ask of one.
@@ -52,6 +53,15 @@ class SessionPoolExhaustedError(UnableToAcquireLockError):
 
 class DisconnectedError(RelStorageError, transaction.interfaces.TransientError):
     """The database connection was lost; the next transaction reconnects."""
+
+
+class CommitFailedError(RelStorageError):
+    """The connection was lost during the database COMMIT of
+    ``tpc_finish``, and the server did not commit: nothing of the
+    transaction is in this database.  Not a TransientError: other
+    databases joined in the same transaction may have finished their part
+    already, and a retry would apply that part twice (ZODB calls
+    ``tpc_finish`` on each in turn)."""
 
 
 class CommitUnknownError(RelStorageError):

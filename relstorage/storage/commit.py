@@ -26,7 +26,8 @@ The commit lock is taken last in vote, after the row locks and conflict
 resolution that may wait, so it is held for steps 6-8 only: the moves, the
 other resource managers' votes, and the COMMIT.  A lost connection during
 the COMMIT is the one failure left; it is reported as such
-(``CommitUnknownError``), because the server may have committed.
+(``CommitFailedError``, or ``CommitUnknownError`` when the server may have
+committed), never as an error to retry.
 
 Fairness.  A transaction that loses a conflict (its rows locked, a newer
 revision found that cannot be merged) would, retried, read the winner's
@@ -50,12 +51,14 @@ crash-point tests (tests/crash_cases.py) end a committing process at each:
 FAULT_POINTS lists them in the order a commit reaches them.
 """
 import logging
+import time
 
 from ZODB import POSException
 from ZODB.utils import newTid
 from ZODB.utils import p64
 from ZODB.utils import u64
 
+from ..interfaces import CommitFailedError
 from ..interfaces import CommitUnknownError
 from ..interfaces import DisconnectedError
 from .faults import fault_point
@@ -69,6 +72,12 @@ FAULT_POINTS = (
 )
 #: From this point on the transaction is committed.
 FIRST_COMMITTED_POINT = 'finish.committed'
+#: How often tpc_finish asks whether a COMMIT that lost its connection was
+#: committed, while the server cannot be reached: the first retry after
+#: OUTCOME_FIRST_DELAY seconds, each next one twice as late, up to 1 s
+#: (about 6 s in all: a restart refused connections 0.2-2 s here).
+OUTCOME_ATTEMPTS = 8
+OUTCOME_FIRST_DELAY = 0.1
 
 
 class CopiedTransaction:
@@ -348,16 +357,30 @@ class Commit:
 
     def _lost_commit(self, exc):
         """The link went during COMMIT: find out whether the server
-        committed.  Returns when it did; raises a retryable
-        DisconnectedError when it did not, CommitUnknownError when that
-        cannot be told."""
-        try:
-            outcome = self.adapter.commit_outcome(self.tid, len(self.tstore) > 0
-                                                  or bool(self.copied))
-        except Exception:  # pylint:disable=broad-except
-            log.warning("Could not find out whether transaction %016x was committed",
-                        self.tid, exc_info=True)
-            outcome = None
+        committed.  Returns when it did; raises CommitFailedError when it
+        did not, CommitUnknownError when that cannot be told.  Neither is
+        retryable (see CommitFailedError)."""
+        outcome = None
+        delay = OUTCOME_FIRST_DELAY
+        for attempt in range(1, OUTCOME_ATTEMPTS + 1):
+            try:
+                outcome = self.adapter.commit_outcome(self.tid, len(self.tstore) > 0
+                                                      or bool(self.copied))
+                break
+            except DisconnectedError:
+                # A server restarting refuses connections for a moment;
+                # an answer then spares an unknown outcome (and, with
+                # other databases in the transaction, a split).
+                if attempt == OUTCOME_ATTEMPTS:
+                    log.warning("Could not find out whether transaction %016x was "
+                                "committed", self.tid, exc_info=True)
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except Exception:  # pylint:disable=broad-except
+                log.warning("Could not find out whether transaction %016x was committed",
+                            self.tid, exc_info=True)
+                break
         if outcome:
             log.warning("Lost the connection to %s during the COMMIT of transaction "
                         "%016x, which the server did commit.", self.adapter.describe(),
@@ -366,7 +389,7 @@ class Commit:
         if outcome is False:
             if self.btxn is not None:
                 self.btxn.unplace()
-            raise DisconnectedError(
+            raise CommitFailedError(
                 "Lost the connection to %s while committing transaction %016x, "
                 "which was not committed (%s)" % (self.adapter.describe(), self.tid, exc)
             ) from exc

@@ -36,6 +36,7 @@ from relstorage import config
 from relstorage.adapters.mysql import drivers
 from relstorage.adapters.mysql import sql as mysql_sql
 from relstorage.adapters.mysql.adapter import MySQLAdapter
+from relstorage.interfaces import CommitFailedError
 from relstorage.interfaces import DisconnectedError
 from relstorage.interfaces import RelStorageError
 from relstorage.interfaces import SchemaMismatchError
@@ -578,8 +579,9 @@ class DisconnectTests(MySQLTestCase):
         txn = self.begin_store(storage, [(oid, serial, 'lost')])
         storage.tpc_vote(txn)
         self.factory.kill_sessions()
-        with self.assertRaises(DisconnectedError):
+        with self.assertRaises(CommitFailedError) as cm:
             storage.tpc_finish(txn)
+        self.assertNotIsInstance(cm.exception, transaction.interfaces.TransientError)
         storage.tpc_abort(txn)
         check = storage.new_instance()
         check.poll_invalidations()

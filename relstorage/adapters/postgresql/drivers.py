@@ -26,10 +26,14 @@ DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03', '25P03'))
 
 
 #: Server refusals at connect time that pass: (libpq reports them as text,
-#: with no SQLSTATE, so the text is all there is to go by.)
+#: with no SQLSTATE, so the text is all there is to go by.)  "not yet
+#: accepting connections": PostgreSQL 15 replaying its log after a crash;
+#: "not accepting connections": a standby without hot_standby, or a
+#: shutdown in progress.
 _TRANSIENT_FATALS = ('starting up', 'shutting down', 'recovery mode',
                      'too many clients', 'terminating connection',
-                     'remaining connection slots')
+                     'remaining connection slots', 'not yet accepting connections',
+                     'not accepting connections')
 
 
 def connect_error_is_transient(driver, exc):
