@@ -799,7 +799,11 @@ class _Differences:
 
 def _blob_digest(storage, oid, tid, side):
     try:
-        return _file_digest(storage.loadBlob(oid, tid))
+        # A RelStorage keeping blobs in the database: those bytes, not its
+        # cache's copy (which a copy just wrote from the source's files).
+        stored = getattr(storage, 'stored_blob_digest', None)
+        digest = stored(oid, tid) if stored is not None else None
+        return digest if digest is not None else _file_digest(storage.loadBlob(oid, tid))
     except Exception as exc:  # pylint:disable=broad-except
         raise VerifyError("Cannot read the blob of object %s in transaction %s from "
                           "the %s: %s" % (oid_repr(oid), tid_repr(tid), side,

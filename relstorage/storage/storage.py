@@ -29,6 +29,7 @@ commit lock, chooses the transaction id and moves the rows into place;
 finish must not fail for a reason vote could have detected).
 """
 import contextlib
+import hashlib
 import logging
 import struct
 import threading
@@ -762,6 +763,18 @@ class RelStorage(ConflictResolvingStorage):
 
     def temporaryDirectory(self):
         return self._blobs.temporary_directory()
+
+    def stored_blob_digest(self, oid, serial):
+        """The SHA-256 (hex) of a blob revision's bytes as the database
+        holds them, not the blob-dir's copy (zodbconvert --verify: right
+        after a copy, the cache holds the files the copy itself wrote);
+        None where the database holds no blob bytes (shared-blob-dir)."""
+        if self._blobs is None or not self._blobs.in_database:
+            return None
+        digest = hashlib.sha256()
+        if self._read_blob_chunks(u64(oid), u64(serial), digest.update) is None:
+            raise POSException.POSKeyError("No blob for object %r at %r" % (oid, serial))
+        return digest.hexdigest()
 
     def _read_blob_chunks(self, oid_int, tid_int, write):
         """Stream a blob's chunks to ``write``; its size, or None if absent."""

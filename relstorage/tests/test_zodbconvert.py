@@ -1098,6 +1098,30 @@ class TestBlobs(ConvertTestCase):
             rs_section('source', db, blob_dir=self.path('rs-blobs2')),
             fs_section('destination', back, back_blobs), '--verify'))
 
+    def test_verify_reads_blobs_from_the_database_not_its_cache(self):
+        # A helper agent's check: right after a copy, the destination's
+        # blob cache holds the files the copy wrote from the source, and
+        # --verify compared the source with those: a blob damaged in the
+        # database still verified as identical.
+        import sqlite3
+        src, blobs = self._blob_source()
+        db = self.database()
+        dest = rs_section('destination', db, blob_dir=self.path('rs-blobs'))
+        self.assertConverted(self.convert(fs_section('source', src, blobs), dest))
+        conn = sqlite3.connect(os.path.join(db.dir, 'main.sqlite3'))
+        try:
+            changed = conn.execute(
+                "UPDATE blob_chunk SET chunk = CAST(X'00' || substr(chunk, 2) AS BLOB) "
+                "WHERE zoid = (SELECT MIN(zoid) FROM blob_chunk)").rowcount
+            conn.commit()
+        finally:
+            conn.close()
+        self.assertGreater(changed, 0)
+        _, err = self.assertConverted(
+            self.convert(fs_section('source', src, blobs), dest, '--verify'), rc=1)
+        self.assertIn('blob of object', err)
+        self.assertIn('differs', err)
+
 
 class TestCommandLine(ConvertTestCase):
 
