@@ -4,7 +4,8 @@
 
 CONFIG holds one or more storage sections (``%import relstorage`` for
 ``<relstorage>``), bare or wrapped in ``<zodb>`` (or Zope's ``<zodb_db>``)
-sections as in the application's own configuration.  Each storage is packed to DAYS days ago
+sections as in the application's own configuration; or it is a whole
+zope.conf, of which the RelStorage databases are packed.  Each storage is packed to DAYS days ago
 (default 0: now), with garbage collection as its ``pack-gc`` option says.
 A RelStorage pack runs beside a live site: see docs/pack.rst.
 
@@ -17,6 +18,8 @@ missing object).
 import argparse
 import io
 import logging
+import os
+import re
 import shutil
 import sys
 import time
@@ -42,18 +45,43 @@ SCHEMA = """
 
 log = logging.getLogger('zodbpack')
 
+#: The longest history -d accepts (a pack time before ZODB's timestamps
+#: begin, 1900, is not one).
+MAX_DAYS = 36500
+
+PACING_HELP = """\
+A RelStorage pack runs beside a live site.  Its analysis takes no lock a
+commit needs; its deletions run in short batches, each holding the commit
+lock briefly, with pauses between them.  Options of the <relstorage>
+section set the pace:
+  pack-duty-cycle         share of the time the pack may hold the commit
+                          lock (default 0.5); lower it to make the pack
+                          gentler on a busy site, and slower
+  pack-max-delay          longest pause between two batches, in seconds
+                          (default 20)
+  pack-batch-timeout      longest a batch may hold the commit lock, in
+                          seconds (default 1.0)
+  pack-commit-busy-delay  wait when the commit lock is busy, in seconds
+                          (default 5.0)
+  pack-gc                 false: remove old revisions only, no garbage
+                          collection
+Example crontab line, packing every night to one day ago:
+  30 2 * * * zodbpack -d 1 /etc/zodb/pack.conf
+"""
+
 
 def make_parser():
     parser = argparse.ArgumentParser(
         prog='zodbpack',
         description='Pack the ZODB storages of a ZConfig file: remove old revisions '
                     'and (with pack-gc, the default) unreachable objects.',
-        epilog='Example crontab line, packing every night to one day ago:  '
-               '30 2 * * * zodbpack -d 1 /etc/zodb/pack.conf')
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=PACING_HELP)
     parser.add_argument('config', metavar='CONFIG',
                         help='ZConfig file with <relstorage> (or other storage) '
-                             'sections, bare or inside <zodb> / <zodb_db> sections')
-    parser.add_argument('-d', '--days', type=float, default=0.0,
+                             'sections, bare or inside <zodb> / <zodb_db> sections; '
+                             'or a zope.conf (its RelStorage databases)')
+    parser.add_argument('-d', '--days', type=_days, default=0.0,
                         help='keep the history of the last DAYS days (a number, '
                              'fractions allowed; default 0)')
     mode = parser.add_mutually_exclusive_group()
@@ -75,16 +103,28 @@ def make_parser():
     return parser
 
 
+class _Days(float):
+    """A -d value given on the command line (the default is a plain float)."""
+
+
+def _days(text):
+    return _Days(text)
+
+
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
+    args.days_given = isinstance(args.days, _Days)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(asctime)s %(name)s %(levelname)s %(message)s')
-    if args.days < 0:
-        parser.error('--days must not be negative')
+    if not 0 <= args.days <= MAX_DAYS:
+        # (Also NaN, which no comparison holds.)
+        parser.error('--days must be a number from 0 to %d, not %s' % (MAX_DAYS, args.days))
+    if args.use_prepack_state and args.days_given:
+        parser.error('--days does not apply to --use-prepack-state, which packs to the '
+                     'time of the --prepack analysis it uses')
     try:
-        schema = ZConfig.loadSchemaFile(io.StringIO(SCHEMA))
-        config, _ = ZConfig.loadConfig(schema, args.config)
+        config = load_config(args.config)
     except (ZConfig.ConfigurationError, OSError) as exc:
         _error('%s' % exc)
         return 2
@@ -117,6 +157,55 @@ def main(argv=None):
         finally:
             storage.close()
     return status
+
+
+def load_config(path):
+    """The storages and databases of ``path``: a file of storage sections,
+    bare or in <zodb> / <zodb_db> sections, or an application's whole
+    zope.conf, whose other sections (instancehome, <eventlog>, <http-server>,
+    a <temporarystorage>...) mean nothing here and need Zope's schema: of
+    such a file, only its RelStorage databases are read."""
+    schema = ZConfig.loadSchemaFile(io.StringIO(SCHEMA))
+    try:
+        config, _ = ZConfig.loadConfig(schema, path)
+        return config
+    except ZConfig.ConfigurationError:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        databases = relstorage_databases(text)
+        if databases is None:
+            raise
+    # (Relative %include paths and such resolve from the file's directory.)
+    url = 'file://' + os.path.abspath(path)
+    config, _ = ZConfig.loadConfigFile(schema, io.StringIO(databases), url=url)
+    return config
+
+
+_OPEN = re.compile(r'\s*<\s*(zodb_db|zodb)(\s|>)', re.I)
+_CLOSE = re.compile(r'\s*<\s*/\s*(zodb_db|zodb)\s*>', re.I)
+
+
+def relstorage_databases(text):
+    """Of a zope.conf's text, its %define lines, %import relstorage and
+    the <zodb_db> / <zodb> sections holding a <relstorage> section; None
+    when it has none."""
+    kept, block = [], None
+    for line in text.splitlines():
+        words = line.split()
+        if block is None:
+            if words[:1] == ['%define'] or words == ['%import', 'relstorage']:
+                kept.append(line)
+            elif _OPEN.match(line):
+                block = [line]
+        else:
+            block.append(line)
+            if _CLOSE.match(line):
+                if any(re.match(r'\s*<\s*relstorage[\s>]', part, re.I) for part in block):
+                    kept.extend(block)
+                block = None
+    if not any(_OPEN.match(line) for line in kept):
+        return None
+    return '\n'.join(kept) + '\n'
 
 
 def _run(storage, name, args, pack_time, progress):

@@ -5,6 +5,7 @@ import shutil
 import tempfile
 import unittest
 from contextlib import redirect_stderr
+from contextlib import redirect_stdout
 
 import zodbpickle.pickle
 import ZODB
@@ -24,6 +25,51 @@ CONFIG = """
     data-dir %s
   </sqlite3>
 </relstorage>
+"""
+
+
+#: A zope.conf as a Plone buildout writes it (abridged).
+ZOPE_CONF = """\
+%define INSTANCEHOME /srv/plone/parts/instance
+instancehome $INSTANCEHOME
+%define CLIENTHOME /srv/plone/var
+clienthome $CLIENTHOME
+debug-mode off
+security-policy-implementation C
+verbose-security off
+default-zpublisher-encoding utf-8
+<environment>
+    CHAMELEON_CACHE /srv/plone/var/cache
+</environment>
+<eventlog>
+  level INFO
+  <logfile>
+    path /srv/plone/var/log/instance.log
+    level INFO
+  </logfile>
+</eventlog>
+<zodb_db main>
+    # Main database
+    cache-size 30000
+    %import relstorage
+    <relstorage>
+        keep-history false
+        pack-gc true
+        <sqlite3>
+            data-dir $CLIENTHOME/data
+        </sqlite3>
+    </relstorage>
+    mount-point /
+</zodb_db>
+<zodb_db temporary>
+    # Temporary storage database (for sessions)
+    <temporarystorage>
+      name temporary storage for sessioning
+    </temporarystorage>
+    mount-point /temp_folder
+    container-class Products.TemporaryFolder.TemporaryContainer
+</zodb_db>
+python-check-interval 1000
 """
 
 
@@ -81,6 +127,79 @@ class ZodbpackTests(unittest.TestCase):
             self.assertEqual(zodbpack.main([path]), 2)
         self.assertIn('pack-gcc', err.getvalue())
         self.assertFalse(os.path.exists(self.data_dir))
+
+    def test_a_whole_zope_conf(self):
+        # A helper agent's check: zodbpack stopped at zope.conf's first
+        # Zope key ("'instancehome' is not a known key name"), while its
+        # help says the application's configuration will do.  Of such a
+        # file, the RelStorage databases are packed.
+        conf = os.path.join(self.tmp, 'zope.conf')
+        os.mkdir(os.path.join(self.tmp, 'var'))
+        with open(conf, 'w') as f:
+            f.write(ZOPE_CONF.replace('/srv/plone', self.tmp))
+        section = '<sqlite3>\n data-dir %s\n</sqlite3>' % os.path.join(self.tmp, 'var', 'data')
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n%s\n'
+            '</relstorage>\n</zodb>\n' % section)
+        try:
+            with db.transaction() as conn:
+                conn.root()['drop'] = PersistentMapping(v=1)
+            with db.transaction() as conn:
+                dropped = conn.root()['drop']._p_oid
+                del conn.root()['drop']
+        finally:
+            db.close()
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(zodbpack.main([conf]), 0)
+        self.assertIn('removed 1 objects', out.getvalue())
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n%s\n'
+            '</relstorage>\n</zodb>\n' % section)
+        try:
+            with self.assertRaises(POSKeyError):
+                db.storage.load(dropped)
+        finally:
+            db.close()
+        # A mistake in its RelStorage section is still reported as such.
+        with open(conf, 'w') as f:
+            f.write(ZOPE_CONF.replace('/srv/plone', self.tmp).replace(
+                'keep-history false', 'keep-histroy false'))
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(zodbpack.main([conf]), 2)
+        self.assertIn('keep-histroy', err.getvalue())
+
+    def usage_error(self, *argv):
+        err = io.StringIO()
+        with redirect_stderr(err), self.assertRaises(SystemExit) as raised:
+            zodbpack.main(list(argv))
+        self.assertEqual(raised.exception.code, 2)
+        return err.getvalue()
+
+    def test_days_out_of_range_are_usage_errors(self):
+        # A helper agent's check: 1e9, nan and inf got past the command
+        # line and failed later (exit 1) with the time library's words.
+        conf = self.write_config()
+        for days in ('1e9', 'nan', 'inf', '-1'):
+            with self.subTest(days=days):
+                self.assertIn('--days must be a number from 0 to',
+                              self.usage_error('-d', days, conf))
+        self.assertFalse(os.path.exists(self.data_dir))
+
+    def test_days_with_the_prepack_state_are_refused(self):
+        # The pack time is the --prepack analysis's: -d was ignored.
+        conf = self.write_config()
+        self.assertIn('does not apply to --use-prepack-state',
+                      self.usage_error('--use-prepack-state', '-d', '3', conf))
+
+    def test_help_tells_the_pacing_options(self):
+        out = io.StringIO()
+        with redirect_stdout(out), self.assertRaises(SystemExit):
+            zodbpack.main(['--help'])
+        for key in ('pack-duty-cycle', 'pack-max-delay', 'pack-batch-timeout',
+                    'pack-commit-busy-delay', 'crontab'):
+            self.assertIn(key, out.getvalue())
 
 
 class ReferencesTests(unittest.TestCase):
