@@ -125,6 +125,18 @@ keys.mysql_connect_timeout = _named_datatype('connect_timeout', 'integer')
 keys.mysql_compress = _named_datatype('compress', 'boolean')
 keys.oracle_commit_lock_id = _named_datatype('commit-lock-id', 'integer')
 keys.oracle_twophase = _named_datatype('twophase', 'boolean')
+
+
+def _mysql_ssl(value):
+    # Ignored with a warning like the other keys of earlier releases, it
+    # let a configuration that asked for TLS connect without it.
+    raise ValueError(
+        'ssl: not supported in <mysql>; RelStorage would connect without TLS. To '
+        'connect with TLS, name an option file whose [client] group has ssl-ca (and '
+        'ssl-cert, ssl-key) with read_default_file')
+
+
+keys.mysql_ssl = _mysql_ssl
 del _option, _database, _names
 
 #: Keys of the adapter sections that earlier releases documented and that no
@@ -132,8 +144,7 @@ del _option, _database, _names
 #: are accepted and ignored, with one warning when the section is read.
 LEGACY_ADAPTER_KEYS = {
     'mysql': (('conv', 'named_pipe', 'init_command', 'cursorclass',
-               'use_unicode', 'charset', 'sql_mode', 'client_flag', 'ssl',
-               'load_infile'),
+               'use_unicode', 'charset', 'sql_mode', 'client_flag', 'load_infile'),
               'RelStorage sets up its MySQL sessions itself: utf8mb4, '
               'binary data, its own SQL mode'),
     'sqlite3': (('gevent_yield_interval',),

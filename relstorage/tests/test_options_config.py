@@ -631,6 +631,17 @@ class TestAdapterSections(_ParsingTests):
         self.assertIn('init_command', logs.output[0])
         self.assertIn('charset', logs.output[1])
 
+    def test_mysql_ssl_is_refused(self):
+        # A helper agent's check: ssl was ignored with a warning, like the
+        # other keys of earlier releases, and a configuration that asked
+        # for TLS connected without it.
+        with self.assertRaises(ZConfig.ConfigurationError) as raised:
+            self.load(adapter='<mysql>\n db zodb\n ssl ca=/etc/ssl/ca.pem\n</mysql>')
+        message = str(raised.exception)
+        self.assertIn('ssl', message)
+        self.assertIn('without TLS', message)
+        self.assertIn('read_default_file', message)
+
     def test_sqlite3_without_pragmas(self):
         adapter = self.load().config.adapter
         self.assertEqual(adapter.pragmas, {})
