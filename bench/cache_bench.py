@@ -215,7 +215,7 @@ def populate_blobs(args, tmp):
     """``args.blobs`` blobs of ``args.blob_size`` bytes; their oids."""
     from ZODB.blob import Blob
     blob_dir = tempfile.mkdtemp(prefix='blobs-', dir=tmp)
-    db = open_db(args, blob_dir=blob_dir, cache_local_mb=0)
+    db = open_db(args, blob_dir=blob_dir, shared_blob_dir=False, cache_local_mb=0)
     with db.transaction() as conn:
         blobs = []
         for number in range(args.blobs):
@@ -235,7 +235,7 @@ def child_blobs(args):
     kw = {'cache_servers': args.servers} if args.servers else {}
     blob_dir = tempfile.mkdtemp(prefix='cache_bench_blobs_')
     try:
-        db = open_db(args, blob_dir=blob_dir, **kw)
+        db = open_db(args, blob_dir=blob_dir, shared_blob_dir=False, **kw)
         conn = db.open(transaction.TransactionManager())
         conn.transaction_manager.begin()
         gc.collect()

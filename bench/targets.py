@@ -246,7 +246,10 @@ class Target:
             'section_name': section_name,
             'keep_history': 'true' if self.keep_history else 'false',
             'cache_local_mb': self.cache_local_mb,
-            'extra_options': ('blob-dir %s' % blob_dir) if blob_dir else '',
+            # Blobs in the database, the directory their cache (on both
+            # sides: the two implementations' defaults need not agree).
+            'extra_options': ('blob-dir %s\n shared-blob-dir false' % blob_dir)
+                             if blob_dir else '',
         }
 
 

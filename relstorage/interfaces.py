@@ -112,6 +112,10 @@ class IRelStorageAdapter(Interface):
     def describe():
         """Where the adapter connects, for messages; never a password."""
 
+    def database_identity():
+        """What tells this database apart from every other, as its server
+        names it (adapters.base.same_database compares two)."""
+
     def prepare_schema(create=True, read_only=False):
         """Create the schema when allowed, else verify it.
 
@@ -281,6 +285,9 @@ class IRelStorageAdapter(Interface):
 
     def blob_chunk_count(conn, oid, tid):
         """How many chunks blob (oid, tid) has (0: none)."""
+
+    def any_blob_chunk(conn):
+        """Does the database hold the bytes of any blob?"""
 
     def load_blob_chunk(conn, oid, tid, chunk_num):
         """The bytes of one chunk."""

@@ -111,7 +111,7 @@ OPTIONS = (
     Option('blob-dir', None, 'existing-dirpath',
            'Directory for blob files, created if missing (its parent must '
            'exist); blobs are disabled when unset.', active=True),
-    Option('shared-blob-dir', False, 'boolean',
+    Option('shared-blob-dir', True, 'boolean',
            'True if blob-dir is the only blob store (shared by all clients); '
            'false if it is a local cache of blobs kept in the database.', active=True),
     Option('blob-cache-size', None, 'byte-size',

@@ -545,7 +545,8 @@ def _check_not_same(source, dest):
     empty it before anything is read)."""
     if not (copy.is_relstorage(source) and copy.is_relstorage(dest)):
         return
-    if source.adapter.database_identity() == dest.adapter.database_identity():
+    from .adapters.base import same_database
+    if same_database(source.adapter.database_identity(), dest.adapter.database_identity()):
         raise UsageError('the source and the destination are the same database (%s); '
                          'nothing was written' % _name(dest))
 

@@ -111,6 +111,9 @@ def _days(text):
     return _Days(text)
 
 
+_days.__name__ = 'days'     # (argparse: "invalid days value")
+
+
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -120,7 +123,7 @@ def main(argv=None):
     if not 0 <= args.days <= MAX_DAYS:
         # (Also NaN, which no comparison holds.)
         parser.error('--days must be a number from 0 to %d, not %s' % (MAX_DAYS, args.days))
-    if args.use_prepack_state and args.days_given:
+    if args.use_prepack_state and args.days_given and args.days:
         parser.error('--days does not apply to --use-prepack-state, which packs to the '
                      'time of the --prepack analysis it uses')
     try:
@@ -169,12 +172,15 @@ def load_config(path):
     try:
         config, _ = ZConfig.loadConfig(schema, path)
         return config
-    except ZConfig.ConfigurationError:
+    except ZConfig.ConfigurationError as exc:
         with open(path, encoding='utf-8') as f:
             text = f.read()
         databases = relstorage_databases(text)
         if databases is None:
             raise
+        # Said, so that a mistake outside those sections is not missed.
+        _error('%s is not a file of storages only (%s); packing the RelStorage '
+               'databases of its <zodb_db> sections' % (path, _one_line(exc)))
     # (Relative %include paths and such resolve from the file's directory.)
     url = 'file://' + os.path.abspath(path)
     config, _ = ZConfig.loadConfigFile(schema, io.StringIO(databases), url=url)
@@ -186,26 +192,43 @@ _CLOSE = re.compile(r'\s*<\s*/\s*(zodb_db|zodb)\s*>', re.I)
 
 
 def relstorage_databases(text):
-    """Of a zope.conf's text, its %define lines, %import relstorage and
-    the <zodb_db> / <zodb> sections holding a <relstorage> section; None
-    when it has none."""
-    kept, block = [], None
+    """Of a zope.conf's text, its %define and %import lines and the
+    <zodb_db> / <zodb> sections holding a <relstorage> section, the other
+    lines left blank (so that an error names the file's own line); None
+    when it has no such section."""
+    kept, block, found = [], None, False
     for line in text.splitlines():
-        words = line.split()
         if block is None:
-            if words[:1] == ['%define'] or words == ['%import', 'relstorage']:
+            words = line.split()
+            if words[:1] == ['%define'] or (words[:1] == ['%import'] and
+                                            _importable(words[1:2])):
                 kept.append(line)
             elif _OPEN.match(line):
                 block = [line]
+            else:
+                kept.append('')
         else:
             block.append(line)
             if _CLOSE.match(line):
                 if any(re.match(r'\s*<\s*relstorage[\s>]', part, re.I) for part in block):
                     kept.extend(block)
+                    found = True
+                else:
+                    kept.extend([''] * len(block))
                 block = None
-    if not any(_OPEN.match(line) for line in kept):
+    if not found:
         return None
     return '\n'.join(kept) + '\n'
+
+
+def _importable(names):
+    """Whether the package an %import names can be imported (a zope.conf
+    may import what only the application has, e.g. tempstorage)."""
+    import importlib.util
+    try:
+        return bool(names) and importlib.util.find_spec(names[0]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _run(storage, name, args, pack_time, progress):

@@ -71,6 +71,17 @@ def oid_runs(oids):
     return runs, rest
 
 
+def same_database(one, other):
+    """Whether two database_identity values name the same database: the
+    same names, and start times a second or two apart at most (one read
+    from an uptime counter ticks apart from the clock)."""
+    if one[:-1] != other[:-1]:
+        return False
+    if one[-1] is None or other[-1] is None:
+        return one[-1] is None and other[-1] is None
+    return abs(one[-1] - other[-1]) <= 2
+
+
 @zope.interface.implementer(IRelStorageAdapter)
 class Adapter(PackVerbs):
     """Base class of the database adapters."""
@@ -312,16 +323,19 @@ class Adapter(PackVerbs):
 
     def database_identity(self):
         """What tells this database apart from every other, as its server
-        names it: two spellings of one address give the same (and, on
-        PostgreSQL, a physical replica of it).  zodbconvert refuses to
-        copy a database onto itself."""
-        conn = self.open_load()
+        names it (two spellings of one address give the same), asked of
+        the server commits go to: names, then the server's start time in
+        seconds or None (see same_database).  zodbconvert refuses to copy a
+        database onto itself."""
+        conn = self.open_connection('store')
         try:
             row = conn.query_one(self.sql.DATABASE_IDENTITY)
             conn.rollback()
         finally:
             conn.close()
-        return (self.vendor,) + tuple(str(value) for value in row)
+        started = row[-1]
+        return ((self.vendor,) + tuple(str(value) for value in row[:-1])
+                + (None if started is None else float(started),))
 
     def open_store(self):
         conn = self.open_connection('store')
@@ -724,8 +738,11 @@ class Adapter(PackVerbs):
         history-free one has only its rows (which a later commit may
         already have replaced) and the last tid: when that is below
         ``tid``, nothing as late as ours was committed.
+
+        Asked of the server commits go to (a store connection): a replica
+        that lags would say no when the primary did commit.
         """
-        conn = self.open_load()
+        conn = self.open_connection('store')
         try:
             self.begin_snapshot(conn)
             if self.keep_history:

@@ -38,6 +38,11 @@ from .common import _remove
 
 log = logging.getLogger(__name__)
 
+#: The file that marks a blob-dir as a cache (see check_database).
+CACHE_MARKER = '.relstorage-blob-cache'
+CACHE_MARKER_TEXT = ('This directory is a cache of blobs kept in a database '
+                     '(RelStorage, shared-blob-dir false): its files may be removed.\n')
+
 
 class CachedBlobs(BlobMode):
 
@@ -53,21 +58,30 @@ class CachedBlobs(BlobMode):
         self._added = 0
         self._lock = threading.Lock()
 
-    def check_not_shared(self, adapter):
+    def check_database(self, adapter):
         """Refuse a blob-dir that holds blob files while the database holds
-        no blob bytes at all: the only copies of those blobs, as a shared
-        blob directory keeps them (RelStorage 4.3's default mode), which
-        this mode would take for a cache and prune (a helper agent's check:
-        a 4.3 configuration without a shared-blob-dir line lost its blobs
-        that way)."""
+        no blob bytes at all, unless it is marked as a cache
+        (CACHE_MARKER): the only copies of those blobs, as a shared blob
+        directory keeps them, which this mode would take for a cache and
+        prune (a helper agent's check: a configuration of RelStorage 4.3,
+        whose shared-blob-dir default is true, lost its blobs that way
+        while ours was false).  A cache is marked when first opened, so
+        that one left with files after zap_all, drop_all or a pack that
+        removed the last blob is still known for what it is."""
+        marker = os.path.join(self.blob_dir, CACHE_MARKER)
+        if os.path.exists(marker):
+            return
         conn = adapter.open_load()
         try:
-            if adapter.any_blob_chunk(conn):
-                return
-        finally:
+            held = adapter.any_blob_chunk(conn)
             conn.rollback()
+        finally:
             conn.close()
-        found = _first_blob_file(self.blob_dir)
+        found = None if held else _first_blob_file(self.blob_dir)
+        if found is None:
+            with open(marker, 'w') as f:
+                f.write(CACHE_MARKER_TEXT)
+            return
         if found is not None:
             raise RelStorageError(
                 "blob-dir %s holds blob files (%s), but %s holds no blob data: it looks "

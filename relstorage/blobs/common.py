@@ -19,6 +19,10 @@ class BlobMode:
     #: Whether the database holds the bytes (blob_chunk rows).
     in_database = False
 
+    def check_database(self, adapter):
+        """Refuse, with an error that says which setting to change, a
+        database and a blob-dir that do not go with this mode."""
+
     def __init__(self, blob_dir, options):
         self.blob_dir = blob_dir
         self.options = options

@@ -10,12 +10,32 @@ import os
 from ZODB.blob import link_or_copy
 from ZODB.blob import rename_or_copy_blob
 
+from ..interfaces import RelStorageError
 from .common import BlobMode
 
 
 class SharedBlobs(BlobMode):
 
     in_database = False
+
+    def check_database(self, adapter):
+        """Refuse a database that holds blob bytes: its blob-dir is a cache
+        of them (shared-blob-dir false), where this mode would look for
+        files that a cache need not have, and write blobs no other
+        process would find."""
+        if not adapter.has_blob_chunk:
+            return
+        conn = adapter.open_load()
+        try:
+            held = adapter.any_blob_chunk(conn)
+        finally:
+            conn.rollback()
+            conn.close()
+        if held:
+            raise RelStorageError(
+                "%s holds blob data, so blob-dir %s is a cache of it: set shared-blob-dir "
+                "false (shared-blob-dir true keeps blobs only in a directory shared by "
+                "every client)." % (adapter.describe(), self.blob_dir))
 
     def vote(self, adapter, conn, btxn, tstore):
         pass

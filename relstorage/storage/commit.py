@@ -72,11 +72,13 @@ FAULT_POINTS = (
 )
 #: From this point on the transaction is committed.
 FIRST_COMMITTED_POINT = 'finish.committed'
-#: How often tpc_finish asks whether a COMMIT that lost its connection was
-#: committed, while the server cannot be reached: the first retry after
-#: OUTCOME_FIRST_DELAY seconds, each next one twice as late, up to 1 s
-#: (about 6 s in all: a restart refused connections 0.2-2 s here).
-OUTCOME_ATTEMPTS = 8
+#: How long tpc_finish keeps asking whether a COMMIT that lost its
+#: connection was committed, while the server cannot be reached (seconds;
+#: a restart refused connections 0.2-2 s here), the first retry after
+#: OUTCOME_FIRST_DELAY seconds, each next one twice as late, up to 1 s.
+#: (No new attempt starts after the deadline; one under way may take its
+#: connect timeout.)
+OUTCOME_PATIENCE = 6.0
 OUTCOME_FIRST_DELAY = 0.1
 
 
@@ -362,7 +364,8 @@ class Commit:
         retryable (see CommitFailedError)."""
         outcome = None
         delay = OUTCOME_FIRST_DELAY
-        for attempt in range(1, OUTCOME_ATTEMPTS + 1):
+        deadline = time.monotonic() + OUTCOME_PATIENCE
+        while True:
             try:
                 outcome = self.adapter.commit_outcome(self.tid, len(self.tstore) > 0
                                                       or bool(self.copied))
@@ -371,7 +374,7 @@ class Commit:
                 # A server restarting refuses connections for a moment;
                 # an answer then spares an unknown outcome (and, with
                 # other databases in the transaction, a split).
-                if attempt == OUTCOME_ATTEMPTS:
+                if time.monotonic() + delay > deadline:
                     log.warning("Could not find out whether transaction %016x was "
                                 "committed", self.tid, exc_info=True)
                     break

@@ -112,14 +112,21 @@ class RelStorage(ConflictResolvingStorage):
             adapter.prepare_schema(create=create, read_only=self._is_read_only)
             # Shared by every instance; loads its persistent file, if any.
             self._cache = StorageCache(options, adapter)
-            self._blobs = make_blobs(options, adapter, self._cache.shared)
-            if self._blobs is not None and self._blobs.in_database and not adapter.has_blob_chunk:
-                raise StorageError(
-                    "The schema at %s has no blob_chunk table, so blobs cannot be kept "
-                    "in the database; use shared-blob-dir true or recreate the schema."
-                    % adapter.describe())
-            if self._blobs is not None and self._blobs.in_database:
-                self._blobs.check_not_shared(adapter)
+            try:
+                self._blobs = make_blobs(options, adapter, self._cache.shared)
+                if self._blobs is not None and self._blobs.in_database \
+                        and not adapter.has_blob_chunk:
+                    raise StorageError(
+                        "The schema at %s has no blob_chunk table, so blobs cannot be "
+                        "kept in the database; use shared-blob-dir true or recreate the "
+                        "schema." % adapter.describe())
+                if self._blobs is not None:
+                    self._blobs.check_database(adapter)
+            except BaseException:
+                # (Its sessions and cache clients, not left to the collector.)
+                self._cache.close()
+                adapter.close()
+                raise
         else:
             self._cache = _parent._cache
             self._blobs = _parent._blobs

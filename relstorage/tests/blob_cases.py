@@ -35,7 +35,9 @@ class BlobCase(FactoryCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def blob_storage(self, name='blobs', **kw):
+        """A storage keeping blobs in the database, ``name`` its cache."""
         kw.setdefault('blob_dir', os.path.join(self.tmp, name))
+        kw.setdefault('shared_blob_dir', False)
         return self.storage(**kw)
 
 
@@ -138,7 +140,7 @@ from relstorage.options import Options
 from relstorage.storage import RelStorage
 sys.path.insert(0, sys.argv[1])
 import factory_for_subprocess as f
-options = Options(keep_history=f.KEEP_HISTORY, blob_dir=sys.argv[2])
+options = Options(keep_history=f.KEEP_HISTORY, blob_dir=sys.argv[2], shared_blob_dir=False)
 db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
 # RS_FAULT_POINT=finish.before_commit: everything is uploaded and voted;
 # the process dies before the database COMMIT.
@@ -195,7 +197,7 @@ with open(source, 'wb') as out:
         chunk = i.to_bytes(8, 'big') + block[8:]
         out.write(chunk)
         digest.update(chunk)
-options = Options(keep_history=f.KEEP_HISTORY, blob_dir=blob_dir)
+options = Options(keep_history=f.KEEP_HISTORY, blob_dir=blob_dir, shared_blob_dir=False)
 db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
 t0 = time.time()
 with db.transaction() as conn:
@@ -205,7 +207,8 @@ with db.transaction() as conn:
 written = time.time() - t0
 db.close()
 # A second storage with an empty cache downloads it again.
-options = Options(keep_history=f.KEEP_HISTORY, blob_dir=blob_dir + '-reader')
+options = Options(keep_history=f.KEEP_HISTORY, blob_dir=blob_dir + '-reader',
+                  shared_blob_dir=False)
 db = ZODB.DB(RelStorage(f.make_adapter(options), options=options))
 t0 = time.time()
 check = hashlib.sha256()

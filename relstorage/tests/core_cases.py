@@ -945,7 +945,7 @@ class RootStorageTests(FactoryCase):
         from ZODB.blob import Blob
         blob_dir = tempfile.mkdtemp(prefix='relstoragetest_root_blobs_')
         self.addCleanup(shutil.rmtree, blob_dir, True)
-        db = self.db(blob_dir=blob_dir)
+        db = self.db(blob_dir=blob_dir, shared_blob_dir=False)
         storage = db.storage
         with db.transaction() as conn:
             conn.root()['m'] = PersistentMapping(a=1)

@@ -332,7 +332,7 @@ class SharedCacheTests(SqliteCacheCase):
         for name in ('writer', 'first', 'second'):
             blob_dir = os.path.join(self.tmp, 'blobs-' + name)
             os.mkdir(blob_dir)
-            dbs.append(ZODB.DB(self.storage(blob_dir=blob_dir)))
+            dbs.append(ZODB.DB(self.storage(blob_dir=blob_dir, shared_blob_dir=False)))
         writer, first, second = dbs
         small, big = b'small blob ' * 100, b'B' * (MAX_VALUE + 1)
         with writer.transaction() as conn:

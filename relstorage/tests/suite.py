@@ -340,7 +340,8 @@ def _assert_equal(actual, expected, label):
 def _gc_storage(factory, blob_dir):
     factory.fresh(True)
     blob_dir = blob_dir or os.path.abspath('blobs')     # the doctest's own temp dir
-    options = Options(keep_history=True, pack_gc=False, blob_dir=blob_dir)
+    options = Options(keep_history=True, pack_gc=False, blob_dir=blob_dir,
+                      shared_blob_dir=False)
     return RelStorage(factory.make_adapter(options), options=options)
 
 

@@ -150,7 +150,7 @@ class TestOptions(unittest.TestCase):
         options = Options()
         expected = {
             'name': None, 'read_only': False, 'keep_history': True,
-            'create_schema': True, 'blob_dir': None, 'shared_blob_dir': False,
+            'create_schema': True, 'blob_dir': None, 'shared_blob_dir': True,
             'blob_cache_size': None, 'blob_cache_size_check': 10,
             'blob_cache_size_check_external': False,
             'blob_chunk_size': 1048576, 'replica_conf': None,
@@ -364,7 +364,7 @@ class TestPloneExample(unittest.TestCase):
         self.assertFalse(options.keep_history)
         self.assertEqual(options.driver, 'auto')
         self.assertIsNone(options.name)
-        expected = Options(blob_dir='/var/blobs', keep_history=False)
+        expected = Options(blob_dir='/var/blobs', shared_blob_dir=False, keep_history=False)
         self.assertEqual(options, expected)
         adapter = factory.config.adapter
         self.assertIsInstance(adapter, config.PostgreSQLAdapterFactory)

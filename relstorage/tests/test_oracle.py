@@ -307,7 +307,7 @@ def drive_every_verb(adapter, recorder):
         adapter.transaction_packed(load, 2)
         adapter.undo_sources(load, 2)
     load.rollback()
-    adapter.commit_outcome(2, True)      # on a load connection of its own
+    adapter.commit_outcome(2, True)      # on a store connection of its own
 
     store = adapter.open_store()
     adapter.begin_store_checked(store)

@@ -205,9 +205,10 @@ class SqliteConfigTests(unittest.TestCase):
     def test_shared_blob_dir_is_not_taken_for_a_cache(self):
         # A helper agent's check: blobs written to a shared blob directory
         # (RelStorage 4.3's default mode), then the same configuration
-        # without its shared-blob-dir line and with a small
-        # blob-cache-size: the cache pruned the files, which were the only
-        # copies (POSKeyError).  Now the storage does not open that way.
+        # without its shared-blob-dir line (then meaning false here) and
+        # with a small blob-cache-size: the cache pruned the files, which
+        # were the only copies (POSKeyError).  The line's absence now
+        # means true, as it did, and a cache never takes such a directory.
         from ZODB.blob import Blob
         from relstorage.interfaces import RelStorageError
         data_dir = os.path.join(self.tmp, 'data')
@@ -219,20 +220,24 @@ class SqliteConfigTests(unittest.TestCase):
                 conn.root()['file'] = Blob(b'only here' * 1000)
         finally:
             db.close()
-        as_cache = zconfig(data_dir, 'blob-dir %s\nblob-cache-size 1kb' % blob_dir)
+        as_cache = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir false\n'
+                                     'blob-cache-size 1kb' % blob_dir)
         with self.assertRaises(RelStorageError) as raised:
             ZODB.config.databaseFromString(as_cache)
         self.assertIn('shared-blob-dir true', str(raised.exception))
-        db = ZODB.config.databaseFromString(shared)
-        try:
-            with db.transaction() as conn:
-                with conn.root()['file'].open() as f:
-                    self.assertEqual(f.read(), b'only here' * 1000)
-        finally:
-            db.close()
+        # Without the line: shared, the directory the only copy.
+        for text in (shared, zconfig(data_dir, 'blob-dir %s' % blob_dir)):
+            db = ZODB.config.databaseFromString(text)
+            try:
+                with db.transaction() as conn:
+                    with conn.root()['file'].open() as f:
+                        self.assertEqual(f.read(), b'only here' * 1000)
+            finally:
+                db.close()
         # A cache of blobs the database holds opens as before.
         data2 = os.path.join(self.tmp, 'data2')
-        cache = zconfig(data2, 'blob-dir %s' % os.path.join(self.tmp, 'cache'))
+        cache = zconfig(data2, 'blob-dir %s\nshared-blob-dir false'
+                        % os.path.join(self.tmp, 'cache'))
         for _ in range(2):
             db = ZODB.config.databaseFromString(cache)
             try:
@@ -240,6 +245,27 @@ class SqliteConfigTests(unittest.TestCase):
                     conn.root()['file'] = Blob(b'in the database')
             finally:
                 db.close()
+        # And a shared directory is not opened for a database holding
+        # blob bytes (its directory a cache of them): the blobs would not
+        # be found there, and new ones would reach no other process.
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(
+                zconfig(data2, 'blob-dir %s' % os.path.join(self.tmp, 'cache')))
+        self.assertIn('shared-blob-dir false', str(raised.exception))
+        # A cache left with files while its database holds no blob (after
+        # zap_all here, or drop_all, or a pack elsewhere) is still one: it
+        # was marked when first opened (a review finding: zodbconvert
+        # --clear then refused to reopen its destination).
+        db = ZODB.config.databaseFromString(cache)
+        try:
+            db.storage.zap_all()
+        finally:
+            db.close()
+        left = os.path.join(self.tmp, 'cache', '0x00', 'left.blob')
+        os.makedirs(os.path.dirname(left), exist_ok=True)
+        with open(left, 'wb') as f:
+            f.write(b'a file a zap_all elsewhere left')
+        ZODB.config.databaseFromString(cache).close()
 
     def test_missing_cache_local_dir_is_created(self):
         data_dir = os.path.join(self.tmp, 'data')

@@ -217,7 +217,7 @@ def fs_section(role, path, blob_dir=None):
 def rs_section(role, db, keep_history=True, blob_dir=None):
     text = '<relstorage %s>\n keep-history %s\n' % (role, 'true' if keep_history else 'false')
     if blob_dir:
-        text += ' blob-dir %s\n' % blob_dir
+        text += ' blob-dir %s\n shared-blob-dir false\n' % blob_dir
     return text + db.section() + '\n</relstorage>\n'
 
 
@@ -1097,6 +1097,20 @@ class TestBlobs(ConvertTestCase):
         self.assertConverted(self.convert(
             rs_section('source', db, blob_dir=self.path('rs-blobs2')),
             fs_section('destination', back, back_blobs), '--verify'))
+
+    def test_clear_into_a_destination_with_a_blob_cache(self):
+        # A helper agent's review: after --clear dropped the destination,
+        # its blob cache still held files while the database held no blob:
+        # the storage took the cache for a shared directory and refused
+        # to open, leaving the destination empty.  A cache is marked as
+        # one when first opened.
+        src, blobs = self._blob_source()
+        db = self.database()
+        dest = rs_section('destination', db, blob_dir=self.path('rs-blobs'))
+        self.assertConverted(self.convert(fs_section('source', src, blobs), dest))
+        out, _ = self.assertConverted(self.convert(fs_section('source', src, blobs), dest,
+                                                   '--clear', '--verify'))
+        self.assertIn('3 blobs', out)
 
     def test_verify_reads_blobs_from_the_database_not_its_cache(self):
         # A helper agent's check: right after a copy, the destination's

@@ -31,6 +31,7 @@ CONFIG = """
 #: A zope.conf as a Plone buildout writes it (abridged).
 ZOPE_CONF = """\
 %define INSTANCEHOME /srv/plone/parts/instance
+%import a_package_only_the_application_has
 instancehome $INSTANCEHOME
 %define CLIENTHOME /srv/plone/var
 clienthome $CLIENTHOME
@@ -169,6 +170,17 @@ class ZodbpackTests(unittest.TestCase):
         with redirect_stderr(err):
             self.assertEqual(zodbpack.main([conf]), 2)
         self.assertIn('keep-histroy', err.getvalue())
+        # After a word on the rest of the file; a bad value is reported on
+        # the file's own line.
+        self.assertIn('is not a file of storages only', err.getvalue())
+        with open(conf, 'w') as f:
+            f.write(ZOPE_CONF.replace('/srv/plone', self.tmp).replace(
+                'keep-history false', 'keep-history maybe'))
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(zodbpack.main([conf]), 2)
+        line = ZOPE_CONF.splitlines().index('        keep-history false') + 1
+        self.assertIn('line %d' % line, err.getvalue())
 
     def usage_error(self, *argv):
         err = io.StringIO()

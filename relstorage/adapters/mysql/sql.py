@@ -46,8 +46,13 @@ class MySQLStatements(Statements):
     #: Appended to a SELECT taking shared row locks.
     SHARE_LOCK_CLAUSE = 'LOCK IN SHARE MODE'
 
-    # (MariaDB has no server_uuid.)
-    DATABASE_IDENTITY = "SELECT @@hostname, @@port, @@datadir, DATABASE()"
+    # (MariaDB has no server_uuid.)  The start time tells apart servers
+    # whose host name, port and data directory are the same (containers).
+    DATABASE_IDENTITY = """
+        SELECT @@hostname, @@port, @@datadir, DATABASE(),
+               UNIX_TIMESTAMP() - (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS
+                                   WHERE VARIABLE_NAME = 'UPTIME')
+    """
 
     def __init__(self, keep_history):
         super().__init__(keep_history)

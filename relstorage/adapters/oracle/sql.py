@@ -54,7 +54,7 @@ class OracleStatements(Statements):
 
     DATABASE_IDENTITY = """
         SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', 'CON_NAME'),
-               SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA')
+               SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA'), NULL
         FROM DUAL
     """
 

@@ -37,9 +37,11 @@ class PostgreSQLStatements(Statements):
 
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 
-    # The cluster's identifier is the same on its physical replicas.
+    # A cluster's identifier is shared by its physical copies (replicas, a
+    # restored backup): its start time tells them apart.
     DATABASE_IDENTITY = """
-        SELECT system_identifier::text, current_database(), current_schema()
+        SELECT system_identifier::text, current_database(), current_schema(),
+               EXTRACT(EPOCH FROM pg_postmaster_start_time())
         FROM pg_control_system()
     """
 

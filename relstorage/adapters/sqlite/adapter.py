@@ -101,7 +101,7 @@ class Sqlite3Adapter(Adapter):
     def database_identity(self):
         # The main file itself, however the data-dir is spelled or linked.
         found = os.stat(os.path.join(self.data_dir, MAIN_DB))
-        return (self.vendor, found.st_dev, found.st_ino)
+        return (self.vendor, found.st_dev, found.st_ino, None)
 
     # --- connections ------------------------------------------------------
 
