@@ -191,6 +191,14 @@ class MariaDBStatements(MySQLStatements):
 class MySQL8Statements(MySQLStatements):
     SHARE_LOCK_CLAUSE = 'FOR SHARE'
 
+    # MySQL 8 has no information_schema.GLOBAL_STATUS; it names each server
+    # (server_uuid), where MariaDB goes by the host name.
+    DATABASE_IDENTITY = """
+        SELECT @@server_uuid, @@port, @@datadir, DATABASE(),
+               UNIX_TIMESTAMP() - (SELECT VARIABLE_VALUE FROM performance_schema.global_status
+                                   WHERE VARIABLE_NAME = 'Uptime')
+    """
+
 
 OID_BLOCK = 128
 #: Most counter values one allocation draws (16 blocks: 2048 OIDs).
