@@ -22,6 +22,7 @@ from persistent.mapping import PersistentMapping
 from ZODB.utils import p64
 from ZODB.utils import u64
 
+from relstorage.interfaces import CommitFailedError
 from relstorage.interfaces import ReadConflictError
 from relstorage.interfaces import RelStorageError
 from relstorage.options import Options
@@ -89,10 +90,12 @@ class _PrivateCase(unittest.TestCase):
 
         self.restart_primary()
 
-        # The voted transaction was lost with the server: a retryable error,
-        # and nothing of it committed.
-        with self.assertRaises(transaction.interfaces.TransientError):
+        # The voted transaction was lost with the server, and nothing of it
+        # committed: CommitFailedError, not an error to retry (other
+        # databases of the transaction may have finished their part).
+        with self.assertRaises(CommitFailedError) as raised:
             storage.tpc_finish(in_flight)
+        self.assertNotIsInstance(raised.exception, transaction.interfaces.TransientError)
         storage.tpc_abort(in_flight)
         self.assertEqual(storage.loadBefore(x, p64(u64(storage.lastTransaction()) + 1))[1],
                          tid0)
@@ -357,7 +360,8 @@ class _ReplicaCase(_PrivateCase):
         self.pair.kill_server('primary')
         self.pair.promote(self.replica)
 
-        with self.assertRaises(transaction.interfaces.TransientError):
+        # (Asked of the promoted server, which commits now.)
+        with self.assertRaises(CommitFailedError):
             storage.tpc_finish(in_flight)
         storage.tpc_abort(in_flight)
         with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
