@@ -127,7 +127,7 @@ def main(argv=None):
         parser.error('--days does not apply to --use-prepack-state, which packs to the '
                      'time of the --prepack analysis it uses')
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, quiet=args.quiet)
     except (ZConfig.ConfigurationError, OSError) as exc:
         _error('%s' % exc)
         return 2
@@ -162,7 +162,7 @@ def main(argv=None):
     return status
 
 
-def load_config(path):
+def load_config(path, quiet=False):
     """The storages and databases of ``path``: a file of storage sections,
     bare or in <zodb> / <zodb_db> sections, or an application's whole
     zope.conf, whose other sections (instancehome, <eventlog>, <http-server>,
@@ -178,9 +178,11 @@ def load_config(path):
         databases = relstorage_databases(text)
         if databases is None:
             raise
-        # Said, so that a mistake outside those sections is not missed.
-        _error('%s is not a file of storages only (%s); packing the RelStorage '
-               'databases of its <zodb_db> sections' % (path, _one_line(exc)))
+        # Said (but with --quiet), so that a mistake outside those sections
+        # is not missed.
+        if not quiet:
+            _error('%s is not a file of storages only (%s); packing the RelStorage '
+                   'databases of its <zodb_db> sections' % (path, _one_line(exc)))
     # (Relative %include paths and such resolve from the file's directory.)
     url = 'file://' + os.path.abspath(path)
     config, _ = ZConfig.loadConfigFile(schema, io.StringIO(databases), url=url)

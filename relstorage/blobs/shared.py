@@ -22,14 +22,22 @@ class SharedBlobs(BlobMode):
         """Refuse a database that holds blob bytes: its blob-dir is a cache
         of them (shared-blob-dir false), where this mode would look for
         files that a cache need not have, and write blobs no other
-        process would find."""
+        process would find.  Nor a blob-dir marked as a cache (see
+        cached.CACHE_MARKER): a process still in cache mode would prune
+        the files this mode writes, their only copies (a review finding)."""
+        from .cached import CACHE_MARKER
+        if os.path.exists(os.path.join(self.blob_dir, CACHE_MARKER)):
+            raise RelStorageError(
+                "blob-dir %s is marked as a cache of blobs kept in the database (%s): set "
+                "shared-blob-dir false, or, if it is really meant to be the shared "
+                "directory, delete that file." % (self.blob_dir, CACHE_MARKER))
         if not adapter.has_blob_chunk:
             return
         conn = adapter.open_load()
         try:
             held = adapter.any_blob_chunk(conn)
-        finally:
             conn.rollback()
+        finally:
             conn.close()
         if held:
             raise RelStorageError(

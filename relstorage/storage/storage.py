@@ -123,9 +123,13 @@ class RelStorage(ConflictResolvingStorage):
                 if self._blobs is not None:
                     self._blobs.check_database(adapter)
             except BaseException:
-                # (Its sessions and cache clients, not left to the collector.)
-                self._cache.close()
-                adapter.close()
+                # (Its sessions and cache clients, not left to the collector;
+                # a failure to close them must not hide why it failed.)
+                for close in (self._cache.close, adapter.close):
+                    try:
+                        close()
+                    except Exception:  # pylint:disable=broad-except
+                        log.debug("Closing after a failed open failed", exc_info=True)
                 raise
         else:
             self._cache = _parent._cache

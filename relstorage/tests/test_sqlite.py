@@ -266,6 +266,13 @@ class SqliteConfigTests(unittest.TestCase):
         with open(left, 'wb') as f:
             f.write(b'a file a zap_all elsewhere left')
         ZODB.config.databaseFromString(cache).close()
+        # Nor is a directory marked as a cache opened as the shared one
+        # (a review finding: a process still in cache mode would prune
+        # what the shared mode writes there, the only copies).
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(
+                zconfig(data2, 'blob-dir %s' % os.path.join(self.tmp, 'cache')))
+        self.assertIn('marked as a cache', str(raised.exception))
 
     def test_missing_cache_local_dir_is_created(self):
         data_dir = os.path.join(self.tmp, 'data')
