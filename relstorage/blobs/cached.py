@@ -34,6 +34,7 @@ from ZODB.blob import rename_or_copy_blob
 from ..cache.shared import MAX_VALUE
 from ..interfaces import RelStorageError
 from .common import BlobMode
+from .common import database_holds_blobs
 from .common import _remove
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,7 @@ class CachedBlobs(BlobMode):
         marker = os.path.join(self.blob_dir, CACHE_MARKER)
         if os.path.exists(marker):
             return
-        conn = adapter.open_load()
-        try:
-            held = adapter.any_blob_chunk(conn)
-            conn.rollback()
-        finally:
-            conn.close()
+        held = database_holds_blobs(adapter)
         found = None if held else _first_blob_file(self.blob_dir)
         if found is None:
             with open(marker, 'w') as f:

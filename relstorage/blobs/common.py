@@ -86,6 +86,17 @@ class BlobMode:
                            p64(oid_int), p64(tid_int))
 
 
+def database_holds_blobs(adapter):
+    """Does the database of ``adapter`` hold the bytes of any blob?"""
+    conn = adapter.open_load()
+    try:
+        held = adapter.any_blob_chunk(conn)
+        conn.rollback()
+    finally:
+        conn.close()
+    return held
+
+
 class BlobTransaction:
     """Blob files stored (or copied by undo) in one transaction."""
 

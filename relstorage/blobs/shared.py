@@ -12,6 +12,7 @@ from ZODB.blob import rename_or_copy_blob
 
 from ..interfaces import RelStorageError
 from .common import BlobMode
+from .common import database_holds_blobs
 
 
 class SharedBlobs(BlobMode):
@@ -31,15 +32,7 @@ class SharedBlobs(BlobMode):
                 "blob-dir %s is marked as a cache of blobs kept in the database (%s): set "
                 "shared-blob-dir false, or, if it is really meant to be the shared "
                 "directory, delete that file." % (self.blob_dir, CACHE_MARKER))
-        if not adapter.has_blob_chunk:
-            return
-        conn = adapter.open_load()
-        try:
-            held = adapter.any_blob_chunk(conn)
-            conn.rollback()
-        finally:
-            conn.close()
-        if held:
+        if adapter.has_blob_chunk and database_holds_blobs(adapter):
             raise RelStorageError(
                 "%s holds blob data, so blob-dir %s is a cache of it: set shared-blob-dir "
                 "false (shared-blob-dir true keeps blobs only in a directory shared by "
