@@ -5,8 +5,9 @@
 CONFIG holds one or more storage sections (``%import relstorage`` for
 ``<relstorage>``), bare or wrapped in ``<zodb>`` (or Zope's ``<zodb_db>``)
 sections as in the application's own configuration; or it is a whole
-zope.conf, of which the RelStorage databases are packed.  Each storage is packed to DAYS days ago
-(default 0: now), with garbage collection as its ``pack-gc`` option says.
+zope.conf, of which the RelStorage databases are packed.  Each storage is
+packed to DAYS days ago (default 0: now), with garbage collection as its
+``pack-gc`` option says.
 A RelStorage pack runs beside a live site: see docs/pack.rst.
 
 On a terminal, each phase shows its progress; otherwise (cron) the only
@@ -81,7 +82,7 @@ def make_parser():
                         help='ZConfig file with <relstorage> (or other storage) '
                              'sections, bare or inside <zodb> / <zodb_db> sections; '
                              'or a zope.conf (its RelStorage databases)')
-    parser.add_argument('-d', '--days', type=_days, default=0.0,
+    parser.add_argument('-d', '--days', type=float, default=0.0,
                         help='keep the history of the last DAYS days (a number, '
                              'fractions allowed; default 0)')
     mode = parser.add_mutually_exclusive_group()
@@ -103,27 +104,15 @@ def make_parser():
     return parser
 
 
-class _Days(float):
-    """A -d value given on the command line (the default is a plain float)."""
-
-
-def _days(text):
-    return _Days(text)
-
-
-_days.__name__ = 'days'     # (argparse: "invalid days value")
-
-
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
-    args.days_given = isinstance(args.days, _Days)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(asctime)s %(name)s %(levelname)s %(message)s')
     if not 0 <= args.days <= MAX_DAYS:
         # (Also NaN, which no comparison holds.)
         parser.error('--days must be a number from 0 to %d, not %s' % (MAX_DAYS, args.days))
-    if args.use_prepack_state and args.days_given and args.days:
+    if args.use_prepack_state and args.days:
         parser.error('--days does not apply to --use-prepack-state, which packs to the '
                      'time of the --prepack analysis it uses')
     try:

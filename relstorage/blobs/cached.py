@@ -78,13 +78,12 @@ class CachedBlobs(BlobMode):
             with open(marker, 'w') as f:
                 f.write(CACHE_MARKER_TEXT)
             return
-        if found is not None:
-            raise RelStorageError(
-                "blob-dir %s holds blob files (%s), but %s holds no blob data: it looks "
-                "like a shared blob directory, whose files are the only copies. With "
-                "shared-blob-dir false it would be used as a cache and pruned. Set "
-                "shared-blob-dir true to keep using it as it is, or, if it is an old "
-                "cache, empty it." % (self.blob_dir, found, adapter.describe()))
+        raise RelStorageError(
+            "blob-dir %s holds blob files (%s), but %s holds no blob data: it looks "
+            "like a shared blob directory, whose files are the only copies. With "
+            "shared-blob-dir false it would be used as a cache and pruned. Set "
+            "shared-blob-dir true to keep using it as it is, or, if it is an old "
+            "cache, empty it." % (self.blob_dir, found, adapter.describe()))
 
     # --- commit -------------------------------------------------------------
 
