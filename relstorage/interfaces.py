@@ -264,9 +264,12 @@ class IRelStorageAdapter(Interface):
     def set_last_tid(conn, tid):
         """Publish ``tid`` as the last committed one (commit lock held)."""
 
-    def move_into_place(conn, tid, has_data, user, description, extension, packed=False):
+    def move_into_place(conn, tid, has_data, user, description, extension, packed=False,
+                        all_new=False, some_new=False):
         """Make the uploaded rows the revisions of ``tid`` and record the
-        transaction's metadata."""
+        transaction's metadata.  ``all_new``: every uploaded object is new,
+        with an OID from this process's allocation (no row can exist);
+        ``some_new``: the rows with prev_tid 0 were checked to have none."""
 
     def commit_outcome(tid, has_data):
         """After a COMMIT that lost its connection: True when ``tid`` was

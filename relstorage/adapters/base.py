@@ -793,13 +793,37 @@ class Adapter(PackVerbs):
         conn.execute(self.q(self.sql.FIX_PREV_TIDS))
 
     def move_into_place(self, conn, tid, has_data, user, description, extension,
-                        packed=False):
+                        packed=False, all_new=False, some_new=False):
         """Publish the transaction: states, current pointers, metadata
-        (``advance_tid`` has already published the tid itself)."""
+        (``advance_tid`` has already published the tid itself).
+        ``all_new``: every uploaded row is an object created with an OID
+        this process allocated (no row can exist); ``some_new``: some
+        rows have prev_tid 0, checked to have no row (see
+        ``sql.INSERT_NEW_CURRENT``)."""
         if has_data:
-            conn.execute(self.q(self.sql.MOVE_FROM_TEMP), (tid,))
-            if self.keep_history:
-                conn.execute(self.q(self.sql.UPDATE_CURRENT), (tid,))
+            sql = self.sql
+            # (History-free, UPDATE_CURRENT is MOVE_FROM_TEMP: see
+            # sql.INSERT_NEW_CURRENT.)
+            moves = (sql.MOVE_FROM_TEMP,) if self.keep_history else ()
+            if all_new:
+                moves += (sql.INSERT_NEW_CURRENT,)
+            elif some_new:
+                moves += (sql.INSERT_NEW_CURRENT, sql.UPDATE_OLD_CURRENT)
+            else:
+                moves += (sql.UPDATE_CURRENT,)
+            try:
+                for statement in moves:
+                    conn.execute(self.q(statement), (tid,))
+            except Exception as exc:
+                # (DB-API names the class; every driver has one.)
+                if (all_new or some_new) and any(cls.__name__ == 'IntegrityError'
+                                                 for cls in type(exc).__mro__):
+                    raise RelStorageError(
+                        "Cannot commit new objects to %s: an object with one of their "
+                        "OIDs is already there (were objects copied into the database "
+                        "with OIDs it did not allocate?); nothing was written. %s"
+                        % (self.describe(), _one_line(exc))) from exc
+                raise
         if self.keep_history:
             conn.execute(self.q(self.sql.INSERT_TRANSACTION),
                          (tid, packed, not has_data, self.binary(user),

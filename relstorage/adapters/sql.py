@@ -65,6 +65,17 @@ Pack tables, created by the first pack (see storage/pack.py):
 ``temp_pack_*``      per-connection work tables of the pack's reachability
                      and deletion batches.
 """
+import re
+
+
+def _old_rows_only(upsert):
+    """``upsert`` (of the rows of temp_store) for those with prev_tid <> 0
+    (see Statements.INSERT_NEW_CURRENT); a vendor's always-true WHERE goes."""
+    old, found = re.subn(r'FROM temp_store(\s+WHERE true)?\b',
+                         'FROM temp_store WHERE prev_tid <> 0', upsert)
+    if found != 1:
+        raise ValueError('not an upsert from temp_store: %s' % upsert)
+    return old
 
 
 class Statements:
@@ -96,6 +107,10 @@ class Statements:
             for name in dir(self):
                 if name.endswith('_HF'):
                     setattr(self, name[:-3], getattr(self, name))
+            # History-free, object_state holds the current revisions.
+            self.UPDATE_CURRENT = self.MOVE_FROM_TEMP
+        if self.UPDATE_CURRENT is not None:
+            self.UPDATE_OLD_CURRENT = _old_rows_only(self.UPDATE_CURRENT)
 
     # --- snapshot reads -------------------------------------------------
 
@@ -303,9 +318,31 @@ class Statements:
         SELECT zoid, %s, prev_tid, COALESCE(LENGTH(state), 0), state
         FROM temp_store
     """
-    # HF upserts are vendor syntax; each adapter supplies MOVE_FROM_TEMP_HF.
+    # HF upserts are vendor syntax; each adapter supplies MOVE_FROM_TEMP_HF,
+    # and UPDATE_CURRENT (HP), an upsert into current_object.
+    UPDATE_CURRENT = None
 
-    # UPDATE_CURRENT (HP) is vendor syntax too (an upsert into current_object).
+    #: The rows of new objects (prev_tid 0: OIDs this process's new_oid
+    #: handed out, or checked by detect_conflicts to have no row) go into
+    #: the table of current revisions (current_object; history-free,
+    #: object_state) with a plain INSERT, and only the others with the
+    #: vendor's upsert (UPDATE_OLD_CURRENT: UPDATE_CURRENT, history-free
+    #: MOVE_FROM_TEMP_HF, restricted to prev_tid <> 0).  Should a row
+    #: exist after all, the vote fails instead of overwriting it; and
+    #: PostgreSQL's upsert inserts speculatively, which costs more (an add
+    #: of 1000 objects to a mapping: 4.8-5.4 ms for the upsert of all
+    #: rows, 3.5-4.1 for the two statements).  A commit whose objects are
+    #: all new with OIDs from this process (an add) sends just the INSERT;
+    #: one without any new object just the upsert.
+    INSERT_NEW_CURRENT = """
+        INSERT INTO current_object (zoid, tid)
+        SELECT zoid, %s FROM temp_store WHERE prev_tid = 0
+    """
+    INSERT_NEW_CURRENT_HF = """
+        INSERT INTO object_state (zoid, tid, state_size, state)
+        SELECT zoid, %s, COALESCE(LENGTH(state), 0), state FROM temp_store
+        WHERE prev_tid = 0
+    """
 
     INSERT_TRANSACTION = """
         INSERT INTO transaction_log

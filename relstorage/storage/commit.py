@@ -213,7 +213,8 @@ class Commit:
         fault_point('vote.commit_locked')
         user, description, extension, status = self.meta
         adapter.move_into_place(conn, self.tid, len(tstore) > 0, user, description,
-                                extension, packed=(status == 'p'))
+                                extension, packed=(status == 'p'),
+                                all_new=len(fresh) == len(tstore), some_new=bool(fresh))
         if self.btxn is not None:
             self.blobs.finish(adapter, conn, self.btxn, self.tid)
         if tstore.max_oid >= 0:

@@ -17,6 +17,7 @@ from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
 
+from relstorage.interfaces import RelStorageError
 from relstorage.interfaces import SchemaMismatchError
 from relstorage.options import Options
 from relstorage.storage import RelStorage
@@ -191,6 +192,50 @@ class NewObjectCommitTests(FactoryCase):
             storage.tpc_vote(txn)
         storage.tpc_abort(txn)
         self.assertIn(u64(new[0]), seen['checked'])
+
+    def test_fresh_oid_with_a_row_is_not_overwritten(self):
+        # New objects are inserted, never upserted: should a row exist for
+        # an OID this process allocated (another process stored it without
+        # allocating it, as a copy may), the vote fails and the row is
+        # kept, whether the transaction stores only new objects or also
+        # changes an existing one.
+        storage = self.storage()
+        other = self.storage()
+        reader = self.storage()
+        existing = storage.new_oid()
+        existing_tid = self.commit(storage, existing, z64, 0)
+        for with_existing in (False, True):
+            oid = storage.new_oid()
+            other_tid = self.commit(other, oid, z64, 1)
+            txn = begin_store(storage, oid, z64, 2)
+            if with_existing:
+                storage.store(existing, existing_tid, zodb_pickle(MinPO(3)), '', txn)
+            with self.assertRaisesRegex(RelStorageError, 'one of their OIDs is already there'):
+                storage.tpc_vote(txn)
+            storage.tpc_abort(txn)
+            reader.sync()
+            for checked, value, tid in ((oid, 1, other_tid), (existing, 0, existing_tid)):
+                state, found = reader.load(checked)
+                self.assertEqual((zodb_unpickle(state).value, found), (value, tid))
+
+    def test_new_and_changed_objects_in_one_commit(self):
+        # The rows of new objects are inserted and the others upserted
+        # (two statements): both land, under the transaction's tid.
+        storage = self.storage()
+        old = storage.new_oid()
+        old_tid = self.commit(storage, old, z64, 0)
+        new = [storage.new_oid() for _ in range(3)]
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        for i, oid in enumerate(new):
+            storage.store(oid, z64, zodb_pickle(MinPO(i + 10)), '', txn)
+        storage.store(old, old_tid, zodb_pickle(MinPO(1)), '', txn)
+        storage.tpc_vote(txn)
+        tid = storage.tpc_finish(txn)
+        reader = self.storage()
+        for oid, value in zip(new + [old], [10, 11, 12, 1]):
+            state, found = reader.load(oid)
+            self.assertEqual((zodb_unpickle(state).value, found), (value, tid))
 
     def test_oid_from_elsewhere_stored_as_new_is_checked(self):
         # An OID this process did not allocate (another process's, or

@@ -215,6 +215,20 @@ class ChangeIndexTests(unittest.TestCase):
         self.assertEqual(index.tid_at(2, 20), 20)
         self.assertIsNone(index.tid_at(3, 20))        # never seen: unknown
 
+    def test_a_segment_of_several_transactions_in_any_order(self):
+        # A poll spanning several commits gives one row per object, in no
+        # particular order; the log keeps every tid list sorted.
+        _history, index = self.polled((10, [1, 2]), (20, [1]))
+        rows = [(3, 40), (1, 30), (4, 30), (2, 40)]
+        self.assertEqual(sorted(index.poll(20, 40, lambda after, upto: rows)),
+                         [(1, 30), (2, 40), (3, 40), (4, 30)])
+        self.assertEqual(index.log_size(), 7)
+        self.assertEqual(index.tid_at(1, 40), 30)
+        self.assertEqual(index.tid_at(2, 40), 40)
+        self.assertEqual(index.tid_at(2, 20), 10)
+        self.assertEqual(sorted(index.poll(10, 40, lambda after, upto: [])),
+                         [(1, 30), (2, 40), (3, 40), (4, 30)])
+
     def test_among_is_what_the_index_knows_of(self):
         # A pack lists every object it removed; the index is asked only
         # about those it knows of (checked, or in the change log).

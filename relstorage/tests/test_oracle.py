@@ -324,6 +324,8 @@ def drive_every_verb(adapter, recorder):
     adapter.advance_tid(store, 100, requested=200)
     adapter.move_into_place(store, 200, True, b'user', b'description', BIG)
     adapter.move_into_place(store, 201, False, b'', b'', b'')
+    adapter.move_into_place(store, 202, True, b'', b'', b'', all_new=True)
+    adapter.move_into_place(store, 203, True, b'', b'', b'', some_new=True)
     adapter.move_blobs_into_place(store, 200, True)
     adapter.copy_blob(store, 1, 100, 200)
     adapter.lock_commit_checked(store)

@@ -108,6 +108,12 @@ class OracleStatements(Statements):
         WHEN NOT MATCHED THEN INSERT (zoid, tid) VALUES (t.zoid, t.tid)
     """
 
+    INSERT_NEW_CURRENT_HF = """
+        INSERT INTO object_state (zoid, tid, state_size, state)
+        SELECT zoid, %s, COALESCE(DBMS_LOB.GETLENGTH(state), 0), state FROM temp_store
+        WHERE prev_tid = 0
+    """
+
     MOVE_FROM_TEMP_HF = """
         MERGE INTO object_state s
         USING (
