@@ -113,6 +113,10 @@ class Adapter(PackVerbs):
     oid_lists_as_text = False
     #: Rows per multi-row INSERT when uploading a transaction.
     upload_batch = 200
+    #: Whether committers lock the rows they change (lock_objects); False
+    #: where a store transaction holds the whole database (SQLite):
+    #: lock_objects_checked then has nothing to sort and send.
+    locks_rows = True
     statements_class = Statements
     #: Whether rows in the temporary tables outlive a commit (Oracle's
     #: global temporary tables are ON COMMIT DELETE ROWS; elsewhere
@@ -664,6 +668,8 @@ class Adapter(PackVerbs):
     def lock_objects_checked(self, conn, oids, read_current_oids):
         """``lock_objects`` with its lock failures reported by OID; returns
         what it returns ({oid: current tid} of the locked rows, or None)."""
+        if not self.locks_rows:
+            return None
         current = {}
         try:
             for exclusive, run in lock_runs(oids, read_current_oids):

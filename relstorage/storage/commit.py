@@ -282,11 +282,12 @@ class Commit:
     def _check_read_current(self, conn, read_current, current):
         if current is None:
             current = self.adapter.current_tids(conn, list(read_current))
-        for oid, expected in sorted(read_current.items()):
-            actual = current.get(oid, 0)
-            if actual != expected:
-                raise POSException.ReadConflictError(
-                    oid=p64(oid), serials=(p64(actual), p64(expected)))
+        changed = [oid for oid, expected in read_current.items()
+                   if current.get(oid, 0) != expected]
+        if changed:
+            oid = min(changed)
+            raise POSException.ReadConflictError(
+                oid=p64(oid), serials=(p64(current.get(oid, 0)), p64(read_current[oid])))
 
     def _vote_copied(self, conn):
         """Vote for a batch of copied transactions: the same locks in the

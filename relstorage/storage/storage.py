@@ -663,7 +663,8 @@ class RelStorage(ConflictResolvingStorage):
         self._check_txn(txn).store(u64(oid), u64(oldserial) if oldserial else 0, None)
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):
-        self._check_txn(txn).check_current(u64(oid), u64(serial))
+        # (int.from_bytes, as in store: called once per object read.)
+        self._check_txn(txn).check_current(int.from_bytes(oid, 'big'), _tid_int(serial))
 
     def tpc_vote(self, txn):
         pending = self._check_txn(txn)

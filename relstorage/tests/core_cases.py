@@ -156,7 +156,7 @@ class NewObjectCommitTests(FactoryCase):
     def _spy(self, storage):
         adapter = storage._adapter
         seen = {'locked': [], 'checked': []}
-        lock_objects, detect = adapter.lock_objects, adapter.detect_conflicts
+        lock_objects, detect = adapter.lock_objects_checked, adapter.detect_conflicts
 
         def spy_lock(conn, oids, read_oids):
             seen['locked'].extend(oids)
@@ -166,7 +166,7 @@ class NewObjectCommitTests(FactoryCase):
             rows = list(rows)
             seen['checked'].extend(oid for oid, _ in rows)
             return detect(conn, rows, current)
-        adapter.lock_objects, adapter.detect_conflicts = spy_lock, spy_detect
+        adapter.lock_objects_checked, adapter.detect_conflicts = spy_lock, spy_detect
         return seen
 
     def test_new_objects_skip_locks_and_checks(self):

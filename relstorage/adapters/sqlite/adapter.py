@@ -74,6 +74,7 @@ class Sqlite3Adapter(Adapter):
     statements_class = sql.SqliteStatements
     # BEGIN IMMEDIATE takes the whole database (see lock_commit).
     pack_lock_is_write_lock = True
+    locks_rows = False
     # ... but not pack.sqlite3 unless attached, as only the pack does.
     pack_tables_apart = True
 
@@ -273,7 +274,7 @@ class Sqlite3Adapter(Adapter):
     # --- locks ------------------------------------------------------------------
 
     def lock_objects(self, conn, oids, read_current_oids):
-        # BEGIN IMMEDIATE already holds the whole database.
+        # BEGIN IMMEDIATE already holds the whole database (locks_rows).
         pass
 
     def lock_commit(self, conn):
