@@ -172,6 +172,7 @@ class RelStorage(ConflictResolvingStorage):
         self._ra_until = -1
         self._last_load = None          # (oid, snapshot, (state, serial)), see load
         self._prefetched = {}           # oid_int -> (state, tid_int), see load
+        self._asked = set()             # oid_ints prefetch() was asked for
         self._own_tids = set()          # committed here since the last poll
         # The storage object made from the configuration is used directly by
         # ZODB.DB (undoLog, pack, lastTransaction, ...) and by tools; until
@@ -317,6 +318,7 @@ class RelStorage(ConflictResolvingStorage):
         # not change the last tid).
         self._last_load = None
         self._prefetched = {}
+        self._asked = set()
         if self._snapshot_open:
             self._snapshot_open = False
             conn = self._load_conn
@@ -457,7 +459,10 @@ class RelStorage(ConflictResolvingStorage):
         READ_AHEAD OIDs not already known to the cache are read in one
         query, in the same snapshot, instead of one round trip each.
         Random access never triggers it; a scan of cached objects costs no
-        query (prefetch only asks for what the cache does not know).
+        query (prefetch only asks for what the cache does not know), nor
+        does the last of the objects an application prefetched itself: it
+        named what it needs, and the run is read ahead only once it goes
+        past them.
         """
         if 0 <= oid_int - self._ra_next < READ_AHEAD_STRIDE:
             self._ra_run += 1
@@ -470,7 +475,8 @@ class RelStorage(ConflictResolvingStorage):
             self._ra_run = 0
         self._ra_next = oid_int + 1
         if (self._ra_run >= READ_AHEAD_AFTER and oid_int > self._ra_until
-                and self._cache.local.limit and oid_int + 1 not in self._prefetched):
+                and self._cache.local.limit and oid_int + 1 not in self._prefetched
+                and oid_int not in self._asked):
             # (The next object already read by a prefetch: nothing to
             # read ahead yet; asked again at the next load.)
             self._ra_until = oid_int + READ_AHEAD - 1
@@ -534,6 +540,7 @@ class RelStorage(ConflictResolvingStorage):
                 # Kept for this snapshot's loads (see load); the root
                 # storage's snapshot ends with this call.
                 self._prefetched.update(fetched)
+                self._asked.update(oid_ints)
 
     def lastTransaction(self):
         if self._before is not None:

@@ -510,6 +510,43 @@ class ReadAheadTests(FactoryCase):
         finally:
             rdb.close()
 
+    def test_no_read_ahead_past_what_was_prefetched(self):
+        # An application that prefetched the objects it is about to read
+        # named what it needs: reading the last of them does not read
+        # ahead (a wasted query after every prefetched scan); going on
+        # past them does.
+        db = ZODB.DB(self.storage())
+        with db.transaction() as conn:
+            conn.root()['items'] = items = PersistentMapping()
+            for i in range(300):
+                items[i] = PersistentMapping(v=i)
+        db.close()
+        reader = self.storage()
+        rdb = ZODB.DB(reader)
+        try:
+            conn = rdb.open(transaction.TransactionManager())
+            items = conn.root()['items']
+            first = [items[i] for i in range(100)]
+            bulk = []
+            original = reader._cache.prefetch
+
+            def counting(adapter, conn_, oids, snapshot):
+                oids = list(oids)
+                bulk.append(oids)
+                return original(adapter, conn_, oids, snapshot)
+            reader._cache.prefetch = counting
+            conn.prefetch(first)
+            self.assertEqual([obj['v'] for obj in first], list(range(100)))
+            self.assertEqual(len(bulk), 1, bulk[1:])
+            single_loads = count_single_loads(reader)
+            self.assertEqual([items[i]['v'] for i in range(100, 300)], list(range(100, 300)))
+            self.assertGreater(len(bulk), 1)
+            self.assertLess(len(single_loads), 30, len(single_loads))
+            conn.close()
+        finally:
+            rdb.close()
+
+
 class PackVisibilityTests(FactoryCase):
 
     def test_other_process_forgets_objects_removed_by_pack(self):
