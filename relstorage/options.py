@@ -115,14 +115,16 @@ OPTIONS = (
            'True if blob-dir is the only blob store (shared by all clients); '
            'false if it is a local cache of blobs kept in the database.', active=True),
     Option('blob-cache-size', None, 'byte-size',
-           'Target size of the blob cache; unlimited when unset.', active=True),
+           'Target size of the blob cache; unlimited when unset.', active=True,
+           valid=_NOT_NEGATIVE),
     Option('blob-cache-size-check', 10, 'integer',
            'Percentage of blob-cache-size written before checking the cache '
-           'size.', active=True),
+           'size.', active=True, valid=_POSITIVE),
     Option('blob-cache-size-check-external', False, 'boolean',
            'Run the blob cache size check in a separate process.', active=True),
     Option('blob-chunk-size', 1048576, 'byte-size',
-           'Size of the pieces a blob is split into in the database.', active=True),
+           'Size of the pieces a blob is split into in the database.', active=True,
+           valid=_POSITIVE),
     # Replicas.
     Option('replica-conf', None, 'string',
            'File listing the database servers to use (host[:port] per line, '
@@ -181,23 +183,23 @@ OPTIONS = (
            'a safe name derived from the database.', active=True),
     Option('cache-local-mb', 10, 'integer',
            'Megabytes of pickles to keep in the in-process cache; 0 '
-           'disables it.', active=True),
+           'disables it.', active=True, valid=_NOT_NEGATIVE),
     Option('cache-local-dir', None, 'existing-dirpath',
            'Directory to save the local cache to and load it from; created '
            'at open if missing (its parent must exist).',
            active=True),
     Option('cache-local-object-max', 16384, 'byte-size',
-           'Largest pickle kept in the local cache.', active=True),
+           'Largest pickle kept in the local cache.', active=True, valid=_NOT_NEGATIVE),
     Option('cache-local-compression', 'none', 'string',
            'Compression of pickles in the local cache: none or zlib.',
            choices=('none', 'zlib'), active=True),
     Option('cache-delta-size-limit', 100000, 'integer',
            'Maximum number of objects tracked in the cache delta maps.',
-           active=True),
+           active=True, valid=_POSITIVE),
     # Locking.
     Option('commit-lock-timeout', 30, 'integer',
            'Seconds to wait for the commit lock before giving up.',
-           active=True),
+           active=True, valid=_NOT_NEGATIVE),
     Option('keep-locks-on-conflict', 2.0, 'float',
            'After a conflict found in vote, seconds the failed transaction '
            'keeps its row locks so that its retry on the same connection '
@@ -210,7 +212,8 @@ OPTIONS = (
            active=True, valid=_POSITIVE),
     # Keys of earlier releases that no longer apply: accepted and ignored,
     # with a warning saying what replaced them.
-    Option('poll-interval', None, 'integer',
+    # (Earlier releases took fractions of a second.)
+    Option('poll-interval', None, 'float',
            'Seconds between polls for changes.',
            replaced_by='changes are polled at the start of every transaction'),
     Option('pack-dry-run', None, 'boolean',
@@ -344,6 +347,18 @@ class Options:
             elif not option.active and value != option.default:
                 logger.info('option %s is accepted but not yet active',
                             option.name)
+        if self.blob_dir is None:
+            # Blob options without a blob-dir: the storage keeps no blobs,
+            # and the first blob committed fails with ZODB's "Storing Blobs
+            # ... is not supported", which names no option.
+            given = [option.name for option in self.OPTIONS
+                     if option.name.startswith('blob-') and option.name != 'blob-dir'
+                     and getattr(self, option.attribute) != option.default]
+            if not self.shared_blob_dir:
+                given.insert(0, 'shared-blob-dir')
+            if given:
+                logger.warning('%s set without blob-dir: this storage keeps no blobs '
+                               '(set blob-dir to store them)', ', '.join(given))
 
     def __eq__(self, other):
         if not isinstance(other, Options):

@@ -75,8 +75,14 @@ class Resolver:
     def _split_query(self, query):
         from relstorage import config
         options, adapter, dbkw = {}, {}, {}
+        given = {}
         for key, value in query:
             name = key.replace('-', '_')
+            if name in given:
+                # As in a configuration file: which one was meant?
+                raise ValueError('%s URI: %r is given more than once (as %s and %s)'
+                                 % (self.scheme, name, given[name], key))
+            given[name] = key
             if name in DB_ARGS:
                 dbkw[name] = value
             elif name == 'driver' or name in self.adapter_keys or self._is_adapter_key(name):

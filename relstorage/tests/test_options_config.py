@@ -197,6 +197,20 @@ class TestOptions(unittest.TestCase):
             Options(pack_batch_timeout=0)
         self.assertIn('pack-batch-timeout', str(cm.exception))
 
+    def test_negative_sizes_and_timeouts_name_the_option(self):
+        # They were accepted (and meant nothing sensible).
+        for name, bad in (('cache_local_mb', -5), ('commit_lock_timeout', -1),
+                          ('blob_cache_size', -1), ('blob_cache_size_check', 0),
+                          ('blob_chunk_size', 0), ('cache_local_object_max', -1),
+                          ('cache_delta_size_limit', 0)):
+            with self.subTest(name=name):
+                with self.assertRaises(ValueError) as cm:
+                    Options(**{name: bad})
+                self.assertIn(name.replace('_', '-'), str(cm.exception))
+        options = Options(cache_local_mb=0, commit_lock_timeout=0, blob_cache_size=0)
+        self.assertEqual((options.cache_local_mb, options.commit_lock_timeout,
+                          options.blob_cache_size), (0, 0, 0))
+
     def test_option_fields(self):
         option = Options.option('keep-history')
         self.assertIsInstance(option, Option)
@@ -275,6 +289,21 @@ class TestOptions(unittest.TestCase):
                 mock.patch.object(logger, 'warning') as warning:
             Options(keep_history=False).log_notices(logger)
         info.assert_not_called()
+        warning.assert_not_called()
+
+    def test_blob_options_without_blob_dir_are_reported(self):
+        # Without blob-dir the storage keeps no blobs; the first blob
+        # committed failed with ZODB's words, which name no option.
+        logger = logging.getLogger('relstorage.tests.blobs')
+        options = Options(shared_blob_dir=False, blob_cache_size=100 * 2 ** 20)
+        with self.assertLogs(logger, logging.WARNING) as logs:
+            options.log_notices(logger)
+        self.assertEqual(logs.output, [
+            'WARNING:relstorage.tests.blobs:shared-blob-dir, blob-cache-size set '
+            'without blob-dir: this storage keeps no blobs (set blob-dir to store them)'])
+        with mock.patch.object(logger, 'warning') as warning:
+            Options(blob_dir='/tmp', shared_blob_dir=False,
+                    blob_cache_size=100).log_notices(logger)
         warning.assert_not_called()
 
     def test_legacy_options(self):
@@ -421,6 +450,12 @@ class TestBadValues(_ParsingTests):
     def test_bad_pragma_values(self):
         for line, names in (('synchronous maybe', ['synchronous', 'maybe']),
                             ('journal_mode wall', ['journal_mode', 'wall']),
+                            # SQLite takes them; the storage cannot work
+                            # with them (its commits waited for the
+                            # snapshot readers and failed in tpc_finish).
+                            ('journal_mode delete', ['journal_mode', 'must be wal']),
+                            ('journal_mode TRUNCATE', ['journal_mode', 'must be wal']),
+                            ('locking_mode exclusive', ['locking_mode', 'must be normal']),
                             ('cache_size big', ['cache_size', 'integer']),
                             ('foreign_keys perhaps', ['foreign_keys']),
                             ('integrity_check 1', ['integrity_check'])):
@@ -447,6 +482,9 @@ class TestBadValues(_ParsingTests):
 
     def test_bad_float(self):
         self.assertConfigError(['replica-timeout'], 'replica-timeout never')
+
+    def test_negative_value(self):
+        self.assertConfigError(['cache-local-mb', 'must not be negative'], 'cache-local-mb -5')
 
     def test_missing_parent_dir(self):
         self.assertConfigError(['blob-dir'],
@@ -557,12 +595,13 @@ class TestValues(_ParsingTests):
 
     def test_legacy_keys(self):
         body = '\n'.join([
-            'poll-interval 5', 'pack-dry-run true', 'cache_local_dir_count 20',
+            'poll-interval 0.5', 'pack-dry-run true', 'cache_local_dir_count 20',
             'cache-local-dir-read-count 3',
             'cache-local-dir-write-max-size 10MB',
             'cache_local_dir_compress true'])
         options = self.load(body).options
-        self.assertEqual(options.poll_interval, 5)
+        # (Earlier releases took fractions of a second.)
+        self.assertEqual(options.poll_interval, 0.5)
         self.assertTrue(options.pack_prepack_only)
         self.assertEqual(options.cache_local_dir_write_max_size,
                          10 * 1024 ** 2)

@@ -145,6 +145,10 @@ class SqliteConfigTests(unittest.TestCase):
         for pragma, named in (('synchronus normal', "'synchronus'"),
                               ('synchronous maybe', 'synchronous'),
                               ('journal_mode walrus', 'journal_mode'),
+                              # Regression: a rollback journal was taken,
+                              # and commits then failed in tpc_finish.
+                              ('journal_mode delete', 'must be wal'),
+                              ('locking_mode exclusive', 'must be normal'),
                               ('busy_timeout soon', 'busy_timeout'),
                               ('encoding latin1', 'encoding')):
             with self.subTest(pragma=pragma):
@@ -157,6 +161,16 @@ class SqliteConfigTests(unittest.TestCase):
             Sqlite3Adapter(data_dir, pragmas={'synchronous': 'maybe'})
         self.assertIn('synchronous', str(cm.exception))
         self.assertFalse(os.path.exists(data_dir))
+
+    def test_data_dir_that_is_a_file(self):
+        # Regression: os.makedirs's FileExistsError, naming no key.
+        path = os.path.join(self.tmp, 'afile')
+        with open(path, 'w'):
+            pass
+        with self.assertRaises(RelStorageError) as cm:
+            ZODB.config.databaseFromString(zconfig(path, ''))
+        self.assertIn('data-dir %s: %s is a file, not a directory' % (path, path),
+                      str(cm.exception))
 
     def test_checked_pragmas_are_applied(self):
         adapter = Sqlite3Adapter(os.path.join(self.tmp, 'data'), pragmas={

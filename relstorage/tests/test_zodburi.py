@@ -71,6 +71,14 @@ class TestResolvers(unittest.TestCase):
             'sqlite://%s?pragma_synchronous=maybe' % self.tmp: 'synchronous',
             'sqlite://%s?cache_module_name=memcached' % self.tmp: 'cache-module-name',
             'sqlite://%s?cache-local-dir-count=many' % self.tmp: 'cache-local-dir-count',
+            # Both spellings of one key (the last one won, silently).
+            'sqlite://%s?keep_history=true&keep-history=false' % self.tmp:
+                "'keep_history' is given more than once (as keep_history and keep-history)",
+            'sqlite://%s?cache-local-mb=5&cache-local-mb=7' % self.tmp:
+                "'cache_local_mb' is given more than once",
+            'sqlite://%s?pragma_synchronous=off&pragma-synchronous=full' % self.tmp:
+                "'pragma_synchronous' is given more than once",
+            'sqlite://%s?pragma_journal_mode=delete' % self.tmp: 'must be wal',
         }
         for uri, message in cases.items():
             with self.subTest(uri=uri):

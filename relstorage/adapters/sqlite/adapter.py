@@ -19,6 +19,7 @@ import os
 import random
 import time
 
+from ...directories import ensure_directory
 from ...interfaces import RelStorageError
 from ..base import Adapter
 from ..packing import PackLock
@@ -82,14 +83,13 @@ class Sqlite3Adapter(Adapter):
         super().__init__(options)
         if not data_dir:
             raise RelStorageError("The sqlite3 adapter needs a data-dir.")
-        self.data_dir = os.path.abspath(data_dir)
         self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
         self.pragmas = dict(DEFAULT_PRAGMAS)
         try:
             self.pragmas.update(check_pragmas(pragmas))
         except ValueError as exc:
             raise RelStorageError(str(exc)) from None
-        os.makedirs(self.data_dir, exist_ok=True)
+        self.data_dir = ensure_directory('data-dir', data_dir)
         self._reset_oid_state()
 
     def _reset_oid_state(self):

@@ -66,6 +66,20 @@ PRAGMAS = {
 # Values written quoted in the PRAGMA statement.
 _QUOTED = ('encoding',)
 
+# Settings the storage cannot work with, whatever SQLite accepts: name ->
+# (the values it needs, why).  A ZODB connection reads in a snapshot that
+# stays open while other connections commit; only write-ahead logging lets
+# a commit finish while a reader holds one (with a rollback journal, or
+# with one connection holding the file exclusively, the commit waited
+# commit-lock-timeout for the reader and failed in tpc_finish).
+_REQUIRED = {
+    'journal_mode': (('wal',), 'RelStorage keeps read snapshots open while other '
+                     'connections commit, which SQLite allows only in WAL mode'),
+    'locking_mode': (('normal',), 'the storage opens several connections to the '
+                     'database (loads, commits, OIDs), which exclusive locking '
+                     'keeps out'),
+}
+
 
 def _is_int(text):
     return re.fullmatch(r'[+-]?[0-9]+', text) is not None
@@ -102,6 +116,10 @@ def check_pragma(name, value):
     if not any(_matches(kind, text) for kind in kinds):
         raise ValueError('SQLite pragma %s: %r is not %s'
                          % (key, text, _describe(allowed)))
+    if key in _REQUIRED and text.lower() not in _REQUIRED[key][0]:
+        needed, why = _REQUIRED[key]
+        raise ValueError('SQLite pragma %s: %r is not supported; it must be %s (%s)'
+                         % (key, text, ' or '.join(needed), why))
     return key, text
 
 
