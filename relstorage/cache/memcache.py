@@ -60,7 +60,12 @@ class PymemcacheServer(Server):
 
     def __init__(self, address):
         Server.__init__(self, '%s:%d' % address)
-        from pymemcache.client.base import PooledClient
+        try:
+            from pymemcache.client.base import PooledClient
+        except ImportError:
+            raise ValueError('cache-servers names memcached servers, but the pymemcache '
+                             'package is not installed (pip install '
+                             'relstorage[memcache])') from None
         self.client = PooledClient(address, connect_timeout=CONNECT_TIMEOUT,
                                    timeout=TIMEOUT, no_delay=True, default_noreply=True)
 
@@ -85,7 +90,12 @@ class PylibmcServer(Server):
 
     def __init__(self, addresses):
         Server.__init__(self, ' '.join('%s:%d' % a for a in addresses))
-        module = importlib.import_module('pylibmc')
+        try:
+            module = importlib.import_module('pylibmc')
+        except ImportError:
+            raise ValueError('cache-module-name pylibmc, but the pylibmc package is not '
+                             'installed (pip install pylibmc, or leave cache-module-name '
+                             'unset for pymemcache)') from None
         self.client = module.Client(['%s:%d' % a for a in addresses], binary=True)
         # A pylibmc client is not thread-safe.
         self._lock = threading.Lock()

@@ -61,6 +61,18 @@ class MemcacheTests(SharedCacheTests):
         with self.assertRaisesRegex(ValueError, 'cache-module-name'):
             open_shared_cache('a:1', 'memcache_client_of_the_future')
 
+    def test_pylibmc_not_installed(self):
+        # Regression: a bare ModuleNotFoundError when the storage opened.
+        try:
+            import pylibmc  # noqa: F401 pylint:disable=unused-import
+        except ImportError:
+            pass
+        else:
+            self.skipTest('pylibmc is installed')
+        with self.assertRaisesRegex(ValueError, 'cache-module-name pylibmc, but the '
+                                    'pylibmc package is not installed'):
+            open_shared_cache(self.servers, 'pylibmc')
+
 
 def _test_suite():
     return unittest.TestLoader().loadTestsFromTestCase(MemcacheTests)
