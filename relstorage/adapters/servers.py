@@ -87,8 +87,12 @@ def read_server_file(path, option):
         raise RelStorageError("%s: cannot read the server list %s: %s"
                               % (option, path, exc.strerror or exc)) from None
     servers = []
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         text = line.split('#', 1)[0].strip()
+        if text and len(text.split()) > 1 and not text.startswith('('):
+            # (Only an Oracle descriptor, in parentheses, holds spaces.)
+            raise RelStorageError("%s: line %d of the server list %s is not one "
+                                  "host[:port]: %r" % (option, number, path, text))
         if text:
             servers.append(Server(text))
     if not servers:

@@ -466,6 +466,16 @@ class ReplicaConfigTests(unittest.TestCase):
         servers = read_server_file(path, 'replica-conf')
         self.assertEqual([(s.host, s.port) for s in servers],
                          [('db1', 5433), ('db2', None), ('::1', 5434)])
+        # A line that is not one host[:port] (it was taken for a host name
+        # that never answered); an Oracle descriptor may hold spaces.
+        with open(path, 'w') as f:
+            f.write('db1:5433\nI am a file\n')
+        with self.assertRaisesRegex(RelStorageError, "replica-conf: line 2 of the server "
+                                    "list .* is not one host.:port.: 'I am a file'"):
+            read_server_file(path, 'replica-conf')
+        with open(path, 'w') as f:
+            f.write('(DESCRIPTION = (ADDRESS = (HOST = db1)(PORT = 1521)))\n')
+        self.assertEqual(len(read_server_file(path, 'replica-conf')), 1)
 
     def test_sqlite_refuses_replicas(self):
         tmp = self.tmpdir()
