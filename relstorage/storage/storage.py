@@ -329,61 +329,80 @@ class RelStorage(ConflictResolvingStorage):
 
     def poll_invalidations(self):
         with self._lock:
-            self._autorefresh = False
-            previous = self._poll_tid
-            self._end_snapshot()
-            conn = self._ensure_snapshot(polling=True)
-            current = self._snapshot_tid
-            if self._stale_snapshot:
-                # Nothing to invalidate: the connection keeps what it has,
-                # and its loads raise ReadConflictError until the replica
-                # catches up.
-                return []
-            self._poll_tid = current
-            if self._reverted:
-                # revert-when-stale: back to the replica's older state;
-                # what the connection caches may be newer.
-                self._poll_pack_mark = self._snapshot_pack_mark
-                self._own_tids = set()
+            try:
+                return self._poll_invalidations()
+            except DisconnectedError as exc:
+                # The database is out of reach (restarting, failing over).
+                # ZODB polls after every commit and abort too
+                # (Connection.afterCompletion): raising there failed a
+                # transaction that had committed, with an error transaction
+                # managers retry, so the retry applied it twice, and made
+                # abort() raise.  Nothing is read now: the ZODB connection
+                # drops what it caches (None), and the next load opens a
+                # snapshot, or raises the error where a retry is safe.
+                self._end_snapshot()
+                self._give_back_load_conn()
+                log.warning("Could not poll %s for changes (%s); the connection's "
+                            "object cache is dropped, and the next load tries again.",
+                            self._adapter.describe(), exc)
                 return None
-            mark, self._poll_pack_mark = self._poll_pack_mark, self._snapshot_pack_mark
-            removed = []
-            if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
-                # Pack batches since our last poll: the objects they removed
-                # are invalidated (a ghost of one raises POSKeyError when
-                # loaded).  Revisions they trimmed were not current.
-                removed = self._pack_removals(conn, mark, self._snapshot_pack_mark)
-            if removed is None:
-                # zap_all, or a pack whose list we cannot read: objects
-                # our ZODB connection caches may be gone, so it must drop
-                # everything.  The shared change log restarts at this
-                # (post-pack) snapshot.
-                self._own_tids = set()
-                # After zap_all our commits are history that is gone.
-                self._last_commit_tid = 0
-                self._cache.poll(self._adapter, conn, None, current)
-                return None
-            if previous is None or current == previous:
-                self._own_tids = set()
-                # Nothing to invalidate, but keep the shared change log
-                # up to this snapshot.
-                self._cache.poll(self._adapter, conn, previous, current)
-                return removed
-            if current < previous:
-                # The database went back in time (restored from a backup):
-                # nothing the connection caches can be trusted.
-                log.warning("The database's last transaction went backwards "
-                            "(from %x to %x); invalidating all caches.", previous, current)
-                self._cache.rolled_back(current, previous)
-                return None
-            # One query at most, often none: the change log shared by all
-            # instances may already hold (previous, current].
-            changes = self._cache.poll(self._adapter, conn, previous, current)
-            own = self._own_tids
+
+    def _poll_invalidations(self):
+        self._autorefresh = False
+        previous = self._poll_tid
+        self._end_snapshot()
+        conn = self._ensure_snapshot(polling=True)
+        current = self._snapshot_tid
+        if self._stale_snapshot:
+            # Nothing to invalidate: the connection keeps what it has,
+            # and its loads raise ReadConflictError until the replica
+            # catches up.
+            return []
+        self._poll_tid = current
+        if self._reverted:
+            # revert-when-stale: back to the replica's older state;
+            # what the connection caches may be newer.
+            self._poll_pack_mark = self._snapshot_pack_mark
             self._own_tids = set()
-            # What this instance committed itself is already in its ZODB
-            # connection's cache: invalidating it would only cost reloads.
-            return [_oid_bytes(oid) for oid, tid in changes if tid not in own] + removed
+            return None
+        mark, self._poll_pack_mark = self._poll_pack_mark, self._snapshot_pack_mark
+        removed = []
+        if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
+            # Pack batches since our last poll: the objects they removed
+            # are invalidated (a ghost of one raises POSKeyError when
+            # loaded).  Revisions they trimmed were not current.
+            removed = self._pack_removals(conn, mark, self._snapshot_pack_mark)
+        if removed is None:
+            # zap_all, or a pack whose list we cannot read: objects
+            # our ZODB connection caches may be gone, so it must drop
+            # everything.  The shared change log restarts at this
+            # (post-pack) snapshot.
+            self._own_tids = set()
+            # After zap_all our commits are history that is gone.
+            self._last_commit_tid = 0
+            self._cache.poll(self._adapter, conn, None, current)
+            return None
+        if previous is None or current == previous:
+            self._own_tids = set()
+            # Nothing to invalidate, but keep the shared change log
+            # up to this snapshot.
+            self._cache.poll(self._adapter, conn, previous, current)
+            return removed
+        if current < previous:
+            # The database went back in time (restored from a backup):
+            # nothing the connection caches can be trusted.
+            log.warning("The database's last transaction went backwards "
+                        "(from %x to %x); invalidating all caches.", previous, current)
+            self._cache.rolled_back(current, previous)
+            return None
+        # One query at most, often none: the change log shared by all
+        # instances may already hold (previous, current].
+        changes = self._cache.poll(self._adapter, conn, previous, current)
+        own = self._own_tids
+        self._own_tids = set()
+        # What this instance committed itself is already in its ZODB
+        # connection's cache: invalidating it would only cost reloads.
+        return [_oid_bytes(oid) for oid, tid in changes if tid not in own] + removed
 
     def _pack_removals(self, conn, after_mark, upto_mark):
         """OIDs (bytes) the pack batches of marks (after_mark, upto_mark]

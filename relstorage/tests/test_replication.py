@@ -109,6 +109,55 @@ class _PrivateCase(unittest.TestCase):
         with db.transaction() as conn2:
             self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
 
+    def check_server_gone_after_a_commit(self):
+        # Regression: ZODB polls after every commit and abort
+        # (Connection.afterCompletion).  With the server gone right after
+        # the COMMIT, the poll raised a DisconnectedError, a TransientError:
+        # tm.commit() failed a transaction that was committed (a retry
+        # applied it twice), and tm.abort() raised while the server was down.
+        db = self.db()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        with tm:
+            conn.root()['n'] = 0
+        pair = self.pair
+        with tm:
+            conn.root()['n'] = 1
+            tm.get().join(_StopsServerInTpcFinish(lambda: pair.stop_server('primary')))
+        try:
+            # The server is down: a new transaction begins and aborts
+            # without an error; reading raises one a retry may follow.
+            tm.begin()
+            with self.assertRaises(transaction.interfaces.TransientError):
+                conn.root()['n']
+            tm.abort()
+        finally:
+            pair.start_server('primary')
+        with tm:
+            self.assertEqual(conn.root()['n'], 1)
+            conn.root()['n'] = 2
+        conn.close()
+        with db.transaction() as conn2:
+            self.assertEqual(conn2.root()['n'], 2)
+
+
+class _StopsServerInTpcFinish:
+    """A data manager that finishes last, stopping the server then."""
+
+    def __init__(self, stop):
+        self.stop = stop
+
+    def abort(self, txn):
+        pass
+
+    tpc_begin = commit = tpc_vote = tpc_abort = abort
+
+    def tpc_finish(self, txn):
+        self.stop()
+
+    def sortKey(self):
+        return '~~~ after every storage'
+
 
 class _ReplicaCase(_PrivateCase):
     """Scenarios on a primary and its replica; the vendor mixins say how
@@ -412,12 +461,18 @@ class PostgreSQLServerRestartTests(_PostgreSQL, _PrivateCase):
     def test_server_restart_mid_session(self):
         self.check_restart_mid_session()
 
+    def test_server_gone_after_a_commit(self):
+        self.check_server_gone_after_a_commit()
+
 
 class MariaDBServerRestartTests(_MariaDB, _PrivateCase):
     """The private primary shuts down and starts again mid-session."""
 
     def test_server_restart_mid_session(self):
         self.check_restart_mid_session()
+
+    def test_server_gone_after_a_commit(self):
+        self.check_server_gone_after_a_commit()
 
 
 class PostgreSQLReplicaTests(_PostgreSQL, _ReplicaCase):
