@@ -429,7 +429,8 @@ def count_single_loads(storage):
 
 class ReadAheadTests(FactoryCase):
 
-    def test_sequential_reads_use_few_queries_and_keep_the_snapshot(self):
+    def commit_items(self):
+        """root['items']: 300 PersistentMappings, created in one commit."""
         db = ZODB.DB(self.storage())
         with db.transaction() as conn:
             conn.root()['items'] = items = PersistentMapping()
@@ -437,6 +438,8 @@ class ReadAheadTests(FactoryCase):
                 items[i] = PersistentMapping(v=i)
         db.close()
 
+    def test_sequential_reads_use_few_queries_and_keep_the_snapshot(self):
+        self.commit_items()
         reader = self.storage()             # a new process: empty caches
         writer = ZODB.DB(self.storage())
         rdb = ZODB.DB(reader)
@@ -515,12 +518,7 @@ class ReadAheadTests(FactoryCase):
         # named what it needs: reading the last of them does not read
         # ahead (a wasted query after every prefetched scan); going on
         # past them does.
-        db = ZODB.DB(self.storage())
-        with db.transaction() as conn:
-            conn.root()['items'] = items = PersistentMapping()
-            for i in range(300):
-                items[i] = PersistentMapping(v=i)
-        db.close()
+        self.commit_items()
         reader = self.storage()
         rdb = ZODB.DB(reader)
         try:
