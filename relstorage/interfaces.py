@@ -74,6 +74,11 @@ class CommitUnknownError(RelStorageError):
     """
 
 
+class NewObjectExistsError(RelStorageError):
+    """A commit stored an object as new, and the database already has a row
+    for its OID (see ``Adapter.move_into_place``)."""
+
+
 class SchemaMismatchError(RelStorageError):
     """The database holds a schema other than the one configured."""
 
@@ -267,9 +272,9 @@ class IRelStorageAdapter(Interface):
     def move_into_place(conn, tid, has_data, user, description, extension, packed=False,
                         all_new=False, some_new=False):
         """Make the uploaded rows the revisions of ``tid`` and record the
-        transaction's metadata.  ``all_new``: every uploaded object is new,
-        with an OID from this process's allocation (no row can exist);
-        ``some_new``: the rows with prev_tid 0 were checked to have none."""
+        transaction's metadata.  ``all_new``: every uploaded object is stored
+        as new (prev_tid 0), ``some_new``: some are; NewObjectExistsError
+        when one of them has a row after all."""
 
     def commit_outcome(tid, has_data):
         """After a COMMIT that lost its connection: True when ``tid`` was

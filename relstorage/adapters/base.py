@@ -14,6 +14,7 @@ import threading
 import zope.interface
 
 from ..interfaces import IRelStorageAdapter
+from ..interfaces import NewObjectExistsError
 from ..interfaces import RelStorageError
 from ..interfaces import SchemaMismatchError
 from ..interfaces import UnableToAcquireCommitLockError
@@ -212,7 +213,8 @@ class Adapter(PackVerbs):
         raise NotImplementedError
 
     def classify_error(self, exc):
-        """'lock', 'disconnect' or None for an exception raised by the driver."""
+        """'lock', 'disconnect', 'duplicate' (a unique key refused a row) or
+        None for an exception raised by the driver."""
         return None
 
     def ensure_temp_table(self, conn):
@@ -802,10 +804,11 @@ class Adapter(PackVerbs):
                         packed=False, all_new=False, some_new=False):
         """Publish the transaction: states, current pointers, metadata
         (``advance_tid`` has already published the tid itself).
-        ``all_new``: every uploaded row is an object created with an OID
-        this process allocated (no row can exist); ``some_new``: some
-        rows have prev_tid 0, checked to have no row (see
-        ``sql.INSERT_NEW_CURRENT``)."""
+        ``all_new``: every uploaded row is an object stored as new
+        (prev_tid 0); ``some_new``: some are.  Such an object's OID was
+        handed out by this process, or the conflict check found no row
+        for it (see ``sql.INSERT_NEW_CURRENT``); a row found for one of
+        them after all raises NewObjectExistsError."""
         if has_data:
             sql = self.sql
             # (History-free, UPDATE_CURRENT is MOVE_FROM_TEMP: see
@@ -821,10 +824,8 @@ class Adapter(PackVerbs):
                 for statement in moves:
                     conn.execute(self.q(statement), (tid,))
             except Exception as exc:
-                # (DB-API names the class; every driver has one.)
-                if (all_new or some_new) and any(cls.__name__ == 'IntegrityError'
-                                                 for cls in type(exc).__mro__):
-                    raise RelStorageError(
+                if (all_new or some_new) and self.classify_error(exc) == 'duplicate':
+                    raise NewObjectExistsError(
                         "Cannot commit new objects to %s: an object with one of their "
                         "OIDs is already there (were objects copied into the database "
                         "with OIDs it did not allocate?); nothing was written. %s"

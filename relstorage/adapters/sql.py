@@ -328,12 +328,13 @@ class Statements:
     #: object_state) with a plain INSERT, and only the others with the
     #: vendor's upsert (UPDATE_OLD_CURRENT: UPDATE_CURRENT, history-free
     #: MOVE_FROM_TEMP_HF, restricted to prev_tid <> 0).  Should a row
-    #: exist after all, the vote fails instead of overwriting it; and
-    #: PostgreSQL's upsert inserts speculatively, which costs more (an add
-    #: of 1000 objects to a mapping: 4.8-5.4 ms for the upsert of all
-    #: rows, 3.5-4.1 for the two statements).  A commit whose objects are
-    #: all new with OIDs from this process (an add) sends just the INSERT;
-    #: one without any new object just the upsert.
+    #: exist after all (one created meanwhile by another transaction: a
+    #: missing row cannot be locked), the vote fails instead of
+    #: overwriting it; and PostgreSQL's upsert inserts speculatively,
+    #: which costs more (an add of 1000 objects to a mapping: 4.8-5.4 ms
+    #: for the upsert of all rows, 3.5-4.1 for the two statements).  A
+    #: commit whose objects are all new sends just the INSERT; one without
+    #: any new object just the upsert.
     INSERT_NEW_CURRENT = """
         INSERT INTO current_object (zoid, tid)
         SELECT zoid, %s FROM temp_store WHERE prev_tid = 0

@@ -61,6 +61,7 @@ from ZODB.utils import u64
 from ..interfaces import CommitFailedError
 from ..interfaces import CommitUnknownError
 from ..interfaces import DisconnectedError
+from ..interfaces import NewObjectExistsError
 from .faults import fault_point
 from .tempstore import TempStore
 
@@ -114,6 +115,7 @@ class Commit:
         self.read_current = {}          # oid_int -> tid_int seen
         self.resolved = set()           # oid_ints whose conflict was resolved
         self.fresh = None               # new OIDs nobody else can hold (_claim_fresh)
+        self.new_count = 0              # objects stored as new (prev_tid 0), idem
         self.restoring = False          # restore(): copy history verbatim
         self.btxn = blobs.begin() if blobs is not None else None
         self.copied = []                # CopiedTransaction (copy.py's batches)
@@ -194,7 +196,8 @@ class Commit:
         # statements read it: then checking costs no query.
         current = None
         if to_lock or read_current:
-            current = adapter.lock_objects_checked(conn, to_lock, sorted(read_current))
+            # (lock_runs puts every OID in order.)
+            current = adapter.lock_objects_checked(conn, to_lock, list(read_current))
             self.locked = True
         fault_point('vote.locked')
         if self.restoring:
@@ -212,9 +215,21 @@ class Commit:
         self.tid = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
         user, description, extension, status = self.meta
-        adapter.move_into_place(conn, self.tid, len(tstore) > 0, user, description,
-                                extension, packed=(status == 'p'),
-                                all_new=len(fresh) == len(tstore), some_new=bool(fresh))
+        try:
+            adapter.move_into_place(conn, self.tid, len(tstore) > 0, user, description,
+                                    extension, packed=(status == 'p'),
+                                    all_new=self.new_count == len(tstore),
+                                    some_new=self.new_count > 0)
+        except NewObjectExistsError as exc:
+            if self.new_count > len(fresh):
+                # An object created under an OID this process did not hand
+                # out: another transaction may have created it since the
+                # conflict check (a missing row cannot be locked).  Its
+                # retry finds the row and conflicts as usual.
+                raise POSException.ConflictError(
+                    "Another transaction created an object this one creates too "
+                    "(%s)" % exc) from exc
+            raise
         if self.btxn is not None:
             self.blobs.finish(adapter, conn, self.btxn, self.tid)
         if tstore.max_oid >= 0:
@@ -246,8 +261,9 @@ class Commit:
             if self.restoring:
                 self.fresh = frozenset()
             else:
-                self.fresh = self.adapter.claim_fresh_oids(
-                    [oid for oid, prev_tid in self.tstore.prev_tids() if not prev_tid])
+                new = [oid for oid, prev_tid in self.tstore.prev_tids() if not prev_tid]
+                self.new_count = len(new)
+                self.fresh = self.adapter.claim_fresh_oids(new)
         return self.fresh
 
     def _resolve_conflicts(self, conn, resolve, fresh, current):

@@ -338,12 +338,13 @@ class RelStorage(ConflictResolvingStorage):
                 # transaction that had committed, with an error transaction
                 # managers retry, so the retry applied it twice, and made
                 # abort() raise.  Nothing is read now: the ZODB connection
-                # drops what it caches (None), and the next load opens a
+                # invalidates all it caches (None), and the next load opens a
                 # snapshot, or raises the error where a retry is safe.
                 self._end_snapshot()
                 self._give_back_load_conn()
-                log.warning("Could not poll %s for changes (%s); the connection's "
-                            "object cache is dropped, and the next load tries again.",
+                log.warning("Could not poll %s for changes (%s); every object the "
+                            "connection caches is invalidated, and the next load "
+                            "tries again.",
                             self._adapter.describe(), exc)
                 return None
 
@@ -690,6 +691,8 @@ class RelStorage(ConflictResolvingStorage):
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):
         # (int.from_bytes, as in store: called once per object read.)
+        if len(oid) != 8:
+            raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
         self._check_txn(txn).check_current(int.from_bytes(oid, 'big'), _tid_int(serial))
 
     def tpc_vote(self, txn):

@@ -218,6 +218,37 @@ class NewObjectCommitTests(FactoryCase):
                 state, found = reader.load(checked)
                 self.assertEqual((zodb_unpickle(state).value, found), (value, tid))
 
+    def test_object_created_by_two_transactions_at_once(self):
+        # Two transactions create an object under an OID neither process
+        # allocated (as a restore may): a missing row cannot be locked, so
+        # both pass the conflict check.  The second to move it in gets a
+        # ConflictError, which a retry resolves; the upsert it used to go
+        # through overwrote the first one's object.  With and without a new
+        # object of its own in the same transaction.
+        first, second, allocator = self.storage(), self.storage(), self.storage()
+        if not second._adapter.locks_rows:
+            self.skipTest('one writer at a time: the first would wait for the second')
+        for with_own in (False, True):
+            oid = allocator.new_oid()
+            txn = begin_store(second, oid, z64, 2)
+            if with_own:
+                second.store(second.new_oid(), z64, zodb_pickle(MinPO(9)), '', txn)
+            adapter = second._adapter
+            advance_tid = adapter.advance_tid
+
+            def first_commits_meanwhile(*args, advance_tid=advance_tid, oid=oid):
+                adapter.advance_tid = advance_tid
+                first_tid.append(self.commit(first, oid, z64, 1))
+                return advance_tid(*args)
+            first_tid = []
+            adapter.advance_tid = first_commits_meanwhile
+            with self.assertRaises(ConflictError):
+                second.tpc_vote(txn)
+            second.tpc_abort(txn)
+            reader = self.storage()
+            state, tid = reader.load(oid)
+            self.assertEqual((zodb_unpickle(state).value, tid), (1, first_tid[0]))
+
     def test_new_and_changed_objects_in_one_commit(self):
         # The rows of new objects are inserted and the others upserted
         # (two statements): both land, under the transaction's tid.

@@ -30,6 +30,10 @@ LOCK_ERRORS = frozenset((
     1213,   # ER_LOCK_DEADLOCK
     3572,   # ER_LOCK_NOWAIT (MySQL 8)
 ))
+DUPLICATE_ERRORS = frozenset((
+    1062,   # ER_DUP_ENTRY
+    1586,   # ER_DUP_ENTRY_WITH_KEY_NAME
+))
 DISCONNECT_ERRORS = frozenset((
     1053,   # ER_SERVER_SHUTDOWN
     1077,   # ER_NORMAL_SHUTDOWN
@@ -167,12 +171,15 @@ def select_driver(name='auto'):
 
 
 def classify_error(driver, exc):
-    """'lock', 'disconnect' or None for an exception raised by ``driver``."""
+    """'lock', 'disconnect', 'duplicate' or None for an exception raised by
+    ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     errno = driver.errno(exc)
     if errno in LOCK_ERRORS:
         return 'lock'
+    if errno in DUPLICATE_ERRORS:
+        return 'duplicate'
     if errno in DISCONNECT_ERRORS or driver.is_closed_error(exc):
         return 'disconnect'
     return None

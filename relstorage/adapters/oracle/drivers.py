@@ -33,6 +33,7 @@ LOCK_ERRORS = frozenset((
     60,      # ORA-00060 deadlock detected while waiting for resource
     30006,   # ORA-30006 resource busy; acquire with WAIT timeout expired
 ))
+DUPLICATE_ERROR = 1   # ORA-00001 unique constraint violated
 DISCONNECT_ERRORS = frozenset((
     28,      # ORA-00028 your session has been killed
     31,      # ORA-00031 session marked for kill
@@ -121,12 +122,15 @@ def error_codes(exc):
 
 
 def classify_error(driver, exc):
-    """'lock', 'disconnect' or None for an exception raised by ``driver``."""
+    """'lock', 'disconnect', 'duplicate' or None for an exception raised by
+    ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     code, full_code = error_codes(exc)
     if code in LOCK_ERRORS:
         return 'lock'
+    if code == DUPLICATE_ERROR:
+        return 'duplicate'
     if (code in DISCONNECT_ERRORS or full_code in DISCONNECT_DRIVER_CODES
             or getattr(exc.args[0] if exc.args else None, 'is_session_dead', False)):
         return 'disconnect'

@@ -19,6 +19,7 @@ LOCK_NOT_AVAILABLE = '55P03'      # lock_timeout expired, or NOWAIT
 DEADLOCK_DETECTED = '40P01'
 READ_ONLY_TRANSACTION = '25006'
 LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
+UNIQUE_VIOLATION = '23505'
 #: admin_shutdown, crash_shutdown, cannot_connect_now,
 #: idle_in_transaction_session_timeout (the server ended the session: see
 #: hold_locks); class 08 is added below.
@@ -103,12 +104,14 @@ class Driver:
         raise NotImplementedError
 
     def classify_error(self, exc):
-        """'lock', 'disconnect' or None."""
+        """'lock', 'disconnect', 'duplicate' or None."""
         if not isinstance(exc, self.Error):
             return None
         state = self.sqlstate(exc)
         if state in LOCK_STATES:
             return 'lock'
+        if state == UNIQUE_VIOLATION:
+            return 'duplicate'
         if state is not None:
             if state.startswith('08') or state in DISCONNECT_STATES:
                 return 'disconnect'

@@ -12,9 +12,12 @@ def select_driver(name):
 
 
 def classify_error(exc):
+    """'lock', 'duplicate' or None."""
     import sqlite3
     if isinstance(exc, sqlite3.OperationalError):
         text = str(exc).lower()
         if 'locked' in text or 'busy' in text:
             return 'lock'
+    elif isinstance(exc, sqlite3.IntegrityError) and 'UNIQUE constraint failed' in str(exc):
+        return 'duplicate'
     return None
