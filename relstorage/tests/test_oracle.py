@@ -836,6 +836,11 @@ class ErrorTests(unittest.TestCase):
         not_connected = errors._create_exception(errors.ERR_NOT_CONNECTED)
         self.assertEqual(self.classify(not_connected), 'disconnect')
 
+    def test_duplicate_key(self):
+        # A new object whose row exists (see Adapter.move_into_place).
+        self.assertEqual(self.classify(oracle_error(
+            'ORA-00001: unique constraint (RS.PK_OBJECT_STATE) violated', 1)), 'duplicate')
+
     def test_other_errors(self):
         self.assertIsNone(self.classify(oracle_error(
             'ORA-00942: table or view does not exist', 942)))
