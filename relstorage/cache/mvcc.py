@@ -402,39 +402,32 @@ class ChangeIndex:
             self._shrink_known()
 
     def _add_segment(self, snapshot, rows):
-        # _add_change, inlined for the segment after the log's end: every
-        # tid here is newer than what the log holds, so each lands at the
-        # end of its lists (a 1000-object commit's poll adds 1000 rows, and
-        # the general path cost about 1 us a row).
-        changes, by_tid = self._changes, self._by_tid
+        # _add_change, inlined for what a segment after the log's end
+        # holds: tids newer than any the log has, which land at the end of
+        # their lists (a 1000-object commit's poll adds 1000 rows, and the
+        # general path cost about 1 us a row).  Anything else takes it.
+        changes, by_tid, all_tids = self._changes, self._by_tid, self._tids
         added = 0
-        new_tids = []
         for oid, tid in rows:
             tids = changes.get(oid)
+            if tids is not None and tid <= tids[-1]:
+                self._add_change(oid, tid)
+                continue
             if tids is None:
                 changes[oid] = [tid]
-            elif tid > tids[-1]:
+            else:
                 tids.append(tid)
-            elif tid in tids:
-                continue
-            else:
-                insort(tids, tid)
             group = by_tid.get(tid)
-            if group is None:
-                by_tid[tid] = [oid]
-                new_tids.append(tid)
-            else:
+            if group is not None:
                 group.append(oid)
+            else:
+                by_tid[tid] = [oid]
+                if not all_tids or tid > all_tids[-1]:
+                    all_tids.append(tid)
+                else:
+                    insort(all_tids, tid)
             added += 1
         self._count += added
-        if new_tids:
-            new_tids.sort()
-            all_tids = self._tids
-            if not all_tids or new_tids[0] > all_tids[-1]:
-                all_tids.extend(new_tids)
-            else:
-                for tid in new_tids:
-                    insort(all_tids, tid)
         self._bounds.append(snapshot)
         self._end = snapshot
 
