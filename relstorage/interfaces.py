@@ -349,11 +349,14 @@ class IRelStorageAdapter(Interface):
     def set_pack_info(conn, **values):
         """Record progress values."""
 
-    def iter_revisions(conn, after_tid, upto_tid):
+    def iter_revisions(conn, after_tid, upto_tid, kept_at=None):
         """(oid, tid, state) of every revision in (after_tid, upto_tid], by
-        tid, streamed: never the whole database in client memory."""
+        tid, streamed: never the whole database in client memory.  With
+        ``kept_at`` (history-preserving), without the revisions replaced
+        by one of ``kept_at`` or before: a pack to that time or later
+        removes them, and needs none of their references."""
 
-    def count_revisions(conn, after_tid, upto_tid):
+    def count_revisions(conn, after_tid, upto_tid, kept_at=None):
         """How many revisions iter_revisions would yield."""
 
     def pack_refs_tid(conn):
@@ -388,12 +391,12 @@ class IRelStorageAdapter(Interface):
         pack's tables are kept apart from the data, tie them to the data
         as it is now, so that they are not used with another copy."""
 
-    def forget_deleted(conn, final=False):
+    def forget_deleted(conn, upto_oid, final=False):
         """After a deletion batch committed (and, ``final``, once all
         did): drop the references and candidates of what the batches
-        removed, where the pack's tables are apart (pack_tables_apart),
-        once those batches are on disk (sync_deleted); otherwise each
-        batch did it."""
+        removed (the candidates up to ``upto_oid``), where the pack's
+        tables are apart (pack_tables_apart), once those batches are on
+        disk (sync_deleted); otherwise each batch did it."""
 
     def sync_deleted(conn):
         """Wait until the deletion batches committed so far are on disk

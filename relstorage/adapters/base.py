@@ -107,6 +107,9 @@ class Adapter(PackVerbs):
     placeholder = '%s'
     #: How many values one IN (...) list may hold.
     max_in_list = 500
+    #: How many values one multi-row INSERT of the pack's analysis may
+    #: bind (with placeholders); None: max_in_list.
+    max_insert_values = None
     #: Whether IN lists of OIDs are written into the statement's text
     #: (``%d``, integers only) rather than bound one placeholder each: a
     #: driver that binds client-side (mysqlclient, PyMySQL) costs a Python

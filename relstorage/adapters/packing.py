@@ -206,12 +206,20 @@ class PackVerbs:
                 break
             yield from rows
 
-    def iter_revisions(self, conn, after_tid, upto_tid):
+    def iter_revisions(self, conn, after_tid, upto_tid, kept_at=None):
         """(oid, tid, state) of every revision with after_tid < tid <=
-        upto_tid, by tid, streamed (a snapshot connection)."""
+        upto_tid, by tid, streamed (a snapshot connection); with
+        ``kept_at`` (history-preserving), not those replaced by a
+        revision of ``kept_at`` or before (PACK_REVISIONS_KEPT)."""
+        if kept_at is not None and self.keep_history:
+            return self.stream_query(conn, self.q(self.sql.PACK_REVISIONS_KEPT),
+                                     (after_tid, upto_tid, kept_at))
         return self.stream_query(conn, self.q(self.sql.PACK_REVISIONS), (after_tid, upto_tid))
 
-    def count_revisions(self, conn, after_tid, upto_tid):
+    def count_revisions(self, conn, after_tid, upto_tid, kept_at=None):
+        if kept_at is not None and self.keep_history:
+            return conn.query_value(self.q(self.sql.PACK_COUNT_REVISIONS_KEPT),
+                                    (after_tid, upto_tid, kept_at)) or 0
         return conn.query_value(self.q(self.sql.PACK_COUNT_REVISIONS_AFTER),
                                 (after_tid, upto_tid)) or 0
 
@@ -306,7 +314,8 @@ class PackVerbs:
         ``oid_lists_as_text`` the values are written into the text (see
         oid_statements): the analysis binds three per reference."""
         # (As text, no placeholder limit applies: max_in_list rows.)
-        per_statement = max(1, self.max_in_list // (1 if self.oid_lists_as_text else width))
+        per_statement = (self.max_in_list if self.oid_lists_as_text
+                         else max(1, (self.max_insert_values or self.max_in_list) // width))
         placeholders = '(' + ','.join(['%s'] * width) + ')'
         as_text = '(' + ','.join(['%d'] * width) + ')'
         for chunk in _chunks(rows, per_statement):
@@ -678,37 +687,36 @@ class PackVerbs:
     #: batches removed (each first waits for those batches to be on disk).
     FORGET_EVERY = 0.05
 
-    def forget_deleted(self, conn, final=False):
+    def forget_deleted(self, conn, upto_oid, final=False):
         """After a deletion batch committed, where the pack's tables are
-        apart (pack_tables_apart; a batch is then one prepared part, still
-        in temp_pack_batch): note what it removed, and, every FORGET_EVERY
-        seconds and when ``final`` (the deletion is over: nothing more to
-        note), remove the references and candidates of what the batches
-        noted removed, in a write of those tables only (no commit waits
-        for it), once those batches are on disk (sync_deleted).  Should
-        the pack stop before, they stay: rows about objects and revisions
-        that no longer exist, which no join of a pack follows (OIDs are
-        never reused, and revisions are joined by their tid).  Returns
-        whether it removed them this time."""
+        apart (pack_tables_apart): every FORGET_EVERY seconds, and when
+        ``final`` (the deletion is over), remove the references and
+        candidates of what the batches removed, the candidates up to
+        ``upto_oid`` (batches go by OID), in a write of those tables only
+        (no commit waits for it), once those batches are on disk
+        (sync_deleted).  Should the pack stop before, they stay: rows
+        about objects and revisions that no longer exist, which no join
+        of a pack follows (OIDs are never reused, and revisions are joined
+        by their tid).  Returns whether it removed them this time."""
         if not self.pack_tables_apart:
             return False
-        if not final:
-            self.begin_pack_write(conn)
-            conn.execute(self.sql.PACK_DONE_SAVE)
-            conn.commit()
-            now = time.monotonic()
-            if now - conn.session_settings.setdefault('forgotten', now) < self.FORGET_EVERY:
-                return False
+        settings = conn.session_settings
+        now = time.monotonic()
+        if not final and now - settings.setdefault('forgotten', now) < self.FORGET_EVERY:
+            return False
+        after = settings.get('forgotten_upto', -1)
+        if upto_oid is None or upto_oid <= after:
+            return False
         # Else a power cut could undo the batches and not this: their
         # objects back, their references gone, and what those reference
         # free for a later pack to remove.
         self.sync_deleted(conn)
         self.begin_pack_write(conn)
-        conn.execute(self.sql.PACK_DONE_REFS)
-        conn.execute(self.sql.PACK_DONE_OBJECTS)
-        self.clear_pack_temp(conn, 'temp_pack_done')
+        conn.execute(self.q(self.sql.PACK_DONE_REFS), (after, upto_oid, ALL_REVISIONS))
+        conn.execute(self.q(self.sql.PACK_DONE_OBJECTS), (after, upto_oid))
         conn.commit()
-        conn.session_settings['forgotten'] = time.monotonic()
+        settings['forgotten'] = time.monotonic()
+        settings['forgotten_upto'] = upto_oid
         return True
 
     def sync_deleted(self, conn):

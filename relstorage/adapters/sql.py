@@ -30,7 +30,9 @@ Pack tables, created by the first pack (see storage/pack.py):
 ``object_ref``       (zoid, tid, to_zoid): the references of each analysed
                      revision, extracted once and reused by later packs.
 ``pack_info``        name -> integer: ``refs_tid`` (every revision up to it
-                     is in object_ref), and the pre-pack's ``pack_tid``,
+                     is in object_ref, but for those ``refs_kept_at`` let
+                     out: see PACK_REVISIONS_KEPT), and the pre-pack's
+                     ``pack_tid``,
                      ``checked_tid`` (commits up to it were re-checked) and
                      ``prepared``; ``packed_tid`` and ``packed_gc`` of the
                      last completed pack; ``seeds_armed`` (history-free
@@ -458,6 +460,27 @@ class Statements:
     PACK_COUNT_REVISIONS_AFTER = """
         SELECT COUNT(*) FROM object_state WHERE tid > %s AND tid <= %s
     """
+    # History-preserving, a pack to time T needs the references of the
+    # revisions current at T or later only: one replaced by a revision of
+    # T or before is removed by that pack, and no pack to T or after
+    # follows it (pack_info ``refs_kept_at``: the latest such T, which a
+    # pack to an earlier time cannot use).  At a million objects, the
+    # revisions of the buckets the garbage was removed from held 1.8
+    # million references, recorded and then forgotten by the same pack.
+    # Parameters: after, upto, T.
+    PACK_REVISIONS_KEPT = """
+        SELECT zoid, tid, state FROM object_state s
+        WHERE tid > %s AND tid <= %s
+          AND NOT EXISTS (SELECT 1 FROM object_state n
+                          WHERE n.zoid = s.zoid AND n.tid > s.tid AND n.tid <= %s)
+        ORDER BY tid
+    """
+    PACK_COUNT_REVISIONS_KEPT = """
+        SELECT COUNT(*) FROM object_state s
+        WHERE tid > %s AND tid <= %s
+          AND NOT EXISTS (SELECT 1 FROM object_state n
+                          WHERE n.zoid = s.zoid AND n.tid > s.tid AND n.tid <= %s)
+    """
     # Left by an analysis that was interrupted part way through a tid.
     PACK_REFS_FORGET_AFTER = "DELETE FROM object_ref WHERE tid > %s"
     # History-free: an object's new revision replaces its references.
@@ -818,7 +841,7 @@ class Statements:
         DELETE FROM pack_object WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
     """
     # Where the pack's tables are apart (SQLite): see PackVerbs.forget_deleted.
-    PACK_DONE_SAVE = PACK_DONE_REFS = PACK_DONE_OBJECTS = None
+    PACK_DONE_REFS = PACK_DONE_OBJECTS = None
 
     # History-preserving end of a pack: transactions up to the pack time
     # are packed (no undo), and those left without states go.

@@ -35,6 +35,8 @@ import os
 import threading
 import time
 from io import BytesIO
+from itertools import repeat
+from struct import unpack
 
 from persistent.TimeStamp import TimeStamp
 from zodbpickle.pickle import Unpickler
@@ -45,8 +47,7 @@ from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
 
-#: u64 (once the length is checked) without its unpack, once per reference.
-from_bytes = int.from_bytes
+_EIGHT = {8}
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             report.up_to_date = True
         else:
             phase_start = time.time()
-            snapshot_tid = _analyse(adapter, conn, referencesf, report, progress)
+            snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
+                                    pack_tid=pack_tid_for(t))
             report.pack_tid = min(pack_tid_for(t), snapshot_tid)
             report.phases['analysis'] = time.time() - phase_start
             phase_start = time.time()
@@ -257,16 +259,21 @@ def _acquire(adapter):
 # ----------------------------------------------------------------------
 # Phase 1: references.
 
-def _analyse(adapter, conn, referencesf, report, progress):
+def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
     """Record the references of every revision committed since the last
-    analysis, up to a snapshot; return the snapshot's tid."""
+    analysis, up to a snapshot; return the snapshot's tid.  With
+    ``pack_tid`` (a pack, history-preserving), not those of revisions
+    replaced by one of that time or before (iter_revisions)."""
     load = adapter.open_load()
     try:
         adapter.begin_snapshot(load)
         snapshot_tid = adapter.get_last_tid(load)
+        kept_at = None
+        if pack_tid is not None and adapter.keep_history:
+            kept_at = min(pack_tid, snapshot_tid)
         adapter.pair_pack_tables(conn)
         adapter.begin_pack_write(conn)
-        done = adapter.pack_refs_tid(conn)
+        done = _refs_kept_at(adapter, conn, adapter.pack_refs_tid(conn), kept_at)
         # An analysis killed part way through a tid left some of its rows.
         adapter.forget_refs_after(conn, done)
         seeds = adapter.records_seeds(conn)
@@ -277,7 +284,8 @@ def _analyse(adapter, conn, referencesf, report, progress):
         # to analyse once more (1 s at 4,000,000 objects on PostgreSQL).
         bar = progress('analysing references',
                        None if progress is _NoProgress
-                       else adapter.count_revisions(load, done, snapshot_tid), 'revisions')
+                       else adapter.count_revisions(load, done, snapshot_tid, kept_at),
+                       'revisions')
         oids, rows = [], []
         current = None
         completed = done
@@ -305,7 +313,7 @@ def _analyse(adapter, conn, referencesf, report, progress):
             bar.update(len(oids))
 
         try:
-            for oid, tid, state in adapter.iter_revisions(load, done, snapshot_tid):
+            for oid, tid, state in adapter.iter_revisions(load, done, snapshot_tid, kept_at):
                 if tid != current:
                     if current is not None:
                         completed = current
@@ -323,7 +331,7 @@ def _analyse(adapter, conn, referencesf, report, progress):
                 if state is not None:
                     refs = _references(read, oid, tid, state)
                     if refs:
-                        rows.extend([(oid, tid, ref) for ref in sorted(refs)])
+                        rows.extend(zip(repeat(oid), repeat(tid), refs))
             flush(snapshot_tid)
             recorder.wait()
         finally:
@@ -335,6 +343,31 @@ def _analyse(adapter, conn, referencesf, report, progress):
     finally:
         load.rollback()
         load.close()
+
+
+def _refs_kept_at(adapter, conn, done, kept_at):
+    """The tid after which the analysis starts, ``done`` unless the
+    recorded references lack some it needs; records ``kept_at`` (see
+    PACK_REVISIONS_KEPT).  Revisions up to ``done`` were analysed without
+    those replaced by one of pack_info's ``refs_kept_at`` or before: a
+    pack to that time or later does not need them, a pack to an earlier
+    time does, and all is analysed again (it is rare: zodbpack --prepack
+    -d 0, then a pack with -d 7, say).  Without ``kept_at`` (zodbpack
+    --check-refs-only, or history-free) nothing changes: the current
+    revisions are never let out."""
+    if kept_at is None:
+        return done
+    left_out = adapter.pack_info(conn).get('refs_kept_at')
+    if done and left_out is not None and kept_at < left_out:
+        log.info("The pack of %s is to an earlier time than the last analysis, which "
+                 "did not record the references of revisions it replaced before "
+                 "its own pack time: analysing every revision again.", adapter.describe())
+        adapter.forget_refs_after(conn, 0)
+        adapter.set_pack_info(conn, refs_tid=None, seed_base=None)
+        done = 0
+    if not done or left_out is None or kept_at > left_out:
+        adapter.set_pack_info(conn, refs_kept_at=kept_at)
+    return done
 
 
 class _Recorder:
@@ -427,7 +460,17 @@ class _ZODBReferences:
         except BaseException:
             self._unpickler = None
             raise
-        return _oids_of(found)
+        # Most references are (oid, class) tuples: taken at once, and the
+        # rest (weak and cross-database references, OIDs as text) by
+        # _oids_of.
+        try:
+            oids = [ref[0] if type(ref) is tuple else ref for ref in found]
+        except IndexError:
+            return _oids_of(found)
+        for oid in oids:
+            if type(oid) is not bytes:
+                return _oids_of(found)
+        return oids
 
 
 def _zodb_references(state):
@@ -453,17 +496,20 @@ def _oids_of(found):
 
 
 def _references(referencesf, oid, tid, state):
-    """The OIDs (ints) a state references; PackError if it cannot be read."""
+    """The OIDs (ints, sorted, each once) a state references; PackError
+    if it cannot be read."""
     if state is None:
         return ()
     try:
         refs = referencesf(state if type(state) is bytes else bytes(state))
         if not refs:
             return ()
-        for ref in refs:
-            if len(ref) != 8:
-                raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
-        return {from_bytes(ref, 'big') for ref in refs}
+        if set(map(len, refs)) != _EIGHT:
+            for ref in refs:
+                if len(ref) != 8:
+                    raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
+        # All converted by one unpack (a bucket holds dozens).
+        return sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
     except Exception as exc:
         raise PackError(
             "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "
@@ -524,9 +570,6 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # of blob files that are the only copy of their data (a shared blob
     # directory).
     durable = blobs is not None and not blobs.in_database
-    # (Where the pack's tables are apart, forget_deleted notes the batch's
-    # temporary table: one prepared part per batch.)
-    assert write_lock or not adapter.pack_tables_apart
     size = FIRST_DELETE_SIZE
     after_oid = -1
     busy = 0
@@ -631,7 +674,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 # that, 5.9 without).  In the pause: on a disk whose fsync
                 # is slow, the pack is slower for it, not the site.
                 adapter.sync_deleted(conn)
-            adapter.forget_deleted(conn)
+            adapter.forget_deleted(conn, after_oid)
             # After the commit: a display (or a test) sees a finished batch.
             bar.update(batch.revisions)
             if batch.finished:
@@ -639,7 +682,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             if write_lock:
                 prepared = _prepare(adapter, conn, after_oid, size)
             time.sleep(max(0.0, pause_until - time.time()))
-        adapter.forget_deleted(conn, final=True)
+        adapter.forget_deleted(conn, after_oid, final=True)
         adapter.begin_store_checked(conn)
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
         # What the next pack checks to know it has nothing to do.

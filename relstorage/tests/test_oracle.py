@@ -350,6 +350,8 @@ def drive_every_verb(adapter, recorder):
     adapter.begin_snapshot(load)
     adapter.count_revisions(load, 0, 300)
     list(adapter.iter_revisions(load, 0, 300))
+    adapter.count_revisions(load, 0, 300, kept_at=250)     # history-preserving only
+    list(adapter.iter_revisions(load, 0, 300, kept_at=250))
     load.rollback()
     load.close()
     adapter.begin_store_checked(conn)
@@ -377,7 +379,7 @@ def drive_every_verb(adapter, recorder):
     adapter.clear_pack_removals(conn)
     adapter.delete_pack_batch(conn, 0, 100, mark=lambda: adapter.new_removal_mark(conn))
     adapter.log_pack_removals(conn, 1, [3], [(4, 150)])
-    adapter.forget_deleted(conn)          # (nothing: the batch did it)
+    adapter.forget_deleted(conn, 4)       # (nothing: the batch did it)
     adapter.pack_removals(conn, 0, 1)
     adapter.finish_pack(conn, 150)
     adapter.missing_references(conn)
@@ -450,7 +452,9 @@ HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OL
            # The history-preserving incremental reachability.
            'PACK_FILL_CHANGED', 'PACK_SEED_DROPPED', 'PACK_SEED_NEW', 'PACK_FILL_DOM',
            'PACK_REACH_OUTSIDE_DOM', 'PACK_DOM_ENTRIES_AT', 'PACK_LATE_DOM_AT',
-           'PACK_LATE_REFS')
+           'PACK_LATE_REFS',
+           # Revisions a pack removes are not analysed.
+           'PACK_REVISIONS_KEPT', 'PACK_COUNT_REVISIONS_KEPT')
 #: ... and statements a history-preserving database answers otherwise
 #: (commit_outcome reads transaction_log there; an object's older
 #: revisions keep their references there).

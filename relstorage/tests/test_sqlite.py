@@ -680,7 +680,8 @@ class SqlitePackFileTests(unittest.TestCase):
         # or without the pre-pack's state, remove and keep what they must.
         from relstorage.adapters.packing import PackVerbs
         first = self.make_garbage('a')
-        with mock_attr(PackVerbs, 'forget_deleted', lambda self, conn, final=False: None):
+        with mock_attr(PackVerbs, 'forget_deleted',
+                       lambda self, conn, upto_oid, final=False: None):
             self.zodbpack()
         self.assert_gone(*first)
         stale = self.pack_db('SELECT COUNT(*) FROM pack_object')[0][0]
@@ -727,8 +728,10 @@ class SqlitePackFileTests(unittest.TestCase):
             events.append(('fsync', os.readlink(where) if os.path.exists(where) else fd))
             return fsync(fd)
 
+        forget = sql.SqliteStatements.PACK_DONE_REFS.replace('%s', '?')
+
         def executing(conn, stmt, *args):
-            if stmt == sql.SqliteStatements.PACK_DONE_REFS:
+            if stmt == forget:
                 events.append(('forget', None))
             return execute(conn, stmt, *args)
         garbage = self.make_garbage('a')

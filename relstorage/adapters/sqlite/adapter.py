@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 import random
+import sqlite3
 import time
 
 from ...directories import ensure_directory
@@ -71,6 +72,10 @@ class Sqlite3Adapter(Adapter):
                                      file=2.1, relstorage=90.0)
     placeholder = '?'
     max_in_list = 900
+    # The analysis's inserts of references, from a thread that waits for
+    # the interpreter lock after each statement (storage/pack.py): fewer,
+    # larger statements.  SQLite binds up to 32,766 values since 3.32.
+    max_insert_values = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
     upload_batch = 1000
     statements_class = sql.SqliteStatements
     # BEGIN IMMEDIATE takes the whole database (see lock_commit).
@@ -382,8 +387,8 @@ class Sqlite3Adapter(Adapter):
         finally:
             os.close(fd)
 
-    def forget_deleted(self, conn, final=False):
-        forgot = super().forget_deleted(conn, final)
+    def forget_deleted(self, conn, upto_oid, final=False):
+        forgot = super().forget_deleted(conn, upto_oid, final)
         # The batches' pages pile up in main's WAL, and the commit that
         # passes wal_autocheckpoint would copy them into the database file
         # and sync it: a commit of the site (the batches do not: see

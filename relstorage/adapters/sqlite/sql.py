@@ -58,9 +58,15 @@ class SqliteStatements(Statements):
     # the deletion batches note what they removed, and the references and
     # candidates of those go once the batches are on disk, out of the main
     # file's lock (PackVerbs.forget_deleted).
-    PACK_DONE_SAVE = "INSERT INTO temp_pack_done (zoid, below) SELECT zoid, below FROM temp_pack_batch"
-    PACK_DONE_REFS = Statements.PACK_DELETE_REFS.replace('temp_pack_batch', 'temp_pack_done')
-    PACK_DONE_OBJECTS = Statements.PACK_DELETE_DONE.replace('temp_pack_batch', 'temp_pack_done')
+    # The batches go by OID: those up to the last one removed every
+    # candidate in the range (parameters: after, upto, ALL_REVISIONS).
+    PACK_DONE_REFS = """
+        DELETE FROM object_ref
+        WHERE zoid IN (SELECT zoid FROM pack_object WHERE zoid > %s AND zoid <= %s)
+          AND tid < (SELECT CASE WHEN p.garbage = 1 THEN %s ELSE p.keep_tid END
+                     FROM pack_object p WHERE p.zoid = object_ref.zoid)
+    """
+    PACK_DONE_OBJECTS = "DELETE FROM pack_object WHERE zoid > %s AND zoid <= %s"
 
 
 #: The pack's own tables, in a database file of their own attached as
@@ -118,9 +124,6 @@ PACK_TEMP_TABLES = {
     'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid INTEGER PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL, garbage INTEGER NOT NULL)""",
-    # What the deletion batches removed, for PACK_DONE_* once on disk.
-    'temp_pack_done': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_done (
-        zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL)""",
 }
 
 # Blob bytes, the same in both history modes.
