@@ -398,6 +398,12 @@ class IRelStorageAdapter(Interface):
         tables are apart (pack_tables_apart), once those batches are on
         disk (sync_deleted); otherwise each batch did it."""
 
+    def writers_waiting():
+        """Whether a write transaction waits for the database's write lock
+        (where the commit lock is that: pack_lock_is_write_lock), so that
+        a pack leaves it a turn between two deletion batches; True where
+        it cannot be known."""
+
     def sync_deleted(conn):
         """Wait until the deletion batches committed so far are on disk
         (a batch begun with ``durable`` false may commit before)."""

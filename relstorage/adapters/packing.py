@@ -586,6 +586,13 @@ class PackVerbs:
     #: a SQLite pack 13.5 ms; with 1.5 ms, 7.5-11 ms, for the same pack time.)
     PACK_WRITE_LOCK_SHARE = 1 / 667.0
 
+    def writers_waiting(self):
+        """Whether a write transaction waits for the write lock that a
+        pack's deletion batch holds (where it is the commit lock:
+        pack_lock_is_write_lock).  Without a way to know, yes: the pack
+        then leaves every pause long enough for one."""
+        return True
+
     def pack_write_lock_target(self):
         """How long one write of the pack should hold the commit lock."""
         timeout = float(getattr(self.options, 'pack_batch_timeout', 1.0) or 1.0)

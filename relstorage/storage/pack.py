@@ -68,9 +68,10 @@ MAX_BATCH_ROWS = 5000
 #: Attempts to take a busy commit lock before the pack gives up.
 LOCK_ATTEMPTS = 20
 #: The shortest pause between two deletion batches on a single-writer
-#: database (seconds): longer than a waiting commit's longest step
-#: between two tries (adapters/sqlite WRITE_WAIT_MAX), so that a commit
-#: that met a batch gets the lock before the next one.
+#: database while a commit waits (seconds): longer than a waiting
+#: commit's longest step between two tries (adapters/sqlite
+#: WRITE_WAIT_MAX), so that a commit that met a batch gets the lock
+#: before the next one (_writers_turn).
 WRITERS_TURN = 0.0012
 
 
@@ -665,7 +666,8 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             # The duty cycle is the share of time the pack holds the commit
             # lock (what commits wait for); the pack's writes that hold no
             # lock a commit needs run in the pause.
-            pause_until = time.time() + _duty_cycle_sleep(held, options, write_lock)
+            released = time.time()
+            pause_until = released + _duty_cycle_sleep(held, options)
             if not durable:
                 # Its pages go to disk now, while no commit waits for the
                 # pack.  Left there, they would go with the next commit's
@@ -681,6 +683,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 break
             if write_lock:
                 prepared = _prepare(adapter, conn, after_oid, size)
+                pause_until = _writers_turn(adapter, released, pause_until)
             time.sleep(max(0.0, pause_until - time.time()))
         adapter.forget_deleted(conn, after_oid, final=True)
         adapter.begin_store_checked(conn)
@@ -866,15 +869,24 @@ def _recheck(adapter, conn, referencesf, after_tid, upto_tid, gc=True):
     return kept
 
 
-def _duty_cycle_sleep(held, options, write_lock=False):
+def _duty_cycle_sleep(held, options):
     duty = options.pack_duty_cycle
-    pause = 0 if duty >= 1 else min(options.pack_max_delay, held * (1 - duty) / duty)
-    if write_lock:
-        # A commit waiting for a single-writer database's lock asks again
-        # every few milliseconds (adapters/sqlite): a pack that took the
-        # lock again at once would keep it from every commit.
-        pause = max(pause, WRITERS_TURN)
-    return pause
+    return 0 if duty >= 1 else min(options.pack_max_delay, held * (1 - duty) / duty)
+
+
+def _writers_turn(adapter, released, pause_until):
+    """When the pause after a batch that released a single-writer
+    database's lock at ``released`` ends (``pause_until`` by the duty
+    cycle).  A commit waiting for that lock asks again every millisecond
+    at most (adapters/sqlite): a pack that took it again at once would
+    keep it from every commit.  So when one waits, the pause lasts
+    WRITERS_TURN at least; when none does, it is not made longer (at a
+    million objects, 5,000 batches paused 1.2 ms each where the duty cycle
+    asked for 0.8)."""
+    turn = released + WRITERS_TURN
+    if pause_until < turn and time.time() < turn and adapter.writers_waiting():
+        return turn
+    return pause_until
 
 
 # ----------------------------------------------------------------------

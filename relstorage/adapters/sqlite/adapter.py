@@ -36,6 +36,9 @@ MAIN_DB = 'main.sqlite3'
 OID_DB = 'oids.sqlite3'
 PACK_DB = 'pack.sqlite3'
 PACK_LOCK = 'pack.lock'
+#: A write transaction waiting for the database's write lock holds a
+#: shared lock on this file meanwhile (writers_waiting).
+WRITERS_WAITING = 'writers.waiting'
 # OIDs reserved per durable round trip (allocation is a fsync'd commit):
 # the first block of a process; each further block is twice the last, up to
 # OID_BLOCK_MAX, so that a process allocating many OIDs syncs rarely (1000
@@ -96,6 +99,7 @@ class Sqlite3Adapter(Adapter):
             raise RelStorageError(str(exc)) from None
         self.data_dir = ensure_directory('data-dir', data_dir)
         self._reset_oid_state()
+        self._waiting_probe = None      # (writers_waiting)
 
     def _reset_oid_state(self):
         self._oid_block_size = OID_BLOCK
@@ -103,6 +107,12 @@ class Sqlite3Adapter(Adapter):
 
     def describe(self):
         return 'SQLite database in %s' % self.data_dir
+
+    def close(self):
+        super().close()
+        probe, self._waiting_probe = self._waiting_probe, None
+        if probe is not None:
+            probe.close()
 
     def database_identity(self):
         # The main file itself, however the data-dir is spelled or linked.
@@ -153,6 +163,7 @@ class Sqlite3Adapter(Adapter):
         raw = conn.raw
         timeout = float(self.options.commit_lock_timeout)
         raw.execute('PRAGMA busy_timeout = 0')
+        waiting = None
         try:
             deadline = None
             delay = WRITE_WAIT_FIRST
@@ -166,12 +177,50 @@ class Sqlite3Adapter(Adapter):
                     now = time.monotonic()
                     if deadline is None:
                         deadline = now + timeout
+                        waiting = self._announce_waiting()
                     elif now >= deadline:
                         raise
                     time.sleep(min(delay, max(deadline - now, 0)))
                     delay = min(delay * 2, WRITE_WAIT_MAX)
         finally:
+            if waiting is not None:
+                waiting.close()
             raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
+
+    def _announce_waiting(self):
+        """A file whose shared lock says a write transaction waits, until
+        it is closed (or the process ends); None if that cannot be."""
+        try:
+            handle = open(os.path.join(self.data_dir, WRITERS_WAITING), 'a+b')
+        except OSError:
+            return None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            # (The pack looking, for a few microseconds: the waiter goes
+            # unannounced, and the pack takes at most one more turn.)
+            handle.close()
+            return None
+        return handle
+
+    def writers_waiting(self):
+        # Between the deletion batches of a pack, which hold the write lock
+        # every commit needs: a waiting commit asks for it every
+        # WRITE_WAIT_MAX at most, so the pack lets it pass (WRITERS_TURN)
+        # when one waits, and only then.
+        handle = self._waiting_probe
+        if handle is None:
+            try:
+                handle = open(os.path.join(self.data_dir, WRITERS_WAITING), 'a+b')
+            except OSError:
+                return True
+            self._waiting_probe = handle
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
 
     def _set_commit_durability(self, conn, writes_data, durable=True):
         # A history-free commit that writes no object only publishes a new
