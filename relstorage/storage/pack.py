@@ -358,13 +358,21 @@ def _refs_kept_at(adapter, conn, done, kept_at):
     revisions are never let out."""
     if kept_at is None:
         return done
-    left_out = adapter.pack_info(conn).get('refs_kept_at')
-    if done and left_out is not None and kept_at < left_out:
+    info = adapter.pack_info(conn)
+    left_out = info.get('refs_kept_at')
+    # (A completed pack to refs_kept_at or later removed every revision
+    # left out.)
+    gone = left_out is not None and info.get('packed_tid', 0) >= left_out
+    if done and left_out is not None and kept_at < left_out and not gone:
         log.info("The pack of %s is to an earlier time than the last analysis, which "
                  "did not record the references of revisions it replaced before "
                  "its own pack time: analysing every revision again.", adapter.describe())
         adapter.forget_refs_after(conn, 0)
-        adapter.set_pack_info(conn, refs_tid=None, seed_base=None)
+        # An earlier pre-pack's candidates were computed from what goes
+        # now: no --use-prepack-state may trust them, should this pack
+        # stop before its own reachability replaces them.
+        adapter.set_pack_info(conn, refs_tid=None, seed_base=None, prepared=None,
+                              prepared_gc=None, pack_tid=None)
         done = 0
     if not done or left_out is None or kept_at > left_out:
         adapter.set_pack_info(conn, refs_kept_at=kept_at)

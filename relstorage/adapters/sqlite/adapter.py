@@ -66,6 +66,20 @@ DEFAULT_PRAGMAS = (
 )
 
 
+def _variable_limit():
+    """How many values one statement may bind (SQLITE_MAX_VARIABLE_NUMBER
+    of the library; 32,766 by default since 3.32, 999 before), at most
+    32,766."""
+    try:
+        conn = sqlite3.connect(':memory:')
+        try:
+            return min(32766, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+        finally:
+            conn.close()
+    except (AttributeError, sqlite3.Error):      # (Python 3.10: no getlimit)
+        return 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+
+
 class Sqlite3Adapter(Adapter):
     vendor = 'sqlite'
     display_name = 'SQLite'
@@ -78,7 +92,7 @@ class Sqlite3Adapter(Adapter):
     # The analysis's inserts of references, from a thread that waits for
     # the interpreter lock after each statement (storage/pack.py): fewer,
     # larger statements.  SQLite binds up to 32,766 values since 3.32.
-    max_insert_values = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+    max_insert_values = _variable_limit()
     upload_batch = 1000
     statements_class = sql.SqliteStatements
     # BEGIN IMMEDIATE takes the whole database (see lock_commit).
@@ -177,9 +191,10 @@ class Sqlite3Adapter(Adapter):
                     now = time.monotonic()
                     if deadline is None:
                         deadline = now + timeout
-                        waiting = self._announce_waiting()
                     elif now >= deadline:
                         raise
+                    if waiting is None:
+                        waiting = self._announce_waiting()
                     time.sleep(min(delay, max(deadline - now, 0)))
                     delay = min(delay * 2, WRITE_WAIT_MAX)
         finally:
@@ -187,18 +202,28 @@ class Sqlite3Adapter(Adapter):
                 waiting.close()
             raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
 
+    def _open_waiting_file(self):
+        path = os.path.join(self.data_dir, WRITERS_WAITING)
+        try:
+            return open(path, 'a+b')
+        except OSError:
+            # (Made by another user, say: a lock needs it open only.)
+            try:
+                return open(path, 'rb')
+            except OSError:
+                return None
+
     def _announce_waiting(self):
         """A file whose shared lock says a write transaction waits, until
-        it is closed (or the process ends); None if that cannot be."""
-        try:
-            handle = open(os.path.join(self.data_dir, WRITERS_WAITING), 'a+b')
-        except OSError:
+        it is closed (or the process ends); None if that cannot be (the
+        caller tries again at its next step)."""
+        handle = self._open_waiting_file()
+        if handle is None:
             return None
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            # (The pack looking, for a few microseconds: the waiter goes
-            # unannounced, and the pack takes at most one more turn.)
+            # (The pack looking, for a few microseconds.)
             handle.close()
             return None
         return handle
@@ -210,14 +235,14 @@ class Sqlite3Adapter(Adapter):
         # when one waits, and only then.
         handle = self._waiting_probe
         if handle is None:
-            try:
-                handle = open(os.path.join(self.data_dir, WRITERS_WAITING), 'a+b')
-            except OSError:
+            handle = self._open_waiting_file()
+            if handle is None:
                 return True
             self._waiting_probe = handle
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except (OSError, ValueError):
+            # (ValueError: closed by the adapter's close().)
             return True
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
         return False
@@ -539,4 +564,3 @@ class Sqlite3Adapter(Adapter):
                 path = os.path.join(self.data_dir, name + suffix)
                 if os.path.exists(path):
                     os.remove(path)
-
