@@ -366,6 +366,15 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(child._p_oid))
         self.assert_reachable_objects_load()
 
+    def populate_then_commit_later(self, db):
+        """populate, then one more commit: returns a time between them."""
+        self.populate(db)
+        between = time.time()
+        time.sleep(0.05)
+        with db.transaction() as conn:
+            conn.root()['later'] = PersistentMapping()
+        return between
+
     def test_pack_to_an_earlier_time_stopped_in_its_analysis_leaves_no_prepack(self):
         # Review finding: the references a pre-pack's candidates were
         # computed from went at the start of the new analysis, and a pack
@@ -375,11 +384,7 @@ class PackBehaviourTests(PackCase):
             self.skipTest('history-free analyses leave no revision out')
         from relstorage.storage.pack import PackError
         db = self.db()
-        self.populate(db)
-        between = time.time()
-        time.sleep(0.05)
-        with db.transaction() as conn:
-            conn.root()['later'] = PersistentMapping()
+        between = self.populate_then_commit_later(db)
         db.storage.run_pack(time.time() + 1, referencesf, prepack_only=True)
 
         def unreadable(state):
@@ -396,11 +401,7 @@ class PackBehaviourTests(PackCase):
         # The completed pack removed every revision its analysis left out:
         # an earlier pack time needs nothing more (zodbpack -d 0, then -d 1).
         db = self.db()
-        self.populate(db)
-        between = time.time()
-        time.sleep(0.05)
-        with db.transaction() as conn:
-            conn.root()['later'] = PersistentMapping()
+        between = self.populate_then_commit_later(db)
         db.storage.run_pack(time.time() + 1, referencesf)
         with db.transaction() as conn:
             conn.root()['last'] = 1
