@@ -55,11 +55,11 @@ class SqliteStatements(Statements):
     PACK_REACH_STEP_DOM = _in_written_order(Statements.PACK_REACH_STEP_DOM)
 
     # The pack's tables are in a file of their own (PACK_APART_SCHEMA):
-    # the deletion batches note what they removed, and the references and
-    # candidates of those go once the batches are on disk, out of the main
-    # file's lock (PackVerbs.forget_deleted).
-    # The batches go by OID: those up to the last one removed every
-    # candidate in the range (parameters: after, upto, ALL_REVISIONS).
+    # the references and candidates of what the deletion batches removed
+    # go once the batches are on disk, out of the main file's lock
+    # (PackVerbs.forget_deleted).  The batches go by OID: those up to the
+    # last one removed every candidate of the range (parameters: after,
+    # upto, ALL_REVISIONS).
     PACK_DONE_REFS = """
         DELETE FROM object_ref
         WHERE zoid IN (SELECT zoid FROM pack_object WHERE zoid > %s AND zoid <= %s)
