@@ -174,9 +174,10 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             report.up_to_date = True
         else:
             phase_start = time.time()
+            wanted = pack_tid_for(t)
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
-                                    pack_tid=pack_tid_for(t))
-            report.pack_tid = min(pack_tid_for(t), snapshot_tid)
+                                    pack_tid=wanted)
+            report.pack_tid = min(wanted, snapshot_tid)
             report.phases['analysis'] = time.time() - phase_start
             phase_start = time.time()
             bar = progress('computing reachability', None, 'steps')

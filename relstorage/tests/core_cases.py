@@ -1,4 +1,5 @@
 """Our own storage tests, run by make_suite for every database factory."""
+import contextlib
 import logging
 import threading
 import time
@@ -460,6 +461,20 @@ def count_single_loads(storage):
 
 class ReadAheadTests(FactoryCase):
 
+    @contextlib.contextmanager
+    def reading(self):
+        """(storage, ZODB connection, its transaction manager) of a new
+        process (empty caches); the connection and its DB closed after."""
+        reader = self.storage()
+        rdb = ZODB.DB(reader)
+        try:
+            tm = transaction.TransactionManager()
+            conn = rdb.open(tm)
+            yield reader, conn, tm
+            conn.close()
+        finally:
+            rdb.close()
+
     def commit_items(self):
         """root['items']: 300 PersistentMappings, created in one commit."""
         db = ZODB.DB(self.storage())
@@ -471,26 +486,22 @@ class ReadAheadTests(FactoryCase):
 
     def test_sequential_reads_use_few_queries_and_keep_the_snapshot(self):
         self.commit_items()
-        reader = self.storage()             # a new process: empty caches
         writer = ZODB.DB(self.storage())
-        rdb = ZODB.DB(reader)
         try:
-            tm = transaction.TransactionManager()
-            conn = rdb.open(tm)
-            items = conn.root()['items']
-            single_loads = count_single_loads(reader)
-            # Another client changes objects after the reader's snapshot began.
-            with writer.transaction() as wconn:
-                for i in range(150, 300):
-                    wconn.root()['items'][i]['v'] = -1
-            values = [items[i]['v'] for i in range(300)]
-            self.assertEqual(values, list(range(300)))
-            self.assertLess(len(single_loads), 30, len(single_loads))
-            tm.begin()
-            self.assertEqual([items[i]['v'] for i in (0, 149, 150, 299)], [0, 149, -1, -1])
-            conn.close()
+            with self.reading() as (reader, conn, tm):
+                items = conn.root()['items']
+                single_loads = count_single_loads(reader)
+                # Another client changes objects after the reader's snapshot began.
+                with writer.transaction() as wconn:
+                    for i in range(150, 300):
+                        wconn.root()['items'][i]['v'] = -1
+                values = [items[i]['v'] for i in range(300)]
+                self.assertEqual(values, list(range(300)))
+                self.assertLess(len(single_loads), 30, len(single_loads))
+                tm.begin()
+                self.assertEqual([items[i]['v'] for i in (0, 149, 150, 299)],
+                                 [0, 149, -1, -1])
         finally:
-            rdb.close()
             writer.close()
 
 
@@ -508,19 +519,13 @@ class ReadAheadTests(FactoryCase):
                 item['sub'] = sub
                 items[i] = item
         db.close()
-        reader = self.storage()
-        rdb = ZODB.DB(reader)
-        try:
-            conn = rdb.open(transaction.TransactionManager())
+        with self.reading() as (reader, conn, _tm):
             items = conn.root()['items']
             single_loads = count_single_loads(reader)
             self.assertEqual([items[i]['v'] for i in range(300)], list(range(300)))
             self.assertLess(len(single_loads), 30, len(single_loads))
             # The sub-objects were read ahead too, and load the same.
             self.assertEqual([len(items[i]['sub']) for i in range(300)], [0] * 300)
-            conn.close()
-        finally:
-            rdb.close()
 
     def test_read_ahead_with_connection_get(self):
         # Regression: Connection.get(oid) loads each state twice (to make
@@ -533,16 +538,10 @@ class ReadAheadTests(FactoryCase):
                 conn.add(obj)
         oids = [obj._p_oid for obj in objs]
         db.close()
-        reader = self.storage()
-        rdb = ZODB.DB(reader)
-        try:
-            conn = rdb.open(transaction.TransactionManager())
+        with self.reading() as (reader, conn, _tm):
             single_loads = count_single_loads(reader)
             self.assertEqual([conn.get(oid)['v'] for oid in oids], list(range(200)))
             self.assertLess(len(single_loads), 10, len(single_loads))
-            conn.close()
-        finally:
-            rdb.close()
 
     def test_no_read_ahead_past_what_was_prefetched(self):
         # An application that prefetched the objects it is about to read
@@ -550,10 +549,7 @@ class ReadAheadTests(FactoryCase):
         # ahead (a wasted query after every prefetched scan); going on
         # past them does.
         self.commit_items()
-        reader = self.storage()
-        rdb = ZODB.DB(reader)
-        try:
-            conn = rdb.open(transaction.TransactionManager())
+        with self.reading() as (reader, conn, _tm):
             items = conn.root()['items']
             first = [items[i] for i in range(100)]
             bulk = []
@@ -571,9 +567,6 @@ class ReadAheadTests(FactoryCase):
             self.assertEqual([items[i]['v'] for i in range(100, 300)], list(range(100, 300)))
             self.assertGreater(len(bulk), 1)
             self.assertLess(len(single_loads), 30, len(single_loads))
-            conn.close()
-        finally:
-            rdb.close()
 
 
 class PackVisibilityTests(FactoryCase):
