@@ -35,6 +35,7 @@ import os
 import threading
 import time
 from io import BytesIO
+from itertools import islice
 from itertools import repeat
 from struct import unpack
 
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 #: ms, while this one unpickles).  (10,000 made zodbpack's peak RSS 76 MB
 #: against 52 at a million objects.)
 ANALYSIS_BATCH = 5000
+#: Revisions whose references are read in one pass (_references_of_rows).
+READ_CHUNK = 1000
 #: Candidates deleted per statement group of a deletion batch, to start with.
 FIRST_DELETE_SIZE = 100
 MAX_DELETE_SIZE = 20000
@@ -315,23 +318,26 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
             bar.update(len(oids))
 
         try:
-            for oid, tid, state in adapter.iter_revisions(load, done, snapshot_tid, kept_at):
-                if tid != current:
-                    if current is not None:
-                        completed = current
-                    current = tid
-                    if len(oids) >= size:
+            # (A thread of its own reading the rows ahead made the
+            # analysis slower: the rows are made under the interpreter
+            # lock, and it changed hands at every list.)
+            revisions = adapter.iter_revisions(load, done, snapshot_tid, kept_at)
+            for chunk in _chunks(revisions, READ_CHUNK):
+                for (oid, tid, _), refs in zip(chunk, _references_of_rows(read, chunk)):
+                    if tid != current:
+                        if current is not None:
+                            completed = current
+                        current = tid
+                        if len(oids) >= size:
+                            flush(completed)
+                            oids, rows = [], []
+                    elif len(oids) >= 10 * size:
+                        # One huge transaction: record it in pieces without
+                        # advancing the progress (a rerun forgets them).
                         flush(completed)
                         oids, rows = [], []
-                elif len(oids) >= 10 * size:
-                    # One huge transaction: record it in pieces without
-                    # advancing the progress (a rerun forgets them).
-                    flush(completed)
-                    oids, rows = [], []
-                oids.append(oid)
-                analysed += 1
-                if state is not None:
-                    refs = _references(read, oid, tid, state)
+                    oids.append(oid)
+                    analysed += 1
                     if refs:
                         rows.extend(zip(repeat(oid), repeat(tid), refs))
             flush(snapshot_tid)
@@ -345,6 +351,15 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
     finally:
         load.rollback()
         load.close()
+
+
+def _chunks(iterable, size):
+    iterator = iter(iterable)
+    while True:
+        chunk = list(islice(iterator, size))
+        if not chunk:
+            return
+        yield chunk
 
 
 def _refs_kept_at(adapter, conn, done, kept_at):
@@ -470,17 +485,75 @@ class _ZODBReferences:
         except BaseException:
             self._unpickler = None
             raise
-        # Most references are (oid, class) tuples: taken at once, and the
-        # rest (weak and cross-database references, OIDs as text) by
-        # _oids_of.
-        try:
-            oids = [ref[0] if type(ref) is tuple else ref for ref in found]
-        except IndexError:
+        return _found_oids(found)
+
+    def many(self, states):
+        """This reader's result for each of ``states`` (bytes, or None:
+        None), in order, read from one stream that holds them all end to
+        end: a quarter less time than copying each into the stream in
+        turn.  A state that fails there, or does not end where it should
+        (bytes after its second pickle), is read again on its own, which
+        gives exactly what reading it alone gives: its result, or the
+        error, raised as _Unreadable(its index, the error).  (Read in the
+        joined stream, a state reads the same bytes as alone until it
+        ends; only one cut short reads on into the next, and fails or
+        ends elsewhere.)"""
+        stream = BytesIO(b''.join([state for state in states if state is not None]))
+        found = []
+        unpickler = None
+        results = []
+        end = 0
+        for index, state in enumerate(states):
+            if state is None:
+                results.append(None)
+                continue
+            end += len(state)
+            if unpickler is None:
+                unpickler = Unpickler(stream)
+                unpickler.persistent_load = found.append
+                memo, noload, tell = unpickler.memo, unpickler.noload, stream.tell
+            del found[:]
+            memo.clear()
+            try:
+                noload()        # the class
+                noload()        # the state
+                ended = tell() == end
+            except Exception:   # pylint:disable=broad-except
+                ended = False
+            if ended:
+                results.append(_found_oids(found) if found else [])
+                continue
+            unpickler = None
+            try:
+                results.append(self(state if type(state) is bytes else bytes(state)))
+            except Exception as exc:
+                raise _Unreadable(index, exc) from exc
+            stream.seek(end)
+        return results
+
+
+class _Unreadable(Exception):
+    """_ZODBReferences.many: the state at ``index`` raised ``error``."""
+
+    def __init__(self, index, error):
+        Exception.__init__(self, index, error)
+        self.index = index
+        self.error = error
+
+
+def _found_oids(found):
+    """The OIDs of the references a state's unpickling found."""
+    # Most references are (oid, class) tuples: taken at once, and the
+    # rest (weak and cross-database references, OIDs as text) by
+    # _oids_of.
+    try:
+        oids = [ref[0] if type(ref) is tuple else ref for ref in found]
+    except IndexError:
+        return _oids_of(found)
+    for oid in oids:
+        if type(oid) is not bytes:
             return _oids_of(found)
-        for oid in oids:
-            if type(oid) is not bytes:
-                return _oids_of(found)
-        return oids
+    return oids
 
 
 def _zodb_references(state):
@@ -512,19 +585,42 @@ def _references(referencesf, oid, tid, state):
         return ()
     try:
         refs = referencesf(state if type(state) is bytes else bytes(state))
-        if not refs:
-            return ()
-        if set(map(len, refs)) != _EIGHT:
-            for ref in refs:
-                if len(ref) != 8:
-                    raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
-        # All converted by one unpack (a bucket holds dozens).
-        return sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
     except Exception as exc:
-        raise PackError(
-            "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "
-            "the pack stopped without removing anything more."
-            % (oid, tid, type(exc).__name__, exc)) from exc
+        raise _unreadable(oid, tid, exc) from exc
+    return _as_ints(oid, tid, refs)
+
+
+def _references_of_rows(read, rows):
+    """_references for each (oid, tid, state) of ``rows``, in order; a
+    _reference_reader's many() reads them all in one pass."""
+    if type(read) is not _ZODBReferences:
+        return [_references(read, oid, tid, state) for oid, tid, state in rows]
+    try:
+        found = read.many([state for _, _, state in rows])
+    except _Unreadable as exc:
+        oid, tid, _ = rows[exc.index]
+        raise _unreadable(oid, tid, exc.error) from exc.error
+    return [_as_ints(oid, tid, refs) if refs else ()
+            for (oid, tid, _), refs in zip(rows, found)]
+
+
+def _as_ints(oid, tid, refs):
+    if not refs:
+        return ()
+    if set(map(len, refs)) != _EIGHT:
+        for ref in refs:
+            if len(ref) != 8:
+                raise _unreadable(oid, tid, ValueError(
+                    'a reference to an OID of %d bytes (%r)' % (len(ref), ref)))
+    # All converted by one unpack (a bucket holds dozens).
+    return sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
+
+
+def _unreadable(oid, tid, exc):
+    return PackError(
+        "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "
+        "the pack stopped without removing anything more."
+        % (oid, tid, type(exc).__name__, exc))
 
 
 def _rollback_quietly(conn):

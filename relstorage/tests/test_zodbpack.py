@@ -267,18 +267,7 @@ class ReferencesTests(unittest.TestCase):
         # alive (a skip of states without a persistent-id opcode byte,
         # tried and withdrawn, answered "no references" for these).
         from relstorage.storage import pack
-        plain = self.pickle_with([])
-        data = plain.find(b'.\x80') + 1
-        with_ref = self.pickle_with([p64(7)])
-        text = io.BytesIO()
-        zodbpickle.pickle.Pickler(text, 3).dump((PersistentMapping, None))
-        zodbpickle.pickle.Pickler(text, 3).dump({'data': {'host': 'www.example.org'}})
-        text = text.getvalue()
-        damaged = [
-            text[:text.index(b'www.') + 4],             # cut short just after a '.'
-            with_ref.replace(b'Q', b'R'),               # its BINPERSID changed
-            plain[:data] + b'\x80\x03\xff\xfe\xfd.',   # a known class, garbage after
-        ]
+        plain, with_ref, damaged = self.damaged_states()
         self.assertEqual(pack._references(pack._zodb_references, 5, 9, plain), ())
         reader = pack._reference_reader(referencesf)
         for state in damaged:
@@ -298,6 +287,63 @@ class ReferencesTests(unittest.TestCase):
         state = self.pickle_with([b'abc'])
         with self.assertRaisesRegex(pack.PackError, '0x5 at transaction 0x9.*3 bytes'):
             pack._references(pack._zodb_references, 5, 9, state)
+
+    def damaged_states(self):
+        """(plain, with_ref, damaged states) for the tests of damage."""
+        plain = self.pickle_with([])
+        data = plain.find(b'.\x80') + 1
+        with_ref = self.pickle_with([p64(7)])
+        text = io.BytesIO()
+        zodbpickle.pickle.Pickler(text, 3).dump((PersistentMapping, None))
+        zodbpickle.pickle.Pickler(text, 3).dump({'data': {'host': 'www.example.org'}})
+        text = text.getvalue()
+        return plain, with_ref, [
+            text[:text.index(b'www.') + 4],             # cut short just after a '.'
+            with_ref.replace(b'Q', b'R'),               # its BINPERSID changed
+            plain[:data] + b'\x80\x03\xff\xfe\xfd.',   # a known class, garbage after
+            with_ref[:-1],                              # its last STOP lost
+            plain[:data],                               # the class alone
+        ]
+
+    def test_states_read_in_one_pass_give_what_each_gives_alone(self):
+        # The analysis reads a thousand states at a time from one stream
+        # (_ZODBReferences.many): the same result for each as alone,
+        # whatever comes before or after it.
+        from relstorage.storage import pack
+        oid = p64(7)
+        forms = [[], [oid], [(oid, PersistentMapping)], [['w', (oid,)]],
+                 [oid.decode('latin-1')], [(p64(0x1234567890), None), oid, ['w', (p64(3),)]]]
+        states = [self.pickle_with(refs) for refs in forms]
+        # A state with bytes after its second pickle reads alone (the
+        # bytes are ignored): the same in one pass.
+        states.append(states[1] + b'trailing')
+        states = states + [None] + states[::-1]
+        reader = pack._reference_reader(referencesf)
+        self.assertEqual(reader.many(states),
+                         [None if s is None else referencesf(s) for s in states])
+        rows = [(i, 100 + i, state) for i, state in enumerate(states)]
+        self.assertEqual(pack._references_of_rows(reader, rows),
+                         [pack._references(pack._zodb_references, *row) for row in rows])
+        self.assertEqual(pack._references_of_rows(referencesf, rows),
+                         [pack._references(pack._zodb_references, *row) for row in rows])
+
+    def test_damaged_state_read_in_one_pass_stops_the_pack(self):
+        # A state cut short would read on into the next state in the
+        # joined stream: it is named, not taken for part of the next one.
+        from relstorage.storage import pack
+        plain, with_ref, damaged = self.damaged_states()
+        reader = pack._reference_reader(referencesf)
+        for state in damaged:
+            for before, after in (([], []), ([plain, with_ref], [with_ref, plain]),
+                                  ([with_ref], [plain[:plain.find(b'.\x80') + 1] + with_ref])):
+                with self.subTest(state=state, before=before, after=after):
+                    rows = [(i, 50 + i, s) for i, s in enumerate(before + [state] + after)]
+                    with self.assertRaisesRegex(
+                            pack.PackError, '0x%x at transaction 0x%x' % (len(before),
+                                                                        50 + len(before))):
+                        pack._references_of_rows(reader, rows)
+                    # The reader goes on reading the next batch.
+                    self.assertEqual(pack._references_of_rows(reader, [(1, 2, with_ref)]), [[7]])
 
     def test_recorder_waits_for_its_batch_through_an_interrupt(self):
         # The caller rolls back and closes the connection once join
