@@ -498,6 +498,9 @@ class _ZODBReferences:
         joined stream, a state reads the same bytes as alone until it
         ends; only one cut short reads on into the next, and fails or
         ends elsewhere.)"""
+        # (As bytes first: a driver's own type may offer only __bytes__.)
+        states = [state if state is None or type(state) is bytes else bytes(state)
+                  for state in states]
         stream = BytesIO(b''.join([state for state in states if state is not None]))
         found = []
         unpickler = None
@@ -525,7 +528,7 @@ class _ZODBReferences:
                 continue
             unpickler = None
             try:
-                results.append(self(state if type(state) is bytes else bytes(state)))
+                results.append(self(state))
             except Exception as exc:
                 raise _Unreadable(index, exc) from exc
             stream.seek(end)

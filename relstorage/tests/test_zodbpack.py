@@ -326,6 +326,20 @@ class ReferencesTests(unittest.TestCase):
                          [pack._references(pack._zodb_references, *row) for row in rows])
         self.assertEqual(pack._references_of_rows(referencesf, rows),
                          [pack._references(pack._zodb_references, *row) for row in rows])
+        # States as a driver may give them: a memoryview (psycopg2), or
+        # a type of its own that converts itself.
+
+        class Blob:
+            def __init__(self, data):
+                self.data = data
+
+            def __bytes__(self):
+                return self.data
+        for wrap in (memoryview, Blob):
+            wrapped = [(oid, tid, None if state is None else wrap(state))
+                       for oid, tid, state in rows]
+            self.assertEqual(pack._references_of_rows(reader, wrapped),
+                             [pack._references(pack._zodb_references, *row) for row in rows])
 
     def test_damaged_state_read_in_one_pass_stops_the_pack(self):
         # A state cut short would read on into the next state in the
