@@ -6,6 +6,7 @@ import tempfile
 import unittest
 from contextlib import redirect_stderr
 from contextlib import redirect_stdout
+from unittest import mock
 
 import zodbpickle.pickle
 import ZODB
@@ -340,6 +341,29 @@ class ReferencesTests(unittest.TestCase):
                        for oid, tid, state in rows]
             self.assertEqual(pack._references_of_rows(reader, wrapped),
                              [pack._references(pack._zodb_references, *row) for row in rows])
+        # In several streams when the states are larger than one takes.
+        with mock.patch.object(pack, 'JOINED_BYTES', 300):
+            self.assertEqual(reader.many(states),
+                             [None if s is None else referencesf(s) for s in states])
+
+    def test_malformed_reference_read_in_one_pass_names_its_state(self):
+        # A helper agent's review: a state that unpickles, but whose
+        # persistent id is no reference, raised a bare error from the
+        # joined read where alone it gave a PackError naming the state.
+        from relstorage.storage import pack
+        reader = pack._reference_reader(referencesf)
+        good = self.pickle_with([p64(7)])
+        for pid in [(), 5, (5, None), 'd\xe9j\xe0']:
+            for state in (self.pickle_with([pid]), self.pickle_with([pid]) + b'trailing'):
+                with self.subTest(pid=pid, state=state):
+                    rows = [(1, 10, good), (2, 20, state), (3, 30, good)]
+                    with self.assertRaisesRegex(pack.PackError, '0x2 at transaction 0x14'):
+                        pack._references_of_rows(reader, rows)
+                    with self.assertRaisesRegex(pack.PackError, '0x2 at transaction 0x14'):
+                        pack._references(reader, *rows[1])
+        # A value the driver gave that is no bytes at all.
+        with self.assertRaisesRegex(pack.PackError, '0x2 at transaction 0x14'):
+            pack._references_of_rows(reader, [(1, 10, good), (2, 20, 'text')])
 
     def test_damaged_state_read_in_one_pass_stops_the_pack(self):
         # A state cut short would read on into the next state in the
