@@ -629,13 +629,15 @@ def _references_of_rows(read, rows):
 def _as_ints(oid, tid, refs):
     if not refs:
         return ()
-    if set(map(len, refs)) != _EIGHT:
-        for ref in refs:
-            if len(ref) != 8:
-                raise _unreadable(oid, tid, ValueError(
-                    'a reference to an OID of %d bytes (%r)' % (len(ref), ref)))
-    # All converted by one unpack (a bucket holds dozens).
-    return sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
+    try:
+        if set(map(len, refs)) != _EIGHT:
+            for ref in refs:
+                if len(ref) != 8:
+                    raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
+        # All converted by one unpack (a bucket holds dozens).
+        return sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
+    except Exception as exc:
+        raise _unreadable(oid, tid, exc) from exc
 
 
 def _unreadable(oid, tid, exc):

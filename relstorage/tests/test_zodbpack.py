@@ -408,6 +408,15 @@ class ReferencesTests(unittest.TestCase):
             return []
         self.assertIs(pack._reference_reader(mine), mine)
 
+    def test_other_referencesf_giving_no_oids_stops_the_pack(self):
+        # What it returns is checked as ZODB's is: an error names the state.
+        from relstorage.storage import pack
+
+        def mine(state):
+            return [5]
+        with self.assertRaisesRegex(pack.PackError, '0x5 at transaction 0x9'):
+            pack._references_of_rows(mine, [(5, 9, b'anything')])
+
 
 def _test_suite():
     loader = unittest.defaultTestLoader
