@@ -35,7 +35,6 @@ import os
 import threading
 import time
 from io import BytesIO
-from itertools import islice
 from itertools import repeat
 from struct import unpack
 
@@ -44,6 +43,7 @@ from zodbpickle.pickle import Unpickler
 from ZODB.serialize import referencesf as zodb_referencesf
 from ZODB.utils import u64
 
+from ..adapters.base import chunks
 from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
@@ -324,7 +324,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
             # analysis slower: the rows are made under the interpreter
             # lock, and it changed hands at every list.)
             revisions = adapter.iter_revisions(load, done, snapshot_tid, kept_at)
-            for chunk in _chunks(revisions, READ_CHUNK):
+            for chunk in chunks(revisions, READ_CHUNK):
                 for (oid, tid, _), refs in zip(chunk, _references_of_rows(read, chunk),
                                                strict=True):
                     if tid != current:
@@ -354,15 +354,6 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
     finally:
         load.rollback()
         load.close()
-
-
-def _chunks(iterable, size):
-    iterator = iter(iterable)
-    while True:
-        chunk = list(islice(iterator, size))
-        if not chunk:
-            return
-        yield chunk
 
 
 def _refs_kept_at(adapter, conn, done, kept_at):
@@ -447,47 +438,27 @@ class _Recorder:
 
 def _reference_reader(referencesf):
     """``referencesf``, or the same done at less cost per state when it
-    is ZODB's (the analysis calls it once per revision: a million times
-    at a million objects).  One reader per analysis (not thread-safe)."""
+    is ZODB's (the analysis reads a million revisions at a million
+    objects): see _references_of_rows."""
     return _ZODBReferences() if referencesf is zodb_referencesf else referencesf
 
 
 class _ZODBReferences:
     """What ZODB.serialize.referencesf returns, without building its
-    wrapper classes for every state (a third of the per-revision cost),
-    and with one unpickler for all the states of an analysis (making one
-    cost as much as reading a small state): the OIDs of the ordinary
-    references, weak and cross-database ones (lists) left out.  Every
-    state is read whole, even one without any reference: one that cannot
-    be read stops the pack (its references, lost in the damage, may be
-    what keeps other objects alive).  The unpickler's memo is emptied
-    before each state, and an unpickler that failed is not used again."""
-
-    def __init__(self):
-        self._unpickler = None
-
-    def _fresh(self):
-        self._stream = BytesIO()
-        self._found = []
-        self._unpickler = Unpickler(self._stream)
-        self._unpickler.persistent_load = self._found.append
+    wrapper classes for every state (a third of the per-revision cost):
+    the OIDs of the ordinary references, weak and cross-database ones
+    (lists) left out.  Every state is read whole, even one without any
+    reference: one that cannot be read stops the pack (its references,
+    lost in the damage, may be what keeps other objects alive).  The
+    analysis reads states a thousand at a time (many); one state alone
+    (a state many() cannot take as it is) with an unpickler of its own."""
 
     def __call__(self, state):
-        if self._unpickler is None:
-            self._fresh()
-        stream, unpickler, found = self._stream, self._unpickler, self._found
-        stream.seek(0)
-        stream.write(state)
-        stream.truncate()
-        stream.seek(0)
-        del found[:]
-        unpickler.memo.clear()
-        try:
-            unpickler.noload()      # the class
-            unpickler.noload()      # the state
-        except BaseException:
-            self._unpickler = None
-            raise
+        found = []
+        unpickler = Unpickler(BytesIO(state))
+        unpickler.persistent_load = found.append
+        unpickler.noload()      # the class
+        unpickler.noload()      # the state
         return _found_oids(found)
 
     def many(self, states):
