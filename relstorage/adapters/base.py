@@ -136,6 +136,17 @@ class Adapter(PackVerbs):
     #: not by a DELETE of all its rows in the next (small) commit.
     temp_garbage_rows = None
     temp_garbage_bytes = None
+    #: A commit's new objects (OIDs this process handed out, stored as new)
+    #: go straight into place with insert_new_objects, not through
+    #: temp_store, when their states total at most this many bytes (0:
+    #: never).  They need no lock and no conflict check, so uploading them
+    #: early buys nothing: going straight costs one upload instead of an
+    #: upload, a move and the clearing of temp_store (PostgreSQL, 1000
+    #: objects of 128 bytes: 8.2 ms against 12.6 with the COMMIT).  But it
+    #: runs after the commit lock is taken, which every other commit then
+    #: waits for: hence the bound, past which the upload goes before the lock
+    #: as for other objects.
+    new_rows_direct_bytes = 1 << 20
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and
@@ -804,18 +815,21 @@ class Adapter(PackVerbs):
         conn.execute(self.q(self.sql.FIX_PREV_TIDS))
 
     def move_into_place(self, conn, tid, has_data, user, description, extension,
-                        packed=False, all_new=False, some_new=False):
+                        packed=False, all_new=False, some_new=False, new_rows=()):
         """Publish the transaction: states, current pointers, metadata
         (``advance_tid`` has already published the tid itself).
-        ``all_new``: every uploaded row is an object stored as new
-        (prev_tid 0); ``some_new``: some are.  Such an object's OID was
-        handed out by this process, or the conflict check found no row
-        for it (see ``sql.INSERT_NEW_CURRENT``); a row found for one of
-        them after all raises NewObjectExistsError."""
+        ``has_data``: temp_store holds rows; ``all_new``: every one of them
+        is an object stored as new (prev_tid 0); ``some_new``: some are.
+        ``new_rows``: (oid, state) of new objects that skipped temp_store
+        (insert_new_objects).  A new object's OID was handed out by this
+        process, or the conflict check found no row for it (see
+        ``sql.INSERT_NEW_CURRENT``); a row found for one of them after all
+        raises NewObjectExistsError."""
+        sql = self.sql
+        # (History-free, UPDATE_CURRENT is MOVE_FROM_TEMP: see
+        # sql.INSERT_NEW_CURRENT.)
+        moves = ()
         if has_data:
-            sql = self.sql
-            # (History-free, UPDATE_CURRENT is MOVE_FROM_TEMP: see
-            # sql.INSERT_NEW_CURRENT.)
             moves = (sql.MOVE_FROM_TEMP,) if self.keep_history else ()
             if all_new:
                 moves += (sql.INSERT_NEW_CURRENT,)
@@ -823,21 +837,36 @@ class Adapter(PackVerbs):
                 moves += (sql.INSERT_NEW_CURRENT, sql.UPDATE_OLD_CURRENT)
             else:
                 moves += (sql.UPDATE_CURRENT,)
-            try:
-                for statement in moves:
-                    conn.execute(self.q(statement), (tid,))
-            except Exception as exc:
-                if (all_new or some_new) and self.classify_error(exc) == 'duplicate':
-                    raise NewObjectExistsError(
-                        "Cannot commit new objects to %s: an object with one of their "
-                        "OIDs is already there (were objects copied into the database "
-                        "with OIDs it did not allocate?); nothing was written. %s"
-                        % (self.describe(), _one_line(exc))) from exc
-                raise
+        try:
+            if new_rows:
+                self.insert_new_objects(conn, tid, new_rows)
+            for statement in moves:
+                conn.execute(self.q(statement), (tid,))
+        except Exception as exc:
+            if ((new_rows or all_new or some_new)
+                    and self.classify_error(exc) == 'duplicate'):
+                raise NewObjectExistsError(
+                    "Cannot commit new objects to %s: an object with one of their "
+                    "OIDs is already there (were objects copied into the database "
+                    "with OIDs it did not allocate?); nothing was written. %s"
+                    % (self.describe(), _one_line(exc))) from exc
+            raise
         if self.keep_history:
             conn.execute(self.q(self.sql.INSERT_TRANSACTION),
-                         (tid, packed, not has_data, self.binary(user),
+                         (tid, packed, not (has_data or new_rows), self.binary(user),
                           self.binary(description), self.binary(extension)))
+
+    def insert_new_objects(self, conn, tid, rows):
+        """Insert ``(oid, state)`` rows (states are bytes) as objects
+        created by transaction ``tid`` (see new_rows_direct_bytes)."""
+        binary = self.binary
+        states = [(oid, tid, len(state), binary(state)) for oid, state in rows]
+        for chunk in chunks(states, self.upload_batch):
+            conn.executemany(self.q(self.sql.NEW_OBJECT_STATE), chunk)
+        if self.keep_history:
+            current = [(oid, tid) for oid, _ in rows]
+            for chunk in chunks(current, self.upload_batch):
+                conn.executemany(self.q(self.sql.NEW_OBJECT_CURRENT), chunk)
 
     def binary(self, data):
         """Wrap bytes as the driver wants them bound to a binary column."""

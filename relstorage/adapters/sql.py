@@ -347,6 +347,17 @@ class Statements:
         WHERE prev_tid = 0
     """
 
+    #: New objects sent straight into place, without temp_store (see
+    #: Adapter.insert_new_objects): (oid, tid, state_size, state) rows.
+    NEW_OBJECT_STATE = """
+        INSERT INTO object_state (zoid, tid, prev_tid, state_size, state)
+        VALUES (%s, %s, 0, %s, %s)
+    """
+    NEW_OBJECT_STATE_HF = """
+        INSERT INTO object_state (zoid, tid, state_size, state) VALUES (%s, %s, %s, %s)
+    """
+    NEW_OBJECT_CURRENT = "INSERT INTO current_object (zoid, tid) VALUES (%s, %s)"
+
     INSERT_TRANSACTION = """
         INSERT INTO transaction_log
             (tid, packed, is_empty, username, description, extension)

@@ -7,7 +7,8 @@ committed when our finish runs, so everything that can fail happens in vote:
 
 vote
   1. begin the store transaction (single-writer databases lock here);
-  2. upload the buffered states into ``temp_store`` in bulk;
+  2. upload the buffered states into ``temp_store`` in bulk (but for
+     small sets of new objects, which go straight into place in 7);
   3. lock the current rows of the objects we change (exclusive) and of the
      objects read with ``readCurrent`` (shared), in OID order so that two
      committers cannot deadlock;
@@ -16,7 +17,8 @@ vote
   5. upload blob bytes; check that the ``readCurrent`` objects are current;
   6. take the commit lock and choose a tid strictly greater than the last
      committed one (``Adapter.advance_tid``; one statement on PostgreSQL);
-  7. move the rows into place, record the transaction, place the blobs,
+  7. move the rows into place (and insert the new objects that skipped
+     ``temp_store``), record the transaction, place the blobs,
      make sure no later allocation hands out the OIDs we stored.
 
 finish
@@ -183,14 +185,23 @@ class Commit:
             adapter.begin_store_checked(
                 conn, writes_data=len(tstore) > 0 or bool(self.btxn))
         self._clear_temp(conn)
-        if len(tstore):
+        fresh = self._claim_fresh()
+        # New objects that go into place after the commit lock, without
+        # temp_store (adapter.new_rows_direct_bytes).
+        new_rows = self._new_rows(fresh)
+        if len(tstore) > len(new_rows):
             conn.temp_dirty = True
-            adapter.upload(conn, tstore.rows())
-            adapter.note_temp_rows(conn, len(tstore), tstore.nbytes)
+            if new_rows:
+                direct = {oid for oid, _ in new_rows}
+                adapter.upload(conn, (row for row in tstore.rows() if row[0] not in direct))
+                adapter.note_temp_rows(conn, len(tstore) - len(new_rows),
+                                       tstore.nbytes - sum(len(state) for _, state in new_rows))
+            else:
+                adapter.upload(conn, tstore.rows())
+                adapter.note_temp_rows(conn, len(tstore), tstore.nbytes)
         fault_point('vote.uploaded')
         read_current = {oid: tid for oid, tid in self.read_current.items()
                         if oid not in tstore}
-        fresh = self._claim_fresh()
         to_lock = [oid for oid in tstore.oids() if oid not in fresh]
         # {oid: current tid} of the locked rows, when the vendor's locking
         # statements read it: then checking costs no query.
@@ -215,11 +226,13 @@ class Commit:
         self.tid = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
         user, description, extension, status = self.meta
+        in_temp = len(tstore) - len(new_rows)
         try:
-            adapter.move_into_place(conn, self.tid, len(tstore) > 0, user, description,
+            adapter.move_into_place(conn, self.tid, in_temp > 0, user, description,
                                     extension, packed=(status == 'p'),
-                                    all_new=self.new_count == len(tstore),
-                                    some_new=self.new_count > 0)
+                                    all_new=self.new_count - len(new_rows) == in_temp,
+                                    some_new=self.new_count > len(new_rows),
+                                    new_rows=new_rows)
         except NewObjectExistsError as exc:
             if self.new_count > len(fresh):
                 # An object created under an OID this process did not hand
@@ -265,6 +278,27 @@ class Commit:
                 self.new_count = len(new)
                 self.fresh = self.adapter.claim_fresh_oids(new)
         return self.fresh
+
+    def _new_rows(self, fresh):
+        """(oid, state) of the fresh objects to insert without temp_store,
+        in OID order: all of them when their states total at most
+        ``adapter.new_rows_direct_bytes``, else none.  (The deletion of an
+        object created in the same transaction goes through temp_store.)"""
+        limit = self.adapter.new_rows_direct_bytes
+        if not fresh or not limit:
+            return []
+        tstore = self.tstore
+        rows = []
+        size = 0
+        for oid in sorted(fresh):
+            state = tstore.read(oid)
+            if state is None:
+                continue
+            size += len(state)
+            if size > limit:
+                return []
+            rows.append((oid, state))
+        return rows
 
     def _resolve_conflicts(self, conn, resolve, fresh, current):
         adapter, tstore = self.adapter, self.tstore

@@ -269,6 +269,54 @@ class NewObjectCommitTests(FactoryCase):
             state, found = reader.load(oid)
             self.assertEqual((zodb_unpickle(state).value, found), (value, tid))
 
+    def test_new_objects_straight_into_place_or_through_temp_store(self):
+        # A commit's new objects go straight into place when their states
+        # total at most new_rows_direct_bytes, else through temp_store like
+        # the others.  Either way, and mixed with changed objects, the same
+        # records land; history-preserving, a transaction of new objects
+        # only is no empty one (undoLog lists it).
+        from unittest import mock
+        storage = self.storage()
+        adapter = storage._adapter
+        adapter_class = type(adapter)
+        straight = []
+        insert_new_objects = adapter.insert_new_objects
+        adapter.insert_new_objects = lambda conn, tid, rows: (
+            straight.append(len(rows)), insert_new_objects(conn, tid, rows))
+        old = storage.new_oid()
+        old_tid = self.commit(storage, old, z64, 0)
+        reader = self.storage()
+        for limit in (0, 60, 1 << 20):
+            with mock.patch.object(adapter_class, 'new_rows_direct_bytes', limit):
+                for with_old in (False, True):
+                    new = [storage.new_oid() for _ in range(4)]
+                    txn = TransactionMetaData()
+                    txn.description = 'limit %d, %s' % (limit, with_old)
+                    storage.tpc_begin(txn)
+                    for i, oid in enumerate(new):
+                        storage.store(oid, z64, zodb_pickle(MinPO(i + 10)), '', txn)
+                    if with_old:
+                        storage.store(old, old_tid, zodb_pickle(MinPO(limit)), '', txn)
+                    del straight[:]
+                    storage.tpc_vote(txn)
+                    tid = storage.tpc_finish(txn)
+                    # (Four pickles of MinPO are more than 60 bytes.)
+                    self.assertEqual(straight, [4] if limit > 60 else [])
+                    if with_old:
+                        old_tid = tid
+                    reader.sync()
+                    for oid, value in zip(new, range(10, 14)):
+                        state, found = reader.load(oid)
+                        self.assertEqual((zodb_unpickle(state).value, found), (value, tid))
+                    state, found = reader.load(old)
+                    self.assertEqual(found, old_tid)
+                    if self.keep_history:
+                        self.assertEqual(
+                            reader.undoLog(0, 1)[0]['description'],
+                            ('limit %d, %s' % (limit, with_old)).encode())
+                        records = [r.oid for t in reader.iterator(tid, tid) for r in t]
+                        self.assertEqual(records, sorted(new + ([old] if with_old else [])))
+
     def test_oid_from_elsewhere_stored_as_new_is_checked(self):
         # An OID this process did not allocate (another process's, or
         # restore's) may exist: its creation must still be checked.

@@ -645,6 +645,57 @@ class LargeStateTests(MySQLTestCase):
         check.release()
 
 
+    def test_new_objects_straight_into_place_in_several_statements(self):
+        # New objects skip temp_store when they fit (new_rows_direct_bytes,
+        # bounded by max_allowed_packet so that each state fits in one
+        # statement); their multi-row INSERTs stay within the packet.
+        for keep_history in (True, False):
+            self.factory.fresh(keep_history)
+            storage = self.make_storage(keep_history=keep_history)
+            self.create_objects(storage, 1)
+            adapter = storage._adapter
+            # (Read at each connect: the store connection is open now.)
+            adapter.max_allowed_packet = 20000
+            self.assertLess(adapter.new_rows_direct_bytes, 10000)
+            sent = []
+
+            def spy(conn, prefix, values, insert=adapter._insert_text_rows):
+                execute = conn.execute
+
+                def counted(sql, params=()):
+                    self.assertLessEqual(len(sql), 20000 - 1024)
+                    sent.append((prefix, sql.count(b'),(') + 1))
+                    return execute(sql, params)
+                conn.execute = counted
+                try:
+                    insert(conn, prefix, values)
+                finally:
+                    del conn.execute
+            adapter._insert_text_rows = spy
+            states = [b'%04d' % i + os.urandom(140) for i in range(60)]
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            oids = [storage.new_oid() for _ in states]
+            for oid, state in zip(oids, states):
+                storage.store(oid, p64(0), state, '', txn)
+            storage.tpc_vote(txn)
+            tid = storage.tpc_finish(txn)
+            # 60 states of 144 bytes, in hexadecimal with their numbers:
+            # more than one packet of 20,000 bytes.
+            counts = [n for prefix, n in sent if 'object_state' in prefix]
+            self.assertEqual(sum(counts), 60)
+            self.assertEqual(len(counts), 2)
+            self.assertEqual(sum(n for prefix, n in sent if 'current_object' in prefix),
+                             60 if keep_history else 0)
+            check = storage.new_instance()
+            check.poll_invalidations()
+            for oid, state in zip(oids, states):
+                self.assertEqual(check.load(oid), (state, tid))
+            check.release()
+            storage.close()
+            self._storages.remove(storage)
+
+
 class ConnectionSettingsTests(MySQLTestCase):
 
     def _adapter(self, **changes):

@@ -469,6 +469,44 @@ class MySQLAdapter(Adapter):
         # placeholders.
         conn.execute(prefix.encode('ascii') + values, None)
 
+    @property
+    def new_rows_direct_bytes(self):
+        # insert_new_objects never splits a state: each must fit in a
+        # statement, as hexadecimal.
+        if not self.max_allowed_packet:
+            return 0
+        return max(0, min(Adapter.new_rows_direct_bytes,
+                          (self.max_allowed_packet - PACKET_MARGIN - ROW_OVERHEAD) // 2))
+
+    def insert_new_objects(self, conn, tid, rows):
+        # Statement text built as in upload(), for the same reasons.
+        sql = self.sql
+        if self.keep_history:
+            values = [b"(%d,%d,0,%d,X'%b')" % (oid, tid, len(state), hexlify(state))
+                      for oid, state in rows]
+        else:
+            values = [b"(%d,%d,%d,X'%b')" % (oid, tid, len(state), hexlify(state))
+                      for oid, state in rows]
+        self._insert_text_rows(conn, sql.NEW_OBJECT_STATES, values)
+        if self.keep_history:
+            self._insert_text_rows(conn, sql.NEW_OBJECT_CURRENTS,
+                                [b'(%d,%d)' % (oid, tid) for oid, _ in rows])
+
+    def _insert_text_rows(self, conn, prefix, values):
+        """Multi-row INSERTs of the ``values`` rows (bytes, each within
+        max_allowed_packet), as few as the packet and upload_batch allow."""
+        prefix = prefix.encode('ascii')
+        budget = self.max_allowed_packet - PACKET_MARGIN
+        batch, size = [], len(prefix)
+        for value in values:
+            if batch and (size + len(value) + 1 > budget or len(batch) >= self.upload_batch):
+                conn.execute(prefix + b','.join(batch), None)
+                batch, size = [], len(prefix)
+            batch.append(value)
+            size += len(value) + 1
+        if batch:
+            conn.execute(prefix + b','.join(batch), None)
+
     def _upload_in_pieces(self, conn, oid, prev_tid, state, budget):
         piece = max(1, (budget - 200) // 2 - 16)
         conn.execute(self.sql.INSERT_TEMP_MANY + '(%s,%s,%s)',

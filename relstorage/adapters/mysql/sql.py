@@ -124,6 +124,11 @@ class MySQLStatements(Statements):
 
     # Multi-row upload; VALUES rows are appended by the adapter.
     INSERT_TEMP_MANY = "INSERT INTO temp_store (zoid, prev_tid, state) VALUES "
+    # New objects straight into place (Adapter.insert_new_objects), idem.
+    NEW_OBJECT_STATES = ("INSERT INTO object_state (zoid, tid, prev_tid, state_size, state) "
+                         "VALUES ")
+    NEW_OBJECT_STATES_HF = "INSERT INTO object_state (zoid, tid, state_size, state) VALUES "
+    NEW_OBJECT_CURRENTS = "INSERT INTO current_object (zoid, tid) VALUES "
     APPEND_TEMP_STATE = """
         UPDATE temp_store SET state = CONCAT(state, %s) WHERE zoid = %s
     """

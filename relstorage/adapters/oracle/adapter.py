@@ -71,6 +71,9 @@ class OracleAdapter(Adapter):
     statements_class = sql.OracleStatements
     temp_rows_survive_commit = False
     has_host = True
+    # New objects go through temp_store as before: Oracle binds states
+    # larger than a RAW as BLOBs (upload), and its path cannot be run here.
+    new_rows_direct_bytes = 0
 
     def __init__(self, user=None, password=None, dsn=None, options=None, driver=None,
                  commit_lock_id=None, twophase=False):

@@ -141,6 +141,10 @@ class Driver:
         """Stream ``rows`` of (int, int, bytes-or-None) with ``stmt`` (COPY)."""
         raise NotImplementedError
 
+    def copy_new_objects(self, cursor, stmt, ints, rows):
+        """Stream ``rows`` of ``ints`` ints then bytes with ``stmt`` (COPY)."""
+        raise NotImplementedError
+
 
 class Psycopg3Driver(Driver):
     name = 'psycopg'
@@ -169,8 +173,14 @@ class Psycopg3Driver(Driver):
         return conn
 
     def copy_in(self, cursor, stmt, rows):
+        self._copy(cursor, stmt, ['int8', 'int8', 'bytea'], rows)
+
+    def copy_new_objects(self, cursor, stmt, ints, rows):
+        self._copy(cursor, stmt, ['int8'] * ints + ['bytea'], rows)
+
+    def _copy(self, cursor, stmt, types, rows):
         with cursor.copy(stmt + ' (FORMAT BINARY)') as copy:
-            copy.set_types(['int8', 'int8', 'bytea'])
+            copy.set_types(types)
             for row in rows:
                 copy.write_row(row)
 
@@ -222,6 +232,9 @@ class Psycopg2Driver(Driver):
     def copy_in(self, cursor, stmt, rows):
         cursor.copy_expert(stmt, _CopyTextReader(rows))
 
+    def copy_new_objects(self, cursor, stmt, ints, rows):
+        cursor.copy_expert(stmt, _CopyTextReader(rows, _new_object_line))
+
 
 class _CopyTextReader:
     """A file-like object producing COPY text format lazily (for psycopg2).
@@ -230,11 +243,14 @@ class _CopyTextReader:
     as COPY's text format treats backslash as an escape.
     """
 
-    def __init__(self, rows):
+    def __init__(self, rows, line=None):
         self._rows = iter(rows)
         self._buf = bytearray()
+        if line is not None:
+            self._line = line
 
-    def _line(self, row):
+    @staticmethod
+    def _line(row):
         oid, prev_tid, state = row
         if state is None:
             data = b'\\N'
@@ -253,3 +269,8 @@ class _CopyTextReader:
         out = bytes(self._buf[:size])
         del self._buf[:size]
         return out
+
+
+def _new_object_line(row):
+    return b'%s\t\\\\x%s\n' % (b'\t'.join([b'%d' % value for value in row[:-1]]),
+                                binascii.hexlify(row[-1]))

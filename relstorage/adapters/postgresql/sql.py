@@ -98,6 +98,12 @@ class PostgreSQLStatements(Statements):
     """
 
     COPY_TEMP = "COPY temp_store (zoid, prev_tid, state) FROM STDIN"
+    # New objects straight into place (Adapter.insert_new_objects).
+    COPY_NEW_OBJECTS = "COPY object_state (zoid, tid, prev_tid, state_size, state) FROM STDIN"
+    COPY_NEW_OBJECTS_HF = "COPY object_state (zoid, tid, state_size, state) FROM STDIN"
+    NEW_OBJECTS_CURRENT = """
+        INSERT INTO current_object (zoid, tid) SELECT unnest(%s::bigint[]), %s
+    """
 
     # clear_temp's reset (Adapter.temp_garbage_rows).
     RESET_TEMP_STORE = ("TRUNCATE temp_store",)
