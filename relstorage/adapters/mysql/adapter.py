@@ -490,7 +490,7 @@ class MySQLAdapter(Adapter):
         self._insert_text_rows(conn, sql.NEW_OBJECT_STATES, values)
         if self.keep_history:
             self._insert_text_rows(conn, sql.NEW_OBJECT_CURRENTS,
-                                [b'(%d,%d)' % (oid, tid) for oid, _ in rows])
+                                   [b'(%d,%d)' % (oid, tid) for oid, _ in rows])
 
     def _insert_text_rows(self, conn, prefix, values):
         """Multi-row INSERTs of the ``values`` rows (bytes, each within

@@ -208,15 +208,16 @@ class PostgreSQLAdapter(Adapter):
         conn.call(self.driver.copy_in, conn.cursor, self.sql.COPY_TEMP, rows)
 
     def insert_new_objects(self, conn, tid, rows):
+        # One COPY straight into object_state (columns: see COPY_NEW_OBJECTS).
+        copy = self.driver.copy_new_objects
         if self.keep_history:
-            conn.call(self.driver.copy_new_objects, conn.cursor, self.sql.COPY_NEW_OBJECTS, 4,
+            conn.call(copy, conn.cursor, self.sql.COPY_NEW_OBJECTS, 4,
                       ((oid, tid, 0, len(state), state) for oid, state in rows))
-        else:
-            conn.call(self.driver.copy_new_objects, conn.cursor, self.sql.COPY_NEW_OBJECTS, 3,
-                      ((oid, tid, len(state), state) for oid, state in rows))
-        if self.keep_history:
             conn.execute(self.sql.NEW_OBJECTS_CURRENT,
                          (self.oid_array([oid for oid, _ in rows]), tid))
+        else:
+            conn.call(copy, conn.cursor, self.sql.COPY_NEW_OBJECTS, 3,
+                      ((oid, tid, len(state), state) for oid, state in rows))
 
     def oid_array(self, oids):
         # The text form of a bigint[]: both drivers pass a str through
