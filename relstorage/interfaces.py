@@ -113,6 +113,10 @@ class IRelStorageAdapter(Interface):
     keep_history = Attribute("True for a history-preserving schema.")
     options = Attribute("The relstorage.options.Options the adapter was made with.")
     has_blob_chunk = Attribute("Whether the schema holds blob bytes (blob_chunk).")
+    new_rows_direct_bytes = Attribute(
+        "At most how many bytes of states of new objects (OIDs this process "
+        "handed out) a commit inserts straight into place (insert_new_objects) "
+        "instead of through temp_store; 0: never.")
 
     def describe():
         """Where the adapter connects, for messages; never a password."""
@@ -270,11 +274,18 @@ class IRelStorageAdapter(Interface):
         """Publish ``tid`` as the last committed one (commit lock held)."""
 
     def move_into_place(conn, tid, has_data, user, description, extension, packed=False,
-                        all_new=False, some_new=False):
+                        all_new=False, some_new=False, new_rows=()):
         """Make the uploaded rows the revisions of ``tid`` and record the
-        transaction's metadata.  ``all_new``: every uploaded object is stored
-        as new (prev_tid 0), ``some_new``: some are; NewObjectExistsError
-        when one of them has a row after all."""
+        transaction's metadata.  ``has_data``: temp_store holds rows;
+        ``all_new``: every uploaded object is stored as new (prev_tid 0),
+        ``some_new``: some are; ``new_rows``: (oid, state) of new objects
+        to insert without temp_store (insert_new_objects).
+        NewObjectExistsError when one of the new objects has a row after
+        all."""
+
+    def insert_new_objects(conn, tid, rows):
+        """Insert ``(oid, state)`` rows as objects created by ``tid``
+        (commit lock held)."""
 
     def commit_outcome(tid, has_data):
         """After a COMMIT that lost its connection: True when ``tid`` was

@@ -52,6 +52,10 @@ PACKET_MARGIN = 1024
 #: Bytes of one temp_store row in an upload besides its state's hex digits:
 #: two 20-digit numbers, the X'' quotes, parentheses and commas.
 ROW_OVERHEAD = 50
+#: Bytes of a statement of insert_new_objects besides its states' hex
+#: digits, for one row: the INSERT's text (76) and four 20-digit numbers,
+#: the X'' quotes, parentheses and commas.
+NEW_ROW_OVERHEAD = 160
 
 
 class ServerInfo:
@@ -472,11 +476,12 @@ class MySQLAdapter(Adapter):
     @property
     def new_rows_direct_bytes(self):
         # insert_new_objects never splits a state: each must fit in a
-        # statement, as hexadecimal.
+        # statement of its own, as hexadecimal.  (Not known before the
+        # first connection; a commit has its store connection by then.)
         if not self.max_allowed_packet:
             return 0
         return max(0, min(Adapter.new_rows_direct_bytes,
-                          (self.max_allowed_packet - PACKET_MARGIN - ROW_OVERHEAD) // 2))
+                          (self.max_allowed_packet - PACKET_MARGIN - NEW_ROW_OVERHEAD) // 2))
 
     def insert_new_objects(self, conn, tid, rows):
         # Statement text built as in upload(), for the same reasons.
@@ -493,8 +498,9 @@ class MySQLAdapter(Adapter):
                                    [b'(%d,%d)' % (oid, tid) for oid, _ in rows])
 
     def _insert_text_rows(self, conn, prefix, values):
-        """Multi-row INSERTs of the ``values`` rows (bytes, each within
-        max_allowed_packet), as few as the packet and upload_batch allow."""
+        """Multi-row INSERTs of the ``values`` rows (bytes: each fits in a
+        statement of its own, see new_rows_direct_bytes), as few as the
+        packet and upload_batch allow."""
         prefix = prefix.encode('ascii')
         budget = self.max_allowed_packet - PACKET_MARGIN
         batch, size = [], len(prefix)

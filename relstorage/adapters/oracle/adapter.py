@@ -72,7 +72,8 @@ class OracleAdapter(Adapter):
     temp_rows_survive_commit = False
     has_host = True
     # New objects go through temp_store as before: Oracle binds states
-    # larger than a RAW as BLOBs (upload), and its path cannot be run here.
+    # larger than a RAW as BLOBs (upload), and no Oracle server was at
+    # hand to measure or test a path straight into place.
     new_rows_direct_bytes = 0
 
     def __init__(self, user=None, password=None, dsn=None, options=None, driver=None,
