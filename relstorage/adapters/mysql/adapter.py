@@ -53,8 +53,8 @@ PACKET_MARGIN = 1024
 #: two 20-digit numbers, the X'' quotes, parentheses and commas.
 ROW_OVERHEAD = 50
 #: Bytes of a statement of insert_new_objects besides its states' hex
-#: digits, for one row: the INSERT's text (76) and four 20-digit numbers,
-#: the X'' quotes, parentheses and commas.
+#: digits, for one row: the INSERT's text (73 at most) and the row's three
+#: 20-digit numbers, the X'' quotes, parentheses and commas (70), rounded up.
 NEW_ROW_OVERHEAD = 160
 
 
