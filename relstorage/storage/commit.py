@@ -191,14 +191,13 @@ class Commit:
         new_rows = self._new_rows(fresh)
         if len(tstore) > len(new_rows):
             conn.temp_dirty = True
+            rows, nbytes = tstore.rows(), tstore.nbytes
             if new_rows:
                 direct = {oid for oid, _ in new_rows}
-                adapter.upload(conn, (row for row in tstore.rows() if row[0] not in direct))
-                adapter.note_temp_rows(conn, len(tstore) - len(new_rows),
-                                       tstore.nbytes - sum(len(state) for _, state in new_rows))
-            else:
-                adapter.upload(conn, tstore.rows())
-                adapter.note_temp_rows(conn, len(tstore), tstore.nbytes)
+                rows = (row for row in rows if row[0] not in direct)
+                nbytes -= sum(len(state) for _, state in new_rows)
+            adapter.upload(conn, rows)
+            adapter.note_temp_rows(conn, len(tstore) - len(new_rows), nbytes)
         fault_point('vote.uploaded')
         read_current = {oid: tid for oid, tid in self.read_current.items()
                         if oid not in tstore}
