@@ -360,12 +360,22 @@ class IRelStorageAdapter(Interface):
     def set_pack_info(conn, **values):
         """Record progress values."""
 
-    def iter_revisions(conn, after_tid, upto_tid, kept_at=None):
+    def iter_revisions(conn, after_tid, upto_tid, kept_at=None, page=None):
         """(oid, tid, state) of every revision in (after_tid, upto_tid], by
         tid, streamed: never the whole database in client memory.  With
         ``kept_at`` (history-preserving), without the revisions replaced
         by one of ``kept_at`` or before: a pack to that time or later
-        removes them, and needs none of their references."""
+        removes them, and needs none of their references.  Read in pages
+        of whole tids of about ``page`` revisions (0: all, in the snapshot
+        ``conn`` is in), each in a snapshot of its own (renew_snapshot),
+        so that no snapshot lasts the whole analysis; history-free, a
+        revision that a commit after ``upto_tid`` replaced or deleted
+        before its page was read is left out."""
+
+    def renew_snapshot(conn, upto_tid):
+        """End the snapshot of load connection ``conn`` and start another
+        on the same server; return its last tid.  RelStorageError if that
+        is before ``upto_tid``."""
 
     def count_revisions(conn, after_tid, upto_tid, kept_at=None):
         """How many revisions iter_revisions would yield."""

@@ -9,12 +9,21 @@ import logging
 import struct
 import time
 
+from ..interfaces import RelStorageError
 from .connections import as_bytes
 
 log = logging.getLogger(__name__)
 
 #: Greater than every tid: "all revisions" as a ``below`` bound.
 ALL_REVISIONS = (1 << 63) - 1
+
+#: Revisions the pack's analysis reads in one snapshot (iter_revisions):
+#: a fraction of a second of its work.
+REVISIONS_PAGE = 20000
+#: The first page's length in tids: a tenth of a second of commits (tids
+#: count 2**32 a minute), which a bulk import may fill with thousands of
+#: revisions; the next pages grow or shrink from there.
+PAGE_FIRST_SPAN = (1 << 32) // 600
 
 
 class PackRemovals:
@@ -206,15 +215,71 @@ class PackVerbs:
                 break
             yield from rows
 
-    def iter_revisions(self, conn, after_tid, upto_tid, kept_at=None):
+    def iter_revisions(self, conn, after_tid, upto_tid, kept_at=None, page=None):
         """(oid, tid, state) of every revision with after_tid < tid <=
-        upto_tid, by tid, streamed (a snapshot connection); with
-        ``kept_at`` (history-preserving), not those replaced by a
-        revision of ``kept_at`` or before (PACK_REVISIONS_KEPT)."""
+        upto_tid, by tid, streamed from ``conn`` (a load connection in a
+        snapshot, see begin_snapshot); with ``kept_at``
+        (history-preserving), not those replaced by a revision of
+        ``kept_at`` or before (PACK_REVISIONS_KEPT).
+
+        Read in pages of whole tids (about ``page`` revisions,
+        REVISIONS_PAGE by default; 0: all in the snapshot ``conn`` is in),
+        each in a snapshot of its own on the same server.  One
+        snapshot held for the whole analysis (minutes, at millions of
+        objects) keeps the server from cleaning up after the site's
+        commits meanwhile (PostgreSQL keeps every dead row version, InnoDB
+        its undo log, SQLite cannot checkpoint its write-ahead log past
+        the reader), and every commit of the site pays for that.  A
+        revision of upto_tid or before does not change between pages;
+        history-free, a commit after upto_tid may replace or delete it
+        before its page is read, and it is then left out: what replaced it
+        is newer than upto_tid."""
         if kept_at is not None and self.keep_history:
-            return self.stream_query(conn, self.q(self.sql.PACK_REVISIONS_KEPT),
-                                     (after_tid, upto_tid, kept_at))
-        return self.stream_query(conn, self.q(self.sql.PACK_REVISIONS), (after_tid, upto_tid))
+            stmt, extra = self.q(self.sql.PACK_REVISIONS_KEPT), (kept_at,)
+        else:
+            stmt, extra = self.q(self.sql.PACK_REVISIONS), ()
+        if page is None:
+            page = REVISIONS_PAGE
+        # Pages are ranges of tids, sized from the last one's count (no
+        # query finds where ``page`` revisions end: PostgreSQL would scan
+        # and sort all the rest of the range to answer that).
+        low = after_tid
+        span = PAGE_FIRST_SPAN
+        renew = False
+        while low < upto_tid:
+            if renew:
+                self.renew_snapshot(conn, upto_tid)
+            renew = True
+            high = upto_tid
+            if page:
+                # Where the next revision is: a stretch of time without
+                # commits costs no page.
+                first = conn.query_value(self.q(self.sql.PACK_NEXT_TID), (low, upto_tid))
+                if first is None:
+                    return
+                low = first - 1
+                high = min(upto_tid, low + span)
+            count = 0
+            for row in self.stream_query(conn, stmt, (low, high) + extra):
+                count += 1
+                yield row
+            if page:
+                span = max(1, int(span * min(4.0, page / count if count else 4.0)))
+            low = high
+
+    def renew_snapshot(self, conn, upto_tid):
+        """End the snapshot of ``conn`` and start another on the same
+        server (not begin_snapshot's server chosen now: another replica
+        may not have reached ``upto_tid`` yet); return its last tid."""
+        conn.rollback()
+        self.start_snapshot(conn)
+        last = self.get_last_tid(conn)
+        if last < upto_tid:
+            raise RelStorageError(
+                "%s went back in time during the pack's analysis: its last "
+                "transaction is %x, the analysis had read up to %x."
+                % (self.describe(), last, upto_tid))
+        return last
 
     def count_revisions(self, conn, after_tid, upto_tid, kept_at=None):
         if kept_at is not None and self.keep_history:

@@ -468,6 +468,9 @@ class Statements:
         WHERE tid > %s AND tid <= %s
         ORDER BY tid
     """
+    PACK_NEXT_TID = """
+        SELECT MIN(tid) FROM object_state WHERE tid > %s AND tid <= %s
+    """
     PACK_COUNT_REVISIONS_AFTER = """
         SELECT COUNT(*) FROM object_state WHERE tid > %s AND tid <= %s
     """

@@ -306,7 +306,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
         size = ANALYSIS_BATCH
         recorder = _Recorder()
 
-        def record(upto_tid, oids, rows):
+        def record(upto_tid, oids, rows, fresh):
             try:
                 _record(adapter, conn, oids, rows, upto_tid, seeds, fresh)
             except BaseException:
@@ -315,15 +315,17 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
                 _rollback_quietly(conn)
                 raise
 
-        def flush(upto_tid):
-            recorder.submit(record, upto_tid, oids, rows)
+        def flush(upto_tid, fresh):
+            nonlocal oids, rows
+            recorder.submit(record, upto_tid, oids, rows, fresh)
             bar.update(len(oids))
+            oids, rows = [], []
 
-        try:
+        def analyse(revisions, upto_tid, fresh):
+            nonlocal current, completed, analysed
             # (A thread of its own reading the rows ahead made the
             # analysis slower: the rows are made under the interpreter
             # lock, and it changed hands at every list.)
-            revisions = adapter.iter_revisions(load, done, snapshot_tid, kept_at)
             for chunk in chunks(revisions, READ_CHUNK):
                 for (oid, tid, _), refs in zip(chunk, _references_of_rows(read, chunk),
                                                strict=True):
@@ -332,18 +334,37 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
                             completed = current
                         current = tid
                         if len(oids) >= size:
-                            flush(completed)
-                            oids, rows = [], []
+                            flush(completed, fresh)
                     elif len(oids) >= 10 * size:
                         # One huge transaction: record it in pieces without
                         # advancing the progress (a rerun forgets them).
-                        flush(completed)
-                        oids, rows = [], []
+                        flush(completed, fresh)
                     oids.append(oid)
                     analysed += 1
                     if refs:
                         rows.extend(zip(repeat(oid), repeat(tid), refs))
-            flush(snapshot_tid)
+            flush(upto_tid, fresh)
+
+        try:
+            analyse(adapter.iter_revisions(load, done, snapshot_tid, kept_at),
+                    snapshot_tid, fresh)
+            if not adapter.keep_history:
+                # iter_revisions read in pages, each in a snapshot of its
+                # own, and left out the revisions that commits made
+                # meanwhile replaced before their page came (their objects
+                # would reach nothing: the deletion's re-check would have
+                # to bring back everything below them, at a large cost
+                # when that is a container every commit changes).  So the
+                # revisions committed since are read too, in one snapshot,
+                # which the pack then uses: the references recorded are
+                # those of that snapshot, as if the whole analysis had
+                # read in it.  An object read twice keeps the references
+                # of its later revision (not fresh: its earlier ones go).
+                latest = adapter.renew_snapshot(load, snapshot_tid)
+                if latest > snapshot_tid:
+                    analyse(adapter.iter_revisions(load, snapshot_tid, latest, page=0),
+                            latest, False)
+                    snapshot_tid = latest
             recorder.wait()
         finally:
             report.analysed += analysed

@@ -1352,6 +1352,71 @@ class IncrementalPackTests(PackCase):
         self.assertTrue(self.exists(b._p_oid))
         self.collected_by_the_next_pack(db, b._p_oid)
 
+    def test_analysis_reads_in_pages_while_commits_replace_revisions(self):
+        # The analysis reads a few revisions per snapshot; between two
+        # snapshots a commit replaces revisions it has not read yet
+        # (history-free, they are gone when their page comes): top's, and
+        # n5's, whose kid moves to n1 (already read) while n5 gets a new
+        # kid; n6 is unlinked.  Everything the root reaches must survive,
+        # and after the next pack exactly that must be left.
+        from relstorage.adapters import packing
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['top'] = PersistentMapping(name='top')
+        for i in range(1, 9):
+            with db.transaction() as conn:
+                conn.root()['top']['k%d' % i] = self.subtree('n%d' % i, depth=1)
+        self.patch(packing, 'REVISIONS_PAGE', 2)
+        self.patch(packing, 'PAGE_FIRST_SPAN', 1)
+        original = packing.PackVerbs.renew_snapshot
+        renewed = []
+
+        def commit_then_renew(adapter, conn, upto_tid):
+            if not renewed:
+                with db.transaction() as c:
+                    top = c.root()['top']
+                    n1, n5 = top['k1'], top['k5']
+                    moved = n5.pop('k0')
+                    moved['up'] = n1
+                    n1['k9'] = moved
+                    n5['k8'] = PersistentMapping(name='new', up=n5)
+                    del top['k6']
+            renewed.append(upto_tid)
+            return original(adapter, conn, upto_tid)
+        self.patch(packing.PackVerbs, 'renew_snapshot', commit_then_renew)
+        report = db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertGreater(len(renewed), 3)
+        # History-free, the revisions committed during the analysis were
+        # read at its end (its snapshot is the last one): the deletion had
+        # nothing to bring back (without that, all but the root and top).
+        self.assertEqual(report.kept_by_new_commits, 0)
+        reachable = self.assert_reachable_objects_load()
+        with db.transaction() as conn:
+            top = conn.root()['top']
+            self.assertEqual(top['k1']['k9']['name'], 'n5.0')
+            self.assertEqual(top['k5']['k8']['name'], 'new')
+            self.assertNotIn('k6', top)
+        self.assertEqual(len(reachable), 2 + 8 * 4 - 4 + 1)
+        self.patch(packing.PackVerbs, 'renew_snapshot', original)
+        self.pack_exactly(db, incremental=None)
+
+    def test_analysis_refuses_a_server_gone_back_in_time(self):
+        from relstorage.adapters.packing import RelStorageError
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping()
+        adapter = db.storage.adapter
+        conn = adapter.open_load()
+        try:
+            adapter.begin_snapshot(conn)
+            last = adapter.get_last_tid(conn)
+            adapter.renew_snapshot(conn, last)
+            with self.assertRaisesRegex(RelStorageError, 'went back in time'):
+                adapter.renew_snapshot(conn, last + 1)
+        finally:
+            conn.rollback()
+            conn.close()
+
     def test_use_prepack_state_after_a_pack_stopped_in_its_reachability(self):
         from relstorage.adapters.packing import PackVerbs
         from relstorage.storage.pack import PackError

@@ -351,10 +351,11 @@ def drive_every_verb(adapter, recorder):
     conn = adapter.open_pack()                 # they exist now: no DDL
     load = adapter.open_load()
     adapter.begin_snapshot(load)
-    adapter.count_revisions(load, 0, 300)
-    list(adapter.iter_revisions(load, 0, 300))
-    adapter.count_revisions(load, 0, 300, kept_at=250)     # history-preserving only
-    list(adapter.iter_revisions(load, 0, 300, kept_at=250))
+    adapter.count_revisions(load, 0, 5)
+    list(adapter.iter_revisions(load, 0, 5))
+    adapter.renew_snapshot(load, 5)                         # between two pages
+    adapter.count_revisions(load, 0, 5, kept_at=4)          # history-preserving only
+    list(adapter.iter_revisions(load, 0, 5, kept_at=4))
     load.rollback()
     load.close()
     adapter.begin_store_checked(conn)

@@ -159,7 +159,7 @@ class Sqlite3Adapter(Adapter):
             return int(self.pragmas['busy_timeout'])
         return int(float(self.options.commit_lock_timeout) * 1000)
 
-    def begin_snapshot(self, conn):
+    def start_snapshot(self, conn):
         # A deferred transaction: the snapshot starts at the first read and
         # lasts until rollback, whatever other processes commit meanwhile.
         conn.execute('BEGIN DEFERRED')
