@@ -24,6 +24,9 @@ REVISIONS_PAGE = 20000
 #: count 2**32 a minute), which a bulk import may fill with thousands of
 #: revisions; the next pages grow or shrink from there.
 PAGE_FIRST_SPAN = (1 << 32) // 600
+#: The longest page in tids (an hour): after a quiet stretch, the first
+#: busy one is read in pages of this length at most.
+PAGE_MAX_SPAN = 60 << 32
 
 
 class PackRemovals:
@@ -264,7 +267,8 @@ class PackVerbs:
                 count += 1
                 yield row
             if page:
-                span = max(1, int(span * min(4.0, page / count if count else 4.0)))
+                span = max(1, min(PAGE_MAX_SPAN,
+                                  int(span * min(4.0, page / count if count else 4.0))))
             low = high
 
     def renew_snapshot(self, conn, upto_tid):

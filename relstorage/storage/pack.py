@@ -2,9 +2,10 @@
 
 Two phases (docs/pack.rst tells the user's side):
 
-1. The pre-pack, without the commit lock.  In one read snapshot, the
-   references of every revision committed since the last analysis are
-   extracted once (states streamed in batches) into ``object_ref``, with
+1. The pre-pack, without the commit lock.  The references of every
+   revision committed since the last analysis are extracted once (states
+   streamed in batches, pages of them in short read snapshots, see
+   _analyse) into ``object_ref``, with
    the progress kept in ``pack_info``, so the next pack only reads what is
    new and a killed pack resumes.  Reachability is then computed by the
    database (adapters/packing.py): the result, in ``pack_object``, lists
@@ -61,6 +62,10 @@ ANALYSIS_BATCH = 5000
 #: Revisions whose references are read in one pass (_references_of_rows),
 #: their states joined in streams of at most JOINED_BYTES each.
 READ_CHUNK = 1000
+#: History-free, the analysis ends by reading the revisions committed while
+#: it ran in one snapshot when there are at most this many (else in pages,
+#: and then those committed meanwhile).
+CATCH_UP_AT_ONCE = 20000
 JOINED_BYTES = 8 * 1024 * 1024
 #: Candidates deleted per statement group of a deletion batch, to start with.
 FIRST_DELETE_SIZE = 100
@@ -268,7 +273,8 @@ def _acquire(adapter):
 
 def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
     """Record the references of every revision committed since the last
-    analysis, up to a snapshot; return the snapshot's tid.  With
+    analysis, as of a snapshot (read in pages, each in a snapshot of its
+    own: see iter_revisions); return the snapshot's tid.  With
     ``pack_tid`` (a pack, history-preserving), not those of revisions
     replaced by one of that time or before (iter_revisions)."""
     load = adapter.open_load()
@@ -355,16 +361,26 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
                 # would reach nothing: the deletion's re-check would have
                 # to bring back everything below them, at a large cost
                 # when that is a container every commit changes).  So the
-                # revisions committed since are read too, in one snapshot,
-                # which the pack then uses: the references recorded are
-                # those of that snapshot, as if the whole analysis had
-                # read in it.  An object read twice keeps the references
-                # of its later revision (not fresh: its earlier ones go).
-                latest = adapter.renew_snapshot(load, snapshot_tid)
-                if latest > snapshot_tid:
-                    analyse(adapter.iter_revisions(load, snapshot_tid, latest, page=0),
+                # revisions committed since are read too, and those
+                # committed during that, until few enough are left to read
+                # in one snapshot, which the pack then goes on from: the
+                # references recorded are those of that snapshot, as if
+                # the whole analysis had read in it (a revision current
+                # there was current when its page was read).  An object
+                # read twice keeps the references of its later revision
+                # (not fresh: its earlier ones go).
+                completed, current = snapshot_tid, None
+                while True:
+                    latest = adapter.renew_snapshot(load, snapshot_tid)
+                    if latest == snapshot_tid:
+                        break
+                    last = adapter.count_revisions(load, snapshot_tid, latest) <= CATCH_UP_AT_ONCE
+                    analyse(adapter.iter_revisions(load, snapshot_tid, latest,
+                                                   page=0 if last else None),
                             latest, False)
                     snapshot_tid = latest
+                    if last:
+                        break
             recorder.wait()
         finally:
             report.analysed += analysed

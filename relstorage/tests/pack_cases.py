@@ -1354,12 +1354,23 @@ class IncrementalPackTests(PackCase):
 
     def test_analysis_reads_in_pages_while_commits_replace_revisions(self):
         # The analysis reads a few revisions per snapshot; between two
-        # snapshots a commit replaces revisions it has not read yet
+        # snapshots commits replace revisions it has not read yet
         # (history-free, they are gone when their page comes): top's, and
         # n5's, whose kid moves to n1 (already read) while n5 gets a new
         # kid; n6 is unlinked.  Everything the root reaches must survive,
         # and after the next pack exactly that must be left.
+        self.check_pages_with_commits(catch_up_at_once=20000)
+
+    def test_analysis_catches_up_in_pages_while_commits_go_on(self):
+        # The same, with the history-free catch-up (the commits made while
+        # the pages were read) read in pages too, and a commit between
+        # them that replaces what the first commits wrote: n5's new kid
+        # moves to n2, and n7 is unlinked.
+        self.check_pages_with_commits(catch_up_at_once=0)
+
+    def check_pages_with_commits(self, catch_up_at_once):
         from relstorage.adapters import packing
+        from relstorage.storage import pack
         db = self.db()
         with db.transaction() as conn:
             conn.root()['top'] = PersistentMapping(name='top')
@@ -1368,24 +1379,39 @@ class IncrementalPackTests(PackCase):
                 conn.root()['top']['k%d' % i] = self.subtree('n%d' % i, depth=1)
         self.patch(packing, 'REVISIONS_PAGE', 2)
         self.patch(packing, 'PAGE_FIRST_SPAN', 1)
+        self.patch(pack, 'CATCH_UP_AT_ONCE', catch_up_at_once)
         original = packing.PackVerbs.renew_snapshot
         renewed = []
+        first_upto = []
 
         def commit_then_renew(adapter, conn, upto_tid):
             if not renewed:
+                first_upto.append(upto_tid)
                 with db.transaction() as c:
                     top = c.root()['top']
                     n1, n5 = top['k1'], top['k5']
                     moved = n5.pop('k0')
                     moved['up'] = n1
                     n1['k9'] = moved
-                    n5['k8'] = PersistentMapping(name='new', up=n5)
                     del top['k6']
+                with db.transaction() as c:
+                    n5 = c.root()['top']['k5']
+                    n5['k8'] = PersistentMapping(name='new', up=n5)
+            elif upto_tid > first_upto[0] and len(first_upto) == 1:
+                # Within the catch-up's pages.
+                first_upto.append(upto_tid)
+                with db.transaction() as c:
+                    top = c.root()['top']
+                    n2 = top['k2']
+                    n2['k8'] = new = top['k5'].pop('k8')
+                    new['up'] = n2
+                    del top['k7']
             renewed.append(upto_tid)
             return original(adapter, conn, upto_tid)
         self.patch(packing.PackVerbs, 'renew_snapshot', commit_then_renew)
         report = db.storage.run_pack(time.time() + 1, referencesf)
         self.assertGreater(len(renewed), 3)
+        self.assertEqual(len(first_upto), 1 if catch_up_at_once or self.keep_history else 2)
         # History-free, the revisions committed during the analysis were
         # read at its end (its snapshot is the last one): the deletion had
         # nothing to bring back (without that, all but the root and top).
@@ -1394,9 +1420,14 @@ class IncrementalPackTests(PackCase):
         with db.transaction() as conn:
             top = conn.root()['top']
             self.assertEqual(top['k1']['k9']['name'], 'n5.0')
-            self.assertEqual(top['k5']['k8']['name'], 'new')
             self.assertNotIn('k6', top)
-        self.assertEqual(len(reachable), 2 + 8 * 4 - 4 + 1)
+            if len(first_upto) == 1:
+                self.assertEqual(top['k5']['k8']['name'], 'new')
+                self.assertEqual(len(reachable), 2 + 8 * 4 - 4 + 1)
+            else:
+                self.assertEqual(top['k2']['k8']['name'], 'new')
+                self.assertNotIn('k7', top)
+                self.assertEqual(len(reachable), 2 + 8 * 4 - 8 + 1)
         self.patch(packing.PackVerbs, 'renew_snapshot', original)
         self.pack_exactly(db, incremental=None)
 
