@@ -792,6 +792,58 @@ class ReadOnlySnapshotTests(PGCase):
             store.close()
 
 
+class ByteaOutputTests(PGCase):
+    """States come back as the bytes stored whatever the server's
+    bytea_output: psycopg2's values are decoded from the hex form in one
+    call, and from the escape form (a server or role configured so) by
+    psycopg2 itself."""
+
+    STATES = [b'', b'\\x41', b'x\\', b'\x00\xff', bytes(range(256)) * 3,
+              b'\\\\x00', b'"{}",']
+
+    def test_states_round_trip_in_either_output_format(self):
+        for output in ('hex', 'escape'):
+            with self.subTest(bytea_output=output):
+                self._round_trip(output)
+
+    def _round_trip(self, output):
+        base = dict(drivers.select_driver('auto').parse_dsn(self.factory.dsn))
+        options = (base.get('options', '') + ' -c bytea_output=%s' % output).strip()
+        dsn = _dsn_with(self.factory.dsn, options=options)
+        self.factory.fresh(self.keep_history)
+        opts = Options(keep_history=self.keep_history)
+
+        def open_storage():
+            storage = RelStorage(PostgreSQLAdapter(dsn=dsn, options=opts,
+                                                   driver=self.factory.driver),
+                                 options=opts)
+            self._open.append(storage)
+            return storage
+        writer = open_storage()
+        oids = [writer.new_oid() for _ in self.STATES]
+        txn = TransactionMetaData()
+        writer.tpc_begin(txn)
+        for oid, state in zip(oids, self.STATES):
+            writer.store(oid, z64, state, '', txn)
+        writer.tpc_vote(txn)
+        tid = writer.tpc_finish(txn)
+        # A storage of its own: nothing in its caches, every state read.
+        reader = open_storage().new_instance()
+        self._open.append(reader)
+        reader.poll_invalidations()
+        self.assertEqual(reader._load_conn.query_value("SHOW bytea_output"), output)
+        for oid, state in zip(oids, self.STATES):
+            got, serial = reader.load(oid)
+            self.assertIs(type(got), bytes)
+            self.assertEqual((got, serial), (state, tid))
+        other = open_storage().new_instance()
+        self._open.append(other)
+        other.poll_invalidations()
+        other.prefetch(oids)
+        self.assertEqual([other.load(oid)[0] for oid in oids], self.STATES)
+        self.assertEqual(other.loadSerial(oids[4], tid), self.STATES[4])
+
+
 class OidAllocationTests(PGCase):
 
     def test_allocations_grow_and_never_overlap(self):
@@ -882,7 +934,8 @@ PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeou
             ConcurrentIncrementTests,
             KilledClientTests, KilledClientTestsHF,
             ServerDisconnectTests, ServerDisconnectTestsHF,
-            ConnectionErrorTests, ReadOnlySnapshotTests, OidAllocationTests,
+            ConnectionErrorTests, ReadOnlySnapshotTests, ByteaOutputTests,
+            OidAllocationTests,
             TempTableTests, TempTableTestsHF,
             UnloggedPackTablesTests)
 
