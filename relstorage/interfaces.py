@@ -255,9 +255,6 @@ class IRelStorageAdapter(Interface):
         not claimed by a vote since (no other transaction can have their
         rows); removes them from that set."""
 
-    def replace_temp_many(conn, rows):
-        """Replace uploaded states by (oid, prev_tid, state) rows."""
-
     def fix_prev_tids(conn):
         """For restore: base every uploaded row on the current revision."""
 

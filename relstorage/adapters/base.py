@@ -670,17 +670,6 @@ class Adapter(PackVerbs):
         return [(oid, current[oid], prev_tid) for oid, prev_tid in rows
                 if oid in current and current[oid] != prev_tid]
 
-    def replace_temp_many(self, conn, rows):
-        """Replace uploaded states by ``(oid, prev_tid, state)`` rows
-        (resolved conflicts): one delete and one bulk upload, instead of an
-        UPDATE round trip per object."""
-        rows = list(rows)
-        for stmt, params in self.oid_statements(self.sql.DELETE_TEMP_MANY,
-                                                [oid for oid, _, _ in rows]):
-            conn.execute(stmt, params)
-        self.upload(conn, rows)
-        self.note_temp_rows(conn, len(rows), sum(len(state or b'') for _, _, state in rows))
-
     def lock_objects_checked(self, conn, oids, read_current_oids):
         """``lock_objects`` with its lock failures reported by OID; returns
         what it returns ({oid: current tid} of the locked rows, or None)."""

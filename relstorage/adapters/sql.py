@@ -299,8 +299,6 @@ class Statements:
         INSERT INTO temp_store (zoid, prev_tid, state) VALUES (%s, %s, %s)
     """
 
-    DELETE_TEMP_MANY = "DELETE FROM temp_store WHERE zoid IN ({in_list})"
-
     FIX_PREV_TIDS = """
         UPDATE temp_store SET prev_tid = COALESCE(
             (SELECT c.tid FROM current_object c WHERE c.zoid = temp_store.zoid), 0)

@@ -314,7 +314,6 @@ def drive_every_verb(adapter, recorder):
     adapter.clear_temp(store)
     adapter.clear_temp_blobs(store)
     adapter.upload(store, [(1, 0, b'small'), (2, 0, None), (3, 0, BIG), (4, 0, b'')])
-    adapter.replace_temp_many(store, [(1, 0, b'resolved'), (3, 0, BIG)])
     adapter.detect_conflicts(store, [(1, 0), (3, 7)])
     adapter.lock_objects_checked(store, [1, 3], [2])
     adapter.fix_prev_tids(store)

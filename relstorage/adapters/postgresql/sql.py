@@ -73,7 +73,6 @@ class PostgreSQLStatements(Statements):
     """
     CURRENT_TIDS = "SELECT zoid, tid FROM current_object WHERE zoid = ANY(%s::bigint[])"
     CURRENT_TIDS_HF = "SELECT zoid, tid FROM object_state WHERE zoid = ANY(%s::bigint[])"
-    DELETE_TEMP_MANY = "DELETE FROM temp_store WHERE zoid = ANY(%s::bigint[])"
 
     # Row locks.  Objects that do not exist yet have no row to lock; their
     # OIDs are new and unique to this transaction anyway.  Each locked
