@@ -21,6 +21,7 @@ import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.POSException import ConflictError
+from ZODB.POSException import ReadConflictError
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.tests.StorageTestBase import zodb_unpickle
@@ -733,12 +734,16 @@ class TempTableTests(PGCase):
             for oid in chosen:
                 expected[oid] = (values[oid], tid)
             if round_ % 7 == 3:
-                # A vote that fails after its upload (a stale serial).
+                # A vote that fails after its upload: an object read with
+                # readCurrent changed (checked after the upload; a stale
+                # serial of a stored object fails before it).
                 txn = TransactionMetaData()
                 storage.tpc_begin(txn)
                 for oid in oids[:5]:
-                    storage.store(oid, p64(1), zodb_pickle(MinPO('lost')), '', txn)
-                with self.assertRaises(ConflictError):
+                    storage.store(oid, storage.load(oid)[1], zodb_pickle(MinPO('lost')),
+                                  '', txn)
+                storage.checkCurrentSerialInTransaction(oids[5], p64(1), txn)
+                with self.assertRaises(ReadConflictError):
                     storage.tpc_vote(txn)
                 storage.tpc_abort(txn)
             sizes.append(self.temp_store_bytes(storage))
