@@ -147,6 +147,12 @@ class Adapter(PackVerbs):
     #: waits for: hence the bound, past which the upload goes before the lock
     #: as for other objects.
     new_rows_direct_bytes = 1 << 20
+    #: A commit whose states total at most this many bytes uploads them
+    #: to temp_store once its row locks are taken and its conflicts
+    #: resolved (a resolved state goes up once); a larger one uploads
+    #: before taking them, so that its upload does not hold the locks of
+    #: objects other commits change too (see Commit._vote).
+    upload_after_locks_bytes = 1 << 20
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and

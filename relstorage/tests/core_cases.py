@@ -373,6 +373,44 @@ class ConcurrencyTests(FactoryCase):
             db1.close()
             db2.close()
 
+    def test_conflicts_resolved_before_or_after_the_upload(self):
+        # A commit up to upload_after_locks_bytes uploads its states once
+        # its conflicts are resolved; a larger one uploads them first and
+        # again once it resolved a conflict.  Either way the merged
+        # states, and only this commit's, are what goes into place.
+        from ZODB.tests.ConflictResolution import PCounter
+        for limit in (None, 0):
+            with self.subTest(upload_after_locks_bytes=limit):
+                storage1, storage2 = self.storage(), self.storage()
+                if limit is not None:
+                    storage2._adapter.upload_after_locks_bytes = limit
+                db1, db2 = ZODB.DB(storage1), ZODB.DB(storage2)
+                try:
+                    tm1, tm2 = transaction.TransactionManager(), transaction.TransactionManager()
+                    c1 = db1.open(tm1)
+                    counters = [PCounter() for _ in range(20)]
+                    c1.root()['counters'] = counters_map = PersistentMapping(
+                        enumerate(counters))
+                    for counter in counters:
+                        counter.inc()
+                    tm1.commit()
+                    c2 = db2.open(tm2)
+                    theirs = c2.root()['counters']
+                    for i in range(20):
+                        theirs[i].inc()
+                    theirs[20] = PCounter()     # and a new object beside them
+                    for counter in counters[::2]:
+                        counter.inc()
+                    tm1.commit()
+                    tm2.commit()                # ten of the twenty resolved at vote
+                    tm1.begin()
+                    self.assertEqual([counters_map[i]._value for i in range(20)],
+                                     [3, 2] * 10)
+                    self.assertEqual(counters_map[20]._value, 0)
+                finally:
+                    db1.close()
+                    db2.close()
+
     def test_unresolvable_conflict_is_retryable(self):
         db1 = ZODB.DB(self.storage())
         db2 = ZODB.DB(self.storage())
