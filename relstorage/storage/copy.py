@@ -483,8 +483,7 @@ class RelStorageWriter:
         if not pending:
             return
         copied = [CopiedTransaction(u64(txn.tid), txn.user, txn.description, txn.extension,
-                                    txn.status == 'p',
-                                    [(u64(oid), data) for oid, data, _ in txn.records])
+                                    txn.status == 'p', _last_of_each(txn.records))
                   for txn in pending]
         try:
             self.dest.copy_transactions_in(copied)
@@ -497,6 +496,19 @@ class RelStorageWriter:
             self.stats.add_txn(txn)
         self._pending = []
         self._pending_bytes = self._pending_records = 0
+
+
+def _last_of_each(records):
+    """``(oid_int, data)`` of ``records``, once per object: its last record.
+
+    A FileStorage transaction can hold two records of one object (stored
+    twice before the vote): loading it in that transaction gives the
+    last, and that is the record a database keeps (one row per object and
+    transaction)."""
+    rows = {}
+    for oid, data, _ in records:
+        rows[u64(oid)] = data
+    return list(rows.items())
 
 
 def make_writer(source, dest, stats, dry_run=False):

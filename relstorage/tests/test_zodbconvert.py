@@ -16,6 +16,7 @@ import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.blob import Blob
+from ZODB.Connection import TransactionMetaData
 from ZODB.FileStorage import FileStorage
 from ZODB.utils import p64
 from ZODB.utils import u64
@@ -386,6 +387,44 @@ class TestRoundTrip(ConvertTestCase):
                 finally:
                     source.close()
                     dest.close()
+
+    def test_object_stored_twice_in_one_source_transaction(self):
+        # FileStorage keeps both records of an object stored twice before
+        # the vote; its load gives the second.  The copy keeps that one.
+        for db_class in configured():
+            for keep_history in (True, False):
+                with self.subTest(database=db_class.name, keep_history=keep_history):
+                    src = self.path('twice-%s-%s.fs' % (db_class.name, keep_history))
+                    make_source(src, transactions=3)
+                    storage = FileStorage(src)
+                    try:
+                        oid = p64(0)    # the root
+                        state, serial = storage.load(oid)
+                        txn = TransactionMetaData()
+                        storage.tpc_begin(txn)
+                        storage.store(oid, serial, b'not this one', '', txn)
+                        storage.store(oid, serial, state, '', txn)
+                        storage.tpc_vote(txn)
+                        tid = storage.tpc_finish(txn)
+                        records = None
+                        for stored in storage.iterator(tid):
+                            records = [record.data for record in stored]
+                            break
+                        self.assertEqual(records, [b'not this one', state])
+                    finally:
+                        storage.close()
+                    db = self.database(db_class)
+                    out, _ = self.assertConverted(self.convert(
+                        fs_section('source', src),
+                        rs_section('destination', db, keep_history), '--verify'))
+                    self.assertIn('Verified:', out)
+                    dest = self.open_rs(db, keep_history=keep_history)
+                    try:
+                        self.assertEqual(dest.load(oid), (state, tid))
+                        if keep_history:
+                            self.assertEqual(dest.loadSerial(oid, tid), state)
+                    finally:
+                        dest.close()
 
     def test_relstorage_hf_to_filestorage(self):
         src = self.path('s.fs')
