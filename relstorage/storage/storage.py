@@ -690,10 +690,17 @@ class RelStorage(ConflictResolvingStorage):
         self._check_txn(txn).store(u64(oid), u64(oldserial) if oldserial else 0, None)
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):
-        # (int.from_bytes, as in store: called once per object read.)
+        # Called once per object read with readCurrent (a catalog query
+        # may read thousands): _check_txn, _tid_int and
+        # Commit.check_current are inlined, and int.from_bytes is u64
+        # without a Python call.
         if len(oid) != 8:
             raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
-        self._check_txn(txn).check_current(int.from_bytes(oid, 'big'), _tid_int(serial))
+        pending = self._commit
+        if pending is None or txn is not pending.txn:
+            raise POSException.StorageTransactionError(self, txn)
+        pending.read_current[int.from_bytes(oid, 'big')] = (
+            int.from_bytes(serial, 'big') if type(serial) is bytes else _tid_int(serial))
 
     def tpc_vote(self, txn):
         pending = self._check_txn(txn)

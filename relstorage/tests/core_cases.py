@@ -411,6 +411,47 @@ class ConcurrencyTests(FactoryCase):
                     db1.close()
                     db2.close()
 
+    def test_read_current_of_a_stored_object_is_its_conflict_check(self):
+        # An object both read with readCurrent and stored is checked once,
+        # by its conflict check against the serial it is stored at: the
+        # serial it was read at no longer matters.  Whichever of the two
+        # sets is larger (the vote walks the smaller one).
+        storage = self.storage()
+        oids, tid0 = make_objects(storage, 6)
+        serials = dict.fromkeys(oids, tid0)
+        for read, stored in ((oids[:4], oids[:1]), (oids[:2], [oids[0], oids[4], oids[5]])):
+            with self.subTest(read=len(read), stored=len(stored)):
+                # oids[0] changes after it was read, then is stored at its
+                # new serial; the others are read at their current serial.
+                read_at = serials[oids[0]]
+                serials[oids[0]] = self.commit(storage, oids[0], read_at, 'changed')
+                txn = TransactionMetaData()
+                storage.tpc_begin(txn)
+                try:
+                    for oid in read:
+                        storage.checkCurrentSerialInTransaction(
+                            oid, read_at if oid == oids[0] else serials[oid], txn)
+                    for oid in stored:
+                        storage.store(oid, serials[oid], zodb_pickle(MinPO('again')), '', txn)
+                    storage.tpc_vote(txn)
+                    tid = storage.tpc_finish(txn)
+                except BaseException:
+                    storage.tpc_abort(txn)
+                    raise
+                for oid in stored:
+                    self.assertEqual(storage.load(oid)[1], tid)
+                    serials[oid] = tid
+        # And one read at a stale serial, not stored, still fails the vote.
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.checkCurrentSerialInTransaction(oids[1], serials[oids[1]], txn)
+        storage.checkCurrentSerialInTransaction(oids[0], tid0, txn)
+        storage.store(oids[4], serials[oids[4]], zodb_pickle(MinPO('no')), '', txn)
+        with self.assertRaises(ConflictError) as raised:
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        self.assertEqual(raised.exception.oid, oids[0])
+
     def test_unresolvable_conflict_is_retryable(self):
         db1 = ZODB.DB(self.storage())
         db2 = ZODB.DB(self.storage())
