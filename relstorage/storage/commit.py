@@ -296,7 +296,8 @@ class Commit:
             else:
                 new = [oid for oid, prev_tid in self.tstore.prev_tids() if not prev_tid]
                 self.new_count = len(new)
-                self.fresh = self.adapter.claim_fresh_oids(new)
+                # (Nothing to claim, such as an empty commit: no lock taken.)
+                self.fresh = self.adapter.claim_fresh_oids(new) if new else frozenset()
         return self.fresh
 
     def _new_rows(self, fresh):
