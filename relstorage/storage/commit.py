@@ -357,8 +357,6 @@ class Commit:
         smaller is walked in Python: often thousands of objects read and
         a few stored, or the other way round."""
         read_current, tstore = self.read_current, self.tstore
-        if not read_current or not len(tstore):
-            return dict(read_current)
         if len(tstore) < len(read_current):
             read_current = dict(read_current)
             for oid in tstore.oids():

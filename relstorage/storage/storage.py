@@ -691,9 +691,8 @@ class RelStorage(ConflictResolvingStorage):
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):
         # Called once per object read with readCurrent (a catalog query
-        # may read thousands): _check_txn, _tid_int and
-        # Commit.check_current are inlined, and int.from_bytes is u64
-        # without a Python call.
+        # may read thousands): _check_txn and _tid_int's usual case are
+        # inlined, and int.from_bytes is u64 without a Python call.
         if len(oid) != 8:
             raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
         pending = self._commit
