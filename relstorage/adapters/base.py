@@ -364,10 +364,20 @@ class Adapter(PackVerbs):
                 + (None if started is None else float(started),))
 
     def open_store(self):
-        conn = self.open_connection('store')
-        self.ensure_temp_table(conn)
-        conn.commit()
-        return conn
+        # Its temporary tables come with its first transaction that
+        # writes (begin_store_checked): a connection that only ever makes
+        # empty or readCurrent-only commits never needs them.
+        return self.open_connection('store')
+
+    def _ensure_temp_tables(self, conn):
+        """Create ``conn``'s temporary tables once, in a transaction of
+        their own (committed before the caller's begins: DDL is
+        transactional on PostgreSQL and SQLite, and a vote that rolls
+        back must not take them with it)."""
+        if not conn.session_settings.get('temp_tables') and not conn.in_transaction:
+            self.ensure_temp_table(conn)
+            conn.commit()
+            conn.session_settings['temp_tables'] = True
 
     def follow_server(self, conn):
         """Between transactions: move ``conn`` to the server chosen now if
@@ -795,6 +805,8 @@ class Adapter(PackVerbs):
         """``begin_store`` (on the server chosen now: see
         ``follow_server``); on single-writer databases this waits for the lock."""
         self.follow_server(conn)
+        if writes_data:
+            self._ensure_temp_tables(conn)
         try:
             self.begin_store(conn, writes_data, durable)
         except Exception as exc:

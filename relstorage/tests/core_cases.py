@@ -842,6 +842,31 @@ class TwoPhaseCommitTests(FactoryCase):
         self.assertEqual(storage.tpc_finish(txn), p64(chosen))
         self.assertEqual(self.storage().lastTransaction(), p64(chosen))
 
+    def test_first_writing_vote_fails_then_commits(self):
+        # A store connection gets its temporary tables with its first
+        # commit that writes, not before: empty commits come first here,
+        # then a vote that uploads and fails (a stale serial), then the
+        # same change, which must find the tables despite the rollback.
+        other = self.storage()
+        (oid,), first = make_objects(other, 1)
+        self.commit(other, oid, first, 'changed elsewhere')
+        storage = self.storage()
+        for _ in range(3):
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            storage.tpc_vote(txn)
+            storage.tpc_finish(txn)
+        txn = begin_store(storage, oid, first, 'stale')
+        try:
+            with self.assertRaises(ConflictError):
+                storage.tpc_vote(txn)
+        finally:
+            storage.tpc_abort(txn)
+        storage.sync()
+        current = storage.load(oid)[1]
+        tid = self.commit(storage, oid, current, 'mine')
+        self.assertEqual(zodb_unpickle(other.loadSerial(oid, tid)), MinPO('mine'))
+
 
 class AbortErrorTests(FactoryCase):
     """The store connection drops, then the transaction aborts: the error

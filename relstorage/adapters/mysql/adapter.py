@@ -246,6 +246,10 @@ class MySQLAdapter(Adapter):
         except DisconnectedError:
             log.info("Reconnecting the store connection to %s", self.describe())
             self._reconnect(conn)
+            if writes_data:
+                # (A new session: the old one's temporary tables went
+                # with it.)
+                self._ensure_temp_tables(conn)
             conn.execute('START TRANSACTION')
 
     def classify_error(self, exc):
