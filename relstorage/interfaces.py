@@ -136,7 +136,9 @@ class IRelStorageAdapter(Interface):
         """A new connection for snapshots (``begin_snapshot``)."""
 
     def open_store():
-        """A new connection for commits, with its temporary tables."""
+        """A new connection for commits.  Its temporary tables come with
+        its first ``begin_store_checked`` that writes data (or
+        ``prepare_temp_tables``)."""
 
     def close():
         """Release what the adapter itself holds (the OID connection)."""
@@ -209,7 +211,16 @@ class IRelStorageAdapter(Interface):
         waits for the database lock, raising UnableToAcquireCommitLockError
         after commit-lock-timeout.  ``writes_data`` false: the transaction
         will store no object and no blob.  ``durable`` false: a power loss
-        may undo it without losing anybody's data (a pack's deletions)."""
+        may undo it without losing anybody's data (a pack's deletions).
+        With ``writes_data``, the connection's temporary tables exist
+        afterwards (``prepare_temp_tables``)."""
+
+    def prepare_temp_tables(conn):
+        """Make sure ``conn``'s temporary tables exist: created once per
+        session, committed on their own when ``conn`` is between
+        transactions; inside one (a vote going on from a held
+        transaction), created in it, and again at the next
+        ``begin_store_checked`` should it roll back."""
 
     def clear_temp(conn):
         """Empty ``temp_store``."""
@@ -291,8 +302,10 @@ class IRelStorageAdapter(Interface):
     def upload_blob_chunk(conn, oid, chunk_num, data):
         """Put one chunk of a blob into ``temp_blob_chunk``."""
 
-    def move_blobs_into_place(conn, tid, has_uploads):
-        """Make the uploaded chunks the blobs of revision ``tid``."""
+    def move_blobs_into_place(conn, tid, has_uploads, has_data=True):
+        """Make the uploaded chunks the blobs of revision ``tid``.
+        ``has_data`` false: ``temp_store`` holds no row of this
+        transaction (history-free, no old blob is then replaced)."""
 
     def copy_blob(conn, oid, from_tid, to_tid):
         """Reuse the blob of (oid, from_tid) for (oid, to_tid) (undo)."""

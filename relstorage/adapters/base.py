@@ -369,15 +369,19 @@ class Adapter(PackVerbs):
         # empty or readCurrent-only commits never needs them.
         return self.open_connection('store')
 
-    def _ensure_temp_tables(self, conn):
-        """Create ``conn``'s temporary tables once, in a transaction of
-        their own (committed before the caller's begins: DDL is
-        transactional on PostgreSQL and SQLite, and a vote that rolls
-        back must not take them with it)."""
-        if not conn.session_settings.get('temp_tables') and not conn.in_transaction:
-            self.ensure_temp_table(conn)
+    def prepare_temp_tables(self, conn):
+        if conn.session_settings.get('temp_tables'):
+            return
+        own = not conn.in_transaction
+        self.ensure_temp_table(conn)
+        if own:
+            # Committed before the caller's transaction begins: DDL is
+            # transactional on PostgreSQL and SQLite, and a vote that
+            # rolls back must not take the tables with it.
             conn.commit()
             conn.session_settings['temp_tables'] = True
+        # (Else, created in the caller's transaction, which may roll them
+        # back: the next begin_store_checked makes sure again.)
 
     def follow_server(self, conn):
         """Between transactions: move ``conn`` to the server chosen now if
@@ -806,7 +810,7 @@ class Adapter(PackVerbs):
         ``follow_server``); on single-writer databases this waits for the lock."""
         self.follow_server(conn)
         if writes_data:
-            self._ensure_temp_tables(conn)
+            self.prepare_temp_tables(conn)
         try:
             self.begin_store(conn, writes_data, durable)
         except Exception as exc:
@@ -917,8 +921,11 @@ class Adapter(PackVerbs):
         conn.execute(self.q(self.sql.INSERT_TEMP_BLOB_CHUNK),
                      (oid, chunk_num, self.binary(data)))
 
-    def move_blobs_into_place(self, conn, tid, has_uploads):
-        if not self.keep_history:
+    def move_blobs_into_place(self, conn, tid, has_uploads, has_data=True):
+        if not self.keep_history and has_data:
+            # (Without a row in temp_store, no object with a blob was
+            # changed: only new ones, which have no old blob, went straight
+            # into place; and temp_store may not exist, see open_store.)
             conn.execute(self.q(self.sql.DELETE_BLOBS_OF_WRITTEN_HF))
         if has_uploads:
             conn.execute(self.q(self.sql.MOVE_BLOBS_FROM_TEMP), (tid,))

@@ -101,8 +101,9 @@ class CachedBlobs(BlobMode):
                     if len(data) < self.chunk_size:
                         break
 
-    def finish(self, adapter, conn, btxn, tid_int):
-        adapter.move_blobs_into_place(conn, tid_int, has_uploads=bool(btxn.pending))
+    def finish(self, adapter, conn, btxn, tid_int, has_data=True):
+        adapter.move_blobs_into_place(conn, tid_int, has_uploads=bool(btxn.pending),
+                                      has_data=has_data)
         for oid_int, from_tid in sorted(btxn.copies.items()):
             adapter.copy_blob(conn, oid_int, from_tid, tid_int)
 

@@ -41,7 +41,7 @@ class SharedBlobs(BlobMode):
     def vote(self, adapter, conn, btxn, tstore):
         pass
 
-    def finish(self, adapter, conn, btxn, tid_int):
+    def finish(self, adapter, conn, btxn, tid_int, has_data=True):
         for oid_int, path in sorted(btxn.pending.items()):
             self.fshelper.createPathForOID(oid_int)
             target = self.filename(oid_int, tid_int)

@@ -178,13 +178,17 @@ class Commit:
 
     def _vote(self, conn, resolve):
         adapter, tstore = self.adapter, self.tstore
+        writes_data = len(tstore) > 0 or bool(self.btxn)
         if conn.holding_locks:
-            # Our previous attempt's transaction, with its row locks.
+            # Our previous attempt's transaction, with its row locks (and
+            # the session may be one that never wrote: a readCurrent-only
+            # vote that lost).
             adapter.end_hold(conn)
             conn.holding_locks = False
+            if writes_data:
+                adapter.prepare_temp_tables(conn)
         else:
-            adapter.begin_store_checked(
-                conn, writes_data=len(tstore) > 0 or bool(self.btxn))
+            adapter.begin_store_checked(conn, writes_data=writes_data)
         fresh = self._claim_fresh()
         # New objects that go into place after the commit lock, without
         # temp_store (adapter.new_rows_direct_bytes).
@@ -248,7 +252,7 @@ class Commit:
                     "(%s)" % exc) from exc
             raise
         if self.btxn is not None:
-            self.blobs.finish(adapter, conn, self.btxn, self.tid)
+            self.blobs.finish(adapter, conn, self.btxn, self.tid, has_data=in_temp > 0)
         if tstore.max_oid >= 0:
             adapter.note_oids_used(tstore.max_oid)
         fault_point('vote.moved')

@@ -12,6 +12,8 @@ import unittest
 import transaction
 import ZODB
 from ZODB.blob import Blob
+from ZODB.Connection import TransactionMetaData
+from ZODB.utils import z64
 
 from relstorage.blobs.cached import prune
 from relstorage.interfaces import RelStorageError
@@ -51,6 +53,35 @@ class BlobCacheTests(BlobCase):
             self.blob_storage(blob_dir=os.path.join(not_a_dir, 'blobs'))
         self.assertIn('blob-dir', str(cm.exception))
         self.assertIn('%s is a file, not a directory' % not_a_dir, str(cm.exception))
+
+    def test_commits_that_write_nothing_on_a_new_session(self):
+        # A store session makes its temporary tables at its first commit
+        # that writes: an empty commit and a readCurrent-only one come
+        # first here, with blobs kept in the database (history-free, the
+        # vote replaces the old blobs of what it writes), then a blob.
+        setup = ZODB.DB(self.blob_storage('setup-cache'))
+        with setup.transaction() as conn:
+            conn.root()['b'] = Blob(b'first')
+        setup.close()
+        storage = self.blob_storage()
+        oid, serial = z64, storage.load(z64)[1]
+        for read_current in (False, True):
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            if read_current:
+                storage.checkCurrentSerialInTransaction(oid, serial, txn)
+            storage.tpc_vote(txn)
+            storage.tpc_finish(txn)
+        db = ZODB.DB(storage)
+        try:
+            with db.transaction() as conn:
+                with conn.root()['b'].open('w') as f:
+                    f.write(b'second')
+            with db.transaction() as conn:
+                with conn.root()['b'].open() as f:
+                    self.assertEqual(f.read(), b'second')
+        finally:
+            db.close()
 
     def test_pruning_under_concurrent_readers(self):
         # 40 blobs of 256 KB with a cache limit of 1 MB: every reader keeps

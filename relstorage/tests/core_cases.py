@@ -1003,6 +1003,27 @@ class FairnessTests(FactoryCase):
             tms[0].abort()
         return tms, (c_l, c_w, c_t)
 
+    def test_held_read_current_vote_then_a_vote_that_writes(self):
+        # The loser's session never wrote before: its held transaction
+        # comes from a vote with readCurrent checks only, and its retry
+        # writes, which needs the temporary tables it never made.
+        other = self.storage()
+        (oid,), first = make_objects(other, 1)
+        storage = self.storage(keep_locks_on_conflict=5)
+        self._skip_unless_held(storage)
+        second = self.commit(other, oid, first, 'changed elsewhere')
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.checkCurrentSerialInTransaction(oid, first, txn)
+        try:
+            with self.assertRaises(ConflictError):
+                storage.tpc_vote(txn)
+        finally:
+            storage.tpc_abort(txn)
+        storage.sync()
+        tid = self.commit(storage, oid, second, 'retried')
+        self.assertEqual(zodb_unpickle(other.loadSerial(oid, tid)), MinPO('retried'))
+
     def test_retry_cannot_lose_to_a_third_committer(self):
         tms, (c_l, _, c_t) = self._lose(1, hold=5)
         # The retry reads the winner's state; meanwhile a third committer

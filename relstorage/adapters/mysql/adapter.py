@@ -249,7 +249,7 @@ class MySQLAdapter(Adapter):
             if writes_data:
                 # (A new session: the old one's temporary tables went
                 # with it.)
-                self._ensure_temp_tables(conn)
+                self.prepare_temp_tables(conn)
             conn.execute('START TRANSACTION')
 
     def classify_error(self, exc):
