@@ -206,17 +206,19 @@ class IRelStorageAdapter(Interface):
 
     # --- commit (store connection; see storage/commit.py) ------------
 
-    def begin_store_checked(conn, writes_data=True, durable=True):
+    def begin_store_checked(conn, writes_data=True, durable=True, blobs=True):
         """Begin the write transaction; on single-writer databases this
         waits for the database lock, raising UnableToAcquireCommitLockError
         after commit-lock-timeout.  ``writes_data`` false: the transaction
         will store no object and no blob.  ``durable`` false: a power loss
         may undo it without losing anybody's data (a pack's deletions).
         With ``writes_data``, the connection's temporary tables exist
-        afterwards (``prepare_temp_tables``)."""
+        afterwards (``prepare_temp_tables``; ``blobs`` false: not
+        ``temp_blob_chunk``, which only blobs kept in the database use)."""
 
-    def prepare_temp_tables(conn):
-        """Make sure ``conn``'s temporary tables exist: created once per
+    def prepare_temp_tables(conn, blobs=True):
+        """Make sure ``conn``'s temporary tables exist (``temp_blob_chunk``
+        only with ``blobs``): created once per
         session, committed on their own when ``conn`` is between
         transactions; inside one (a vote going on from a held
         transaction), created in it, and again at the next

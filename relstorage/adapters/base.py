@@ -237,8 +237,9 @@ class Adapter(PackVerbs):
         None for an exception raised by the driver."""
         return None
 
-    def ensure_temp_table(self, conn):
-        """Create the per-connection ``temp_store`` table if needed."""
+    def ensure_temp_table(self, conn, store=True, blobs=True):
+        """Create the per-connection ``temp_store`` (``store``) and
+        ``temp_blob_chunk`` (``blobs``) tables if needed."""
         raise NotImplementedError
 
     def allocate_oid_block(self, conn):
@@ -369,17 +370,25 @@ class Adapter(PackVerbs):
         # empty or readCurrent-only commits never needs them.
         return self.open_connection('store')
 
-    def prepare_temp_tables(self, conn):
-        if conn.session_settings.get('temp_tables'):
+    def prepare_temp_tables(self, conn, blobs=True):
+        # (temp_blob_chunk only for blobs kept in the database: each
+        # CREATE TEMP TABLE costs PostgreSQL about 3 ms.)
+        settings = conn.session_settings
+        store = not settings.get('temp_store')
+        blobs = blobs and not settings.get('temp_blob_chunk')
+        if not (store or blobs):
             return
         own = not conn.in_transaction
-        self.ensure_temp_table(conn)
+        self.ensure_temp_table(conn, store=store, blobs=blobs)
         if own:
             # Committed before the caller's transaction begins: DDL is
             # transactional on PostgreSQL and SQLite, and a vote that
             # rolls back must not take the tables with it.
             conn.commit()
-            conn.session_settings['temp_tables'] = True
+            if store:
+                settings['temp_store'] = True
+            if blobs:
+                settings['temp_blob_chunk'] = True
         # (Else, created in the caller's transaction, which may roll them
         # back: the next begin_store_checked makes sure again.)
 
@@ -805,12 +814,12 @@ class Adapter(PackVerbs):
         (a retry votes in it) or is about to be rolled back."""
         raise NotImplementedError
 
-    def begin_store_checked(self, conn, writes_data=True, durable=True):
+    def begin_store_checked(self, conn, writes_data=True, durable=True, blobs=True):
         """``begin_store`` (on the server chosen now: see
         ``follow_server``); on single-writer databases this waits for the lock."""
         self.follow_server(conn)
         if writes_data:
-            self.prepare_temp_tables(conn)
+            self.prepare_temp_tables(conn, blobs)
         try:
             self.begin_store(conn, writes_data, durable)
         except Exception as exc:

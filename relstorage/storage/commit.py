@@ -179,6 +179,7 @@ class Commit:
     def _vote(self, conn, resolve):
         adapter, tstore = self.adapter, self.tstore
         writes_data = len(tstore) > 0 or bool(self.btxn)
+        blobs = self.blobs is not None and self.blobs.in_database
         if conn.holding_locks:
             # Our previous attempt's transaction, with its row locks (and
             # the session may be one that never wrote: a readCurrent-only
@@ -186,9 +187,9 @@ class Commit:
             adapter.end_hold(conn)
             conn.holding_locks = False
             if writes_data:
-                adapter.prepare_temp_tables(conn)
+                adapter.prepare_temp_tables(conn, blobs)
         else:
-            adapter.begin_store_checked(conn, writes_data=writes_data)
+            adapter.begin_store_checked(conn, writes_data=writes_data, blobs=blobs)
         fresh = self._claim_fresh()
         # New objects that go into place after the commit lock, without
         # temp_store (adapter.new_rows_direct_bytes).

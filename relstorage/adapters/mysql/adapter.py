@@ -287,9 +287,11 @@ class MySQLAdapter(Adapter):
                     "ALTER TABLE %s ENGINE = InnoDB." % (name, self.describe(), engine, name))
         return names
 
-    def ensure_temp_table(self, conn):
-        conn.execute(sql.TEMP_STORE)
-        conn.execute(sql.TEMP_BLOB_CHUNK)
+    def ensure_temp_table(self, conn, store=True, blobs=True):
+        if store:
+            conn.execute(sql.TEMP_STORE)
+        if blobs:
+            conn.execute(sql.TEMP_BLOB_CHUNK)
 
     def drop_all(self):
         conn = self.open_connection('store')

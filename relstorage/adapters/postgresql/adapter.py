@@ -169,9 +169,11 @@ class PostgreSQLAdapter(Adapter):
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
 
-    def ensure_temp_table(self, conn):
-        conn.execute(sql.TEMP_STORE)
-        conn.execute(sql.TEMP_BLOB_CHUNK)
+    def ensure_temp_table(self, conn, store=True, blobs=True):
+        if store:
+            conn.execute(sql.TEMP_STORE)
+        if blobs:
+            conn.execute(sql.TEMP_BLOB_CHUNK)
 
     # --- OIDs -------------------------------------------------------------
 
