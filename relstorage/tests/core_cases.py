@@ -46,6 +46,15 @@ class FactoryCase(unittest.TestCase):
         self._open.append(storage)
         return storage
 
+    def vote_conflicts(self, storage, txn):
+        """``txn``'s vote raises ConflictError; abort it and poll."""
+        try:
+            with self.assertRaises(ConflictError):
+                storage.tpc_vote(txn)
+        finally:
+            storage.tpc_abort(txn)
+        storage.sync()
+
     def commit(self, storage, oid, serial, value, tid=None):
         txn = TransactionMetaData()
         storage.tpc_begin(txn, tid)
@@ -857,12 +866,7 @@ class TwoPhaseCommitTests(FactoryCase):
             storage.tpc_vote(txn)
             storage.tpc_finish(txn)
         txn = begin_store(storage, oid, first, 'stale')
-        try:
-            with self.assertRaises(ConflictError):
-                storage.tpc_vote(txn)
-        finally:
-            storage.tpc_abort(txn)
-        storage.sync()
+        self.vote_conflicts(storage, txn)
         current = storage.load(oid)[1]
         tid = self.commit(storage, oid, current, 'mine')
         self.assertEqual(zodb_unpickle(other.loadSerial(oid, tid)), MinPO('mine'))
@@ -1015,12 +1019,7 @@ class FairnessTests(FactoryCase):
         txn = TransactionMetaData()
         storage.tpc_begin(txn)
         storage.checkCurrentSerialInTransaction(oid, first, txn)
-        try:
-            with self.assertRaises(ConflictError):
-                storage.tpc_vote(txn)
-        finally:
-            storage.tpc_abort(txn)
-        storage.sync()
+        self.vote_conflicts(storage, txn)
         tid = self.commit(storage, oid, second, 'retried')
         self.assertEqual(zodb_unpickle(other.loadSerial(oid, tid)), MinPO('retried'))
 
