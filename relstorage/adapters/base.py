@@ -153,6 +153,10 @@ class Adapter(PackVerbs):
     #: before taking them, so that its upload does not hold the locks of
     #: objects other commits change too (see Commit._vote).
     upload_after_locks_bytes = 1 << 20
+    #: The statements creating a session's temp_store and temp_blob_chunk
+    #: (IF NOT EXISTS); None where the schema holds them (Oracle's global
+    #: temporary tables).
+    temp_table_statements = (None, None)
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and
@@ -240,7 +244,11 @@ class Adapter(PackVerbs):
     def ensure_temp_table(self, conn, store=True, blobs=True):
         """Create the per-connection ``temp_store`` (``store``) and
         ``temp_blob_chunk`` (``blobs``) tables if needed."""
-        raise NotImplementedError
+        store_sql, blobs_sql = self.temp_table_statements
+        if store and store_sql:
+            conn.execute(store_sql)
+        if blobs and blobs_sql:
+            conn.execute(blobs_sql)
 
     def allocate_oid_block(self, conn):
         """Reserve a block of new OIDs durably; return them as a list of ints."""

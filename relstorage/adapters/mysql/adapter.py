@@ -105,6 +105,7 @@ class MySQLAdapter(Adapter):
     #: max_allowed_packet as well).
     upload_batch = 1000
     statements_class = sql.MySQLStatements
+    temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
     # InnoDB never purges the rows deleted from a TEMPORARY table while its
     # session lives: every later DELETE or INSERT ... SELECT over the table
     # scans them all, so clearing temp_store got slower with each
@@ -286,12 +287,6 @@ class MySQLAdapter(Adapter):
                     "InnoDB (transactions and row locks). Convert it with "
                     "ALTER TABLE %s ENGINE = InnoDB." % (name, self.describe(), engine, name))
         return names
-
-    def ensure_temp_table(self, conn, store=True, blobs=True):
-        if store:
-            conn.execute(sql.TEMP_STORE)
-        if blobs:
-            conn.execute(sql.TEMP_BLOB_CHUNK)
 
     def drop_all(self):
         conn = self.open_connection('store')

@@ -230,10 +230,6 @@ class OracleAdapter(Adapter):
     def required_tables(self):
         return super().required_tables() | {'zoid_seq', 'temp_store', 'temp_blob_chunk'}
 
-    def ensure_temp_table(self, conn, store=True, blobs=True):
-        # Global temporary tables are part of the schema.
-        pass
-
     def drop_all(self):
         self.close()
         self._oid_floor_seen = 0

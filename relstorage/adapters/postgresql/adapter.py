@@ -60,6 +60,7 @@ class PostgreSQLAdapter(Adapter):
     max_in_list = 1000
     upload_batch = 1000
     statements_class = sql.PostgreSQLStatements
+    temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
     # idle_in_transaction_session_timeout ends a held transaction.
     holds_locks_for_retry = True
 
@@ -168,12 +169,6 @@ class PostgreSQLAdapter(Adapter):
 
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
-
-    def ensure_temp_table(self, conn, store=True, blobs=True):
-        if store:
-            conn.execute(sql.TEMP_STORE)
-        if blobs:
-            conn.execute(sql.TEMP_BLOB_CHUNK)
 
     # --- OIDs -------------------------------------------------------------
 

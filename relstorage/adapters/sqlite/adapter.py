@@ -95,6 +95,7 @@ class Sqlite3Adapter(Adapter):
     max_insert_values = _variable_limit()
     upload_batch = 1000
     statements_class = sql.SqliteStatements
+    temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
     # BEGIN IMMEDIATE takes the whole database (see lock_commit).
     pack_lock_is_write_lock = True
     locks_rows = False
@@ -300,12 +301,6 @@ class Sqlite3Adapter(Adapter):
 
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
-
-    def ensure_temp_table(self, conn, store=True, blobs=True):
-        if store:
-            conn.execute(sql.TEMP_STORE)
-        if blobs:
-            conn.execute(sql.TEMP_BLOB_CHUNK)
 
     def classify_error(self, exc):
         return drivers.classify_error(exc)
