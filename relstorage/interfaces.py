@@ -429,7 +429,8 @@ class IRelStorageAdapter(Interface):
         did): drop the references and candidates of what the batches
         removed (the candidates up to ``upto_oid``), where the pack's
         tables are apart (pack_tables_apart), once those batches are on
-        disk (sync_deleted); otherwise each batch did it."""
+        disk (sync_deleted); otherwise each batch removed the references,
+        and ``final`` removes the candidates."""
 
     def writers_waiting():
         """Whether a write transaction waits for the database's write lock

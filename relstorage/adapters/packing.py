@@ -509,7 +509,7 @@ class PackVerbs:
             conn.execute(self.q(sql.PACK_SEED_TAKE))
         conn.commit()
         self.begin_pack_write(conn)
-        self.set_pack_info(conn, prepared=None, prepared_gc=None)
+        self.set_pack_info(conn, prepared=None, prepared_gc=None, deleted_upto=None)
         if not seeded and self.keep_history:
             self.set_pack_info(conn, seed_base=None)
         if seeded:
@@ -754,8 +754,8 @@ class PackVerbs:
         else:
             objects = revisions
         if not self.pack_tables_apart:
+            # (The batch's candidates stay: see PACK_CLEAR_DONE.)
             conn.execute(self.q(sql.PACK_DELETE_REFS))
-            conn.execute(self.q(sql.PACK_DELETE_DONE))
         return revisions, objects, blobs
 
     #: Seconds between two removals, from the pack's tables where they are
@@ -773,9 +773,16 @@ class PackVerbs:
         (sync_deleted).  Should the pack stop before, they stay: rows
         about objects and revisions that no longer exist, which no join
         of a pack follows (OIDs are never reused, and revisions are joined
-        by their tid).  Returns whether it removed them this time."""
+        by their tid).  Elsewhere each batch removed the references, and
+        the candidates all go when ``final``.  Returns whether it removed
+        them this time."""
         if not self.pack_tables_apart:
-            return False
+            if not final:
+                return False
+            self.begin_pack_write(conn)
+            conn.execute(self.q(self.sql.PACK_CLEAR_DONE))
+            conn.commit()
+            return True
         settings = conn.session_settings
         now = time.monotonic()
         if not final and now - settings.setdefault('forgotten', now) < self.FORGET_EVERY:
@@ -846,10 +853,12 @@ class PackVerbs:
             return None
         return PackRemovals.joined((as_bytes(g) or b'', as_bytes(t) or b'') for g, t in rows)
 
-    def any_garbage_candidate(self, conn, oids):
-        """Is one of ``oids`` still a garbage candidate of the pack?"""
+    def any_garbage_candidate(self, conn, oids, after_oid=-1):
+        """Is one of ``oids`` still a garbage candidate of the pack, among
+        those after ``after_oid`` (the batches went through the others)?"""
         for chunk in _chunks(sorted(oids), self.max_in_list):
-            if conn.query_all(self.in_list(self.sql.PACK_ANY_GARBAGE, len(chunk)), chunk):
+            if conn.query_all(self.in_list(self.sql.PACK_ANY_GARBAGE, len(chunk)),
+                              (after_oid,) + tuple(chunk)):
                 return True
         return False
 

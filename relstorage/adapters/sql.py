@@ -33,16 +33,19 @@ Pack tables, created by the first pack (see storage/pack.py):
                      is in object_ref, but for those ``refs_kept_at`` let
                      out: see PACK_REVISIONS_KEPT), and the pre-pack's
                      ``pack_tid``,
-                     ``checked_tid`` (commits up to it were re-checked) and
-                     ``prepared``; ``packed_tid`` and ``packed_gc`` of the
-                     last completed pack; ``seeds_armed`` (history-free
+                     ``checked_tid`` (commits up to it were re-checked),
+                     ``prepared`` and ``deleted_upto`` (the deletion
+                     batches went through the candidates up to that
+                     OID); ``packed_tid`` and ``packed_gc`` of the last
+                     completed pack; ``seeds_armed`` (history-free
                      analyses record seeds), ``seed_base`` (the seeds are
                      usable), ``seed_tid`` (the pack time of the pack that
                      made them so) and ``reach_objects`` (objects the
                      last full reachability saw).
 ``pack_object``      the pre-pack's result: objects whose revisions older
                      than ``keep_tid`` go, and (``garbage`` = 1) objects that
-                     go entirely.
+                     go entirely.  The deletion goes through it by OID and
+                     empties it at its end.
 ``pack_removed_list`` (mark, garbage, trimmed): what the deletion batch that
                      set the pack mark to ``mark`` removed, one row per
                      batch (adapters/packing.py PackRemovals): the OIDs of
@@ -847,11 +850,18 @@ class Statements:
     PACK_REMOVED_GET = """
         SELECT garbage, trimmed FROM pack_removed_list WHERE mark > %s AND mark <= %s
     """
-    PACK_ANY_GARBAGE = "SELECT zoid FROM pack_object WHERE garbage = 1 AND zoid IN ({in_list})"
-
-    PACK_DELETE_DONE = """
-        DELETE FROM pack_object WHERE zoid IN (SELECT zoid FROM temp_pack_batch)
+    # Candidates after the OID where the deletion stands (%s).
+    PACK_ANY_GARBAGE = """
+        SELECT zoid FROM pack_object WHERE garbage = 1 AND zoid > %s AND zoid IN ({in_list})
     """
+
+    # The candidates once the deletion went through them all.  The
+    # batches leave theirs (pack_info's deleted_upto says where the
+    # deletion stands): on MariaDB, deleting each batch's rows of
+    # pack_object took a fifth of the deletion.  Servers empty the table
+    # at once (TRUNCATE; only the pack, which holds the pack lock, uses
+    # it).
+    PACK_CLEAR_DONE = "DELETE FROM pack_object"
     # Where the pack's tables are apart (SQLite): see PackVerbs.forget_deleted.
     PACK_DONE_REFS = PACK_DONE_OBJECTS = None
 

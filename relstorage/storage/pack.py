@@ -709,7 +709,9 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     # directory).
     durable = blobs is not None and not blobs.in_database
     size = FIRST_DELETE_SIZE
-    after_oid = -1
+    # Batches go by OID; each records where it ended (a pack that goes on
+    # from the pre-pack state after a stop starts there).
+    after_oid = info.get('deleted_upto', -1)
     busy = 0
     prepared = None
     try:
@@ -769,7 +771,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     checked = last
                     continue
                 batch.log(adapter, conn)
-                adapter.set_pack_info(conn, checked_tid=last)
+                adapter.set_pack_info(conn, checked_tid=last, deleted_upto=after_oid)
                 conn.commit()
             except _LockBusy:
                 conn.rollback()
@@ -827,7 +829,8 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
         report.transactions_removed = adapter.finish_pack(conn, report.pack_tid)
         # What the next pack checks to know it has nothing to do.
         adapter.set_pack_info(conn, prepared=None, prepared_gc=None, pack_tid=None,
-                              checked_tid=None, packed_tid=report.pack_tid, packed_gc=gc)
+                              checked_tid=None, deleted_upto=None,
+                              packed_tid=report.pack_tid, packed_gc=gc)
         if gc:
             # All this pack's garbage is gone: the next pack with GC need
             # only look where pack_seed says, and (history-preserving)
@@ -949,7 +952,7 @@ def _touched(adapter, conn, referencesf, after_tid, upto_tid, batch):
         return False
     if not oids.isdisjoint(batch.removed_set):
         return True
-    return adapter.any_garbage_candidate(conn, oids)
+    return adapter.any_garbage_candidate(conn, oids, batch.first_after)
 
 
 def _begin_write(adapter, conn):

@@ -132,6 +132,19 @@ class PackCase(FactoryCase):
             return False
         return True
 
+    def count_existing(self, oids):
+        """How many of ``oids`` load (one storage for them all)."""
+        storage = self.storage()
+        count = 0
+        for oid in oids:
+            try:
+                storage.load(oid)
+            except POSKeyError:
+                continue
+            count += 1
+        storage.close()
+        return count
+
     def assert_kept_revisions_complete(self):
         """History-preserving: every revision a pack kept references only
         objects that exist (loadBefore, undo and history read them)."""
@@ -225,6 +238,54 @@ class PrepackTests(PackCase):
             self.assertEqual(conn.root()['again']['child']['v'], 'child')
         self.assertFalse(self.exists(other_oid))
         self.assert_reachable_objects_load()
+
+    def test_use_prepack_state_goes_on_where_a_stopped_deletion_ended(self):
+        # The deletion batches leave the candidates they went through in
+        # pack_object and record where they stand: a pack that goes on
+        # from the pre-pack state after a stop starts there (no batch of
+        # it goes over what is already gone), and the candidates go with
+        # the end of the pack.
+        db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
+        with db.transaction() as conn:
+            garbage = conn.root()['garbage'] = PersistentMapping()
+            for i in range(300):
+                garbage[i] = PersistentMapping(v=i)
+            kept = conn.root()['kept'] = PersistentMapping(v='kept')
+        oids = [garbage._p_oid] + [child._p_oid for child in garbage.values()]
+        with db.transaction() as conn:
+            del conn.root()['garbage']
+        report = db.storage.run_pack(time.time() + 1, referencesf, prepack_only=True)
+        self.assertEqual(report.candidates[0], 301)
+
+        class Stop(Exception):
+            pass
+
+        def stop():
+            raise Stop()
+        first, rest = [], []
+        with self.assertRaises(Stop):
+            db.storage.run_pack(time.time() + 1, referencesf, skip_prepack=True,
+                                progress=lambda what, total, unit: Progress(what, first, stop))
+        self.assertEqual(len(first), 1)
+        left = self.count_existing(oids)
+        self.assertTrue(0 < left < 301, left)
+        report = db.storage.run_pack(
+            time.time() + 1, referencesf, skip_prepack=True,
+            progress=lambda what, total, unit: Progress(what, rest, lambda: None))
+        # (A server's last batch finds nothing left: it ends the deletion.)
+        self.assertNotIn(0, rest[:-1])
+        self.assertEqual(report.objects_removed, left)
+        self.assertEqual(self.count_existing(oids), 0)
+        self.assertTrue(self.exists(kept._p_oid))
+        self.assert_reachable_objects_load()
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_pack()
+        try:
+            self.assertEqual(conn.query_value('SELECT COUNT(*) FROM pack_object'), 0)
+        finally:
+            conn.rollback()
+            conn.close()
+            adapter.close()
 
     def test_use_prepack_state_without_analysis_fails(self):
         self.populate(self.db())

@@ -230,10 +230,6 @@ class OracleStatements(Statements):
         DELETE FROM current_object c WHERE EXISTS (
             SELECT 1 FROM temp_pack_batch t WHERE t.zoid = c.zoid AND t.garbage = 1)
     """
-    PACK_DELETE_DONE = """
-        DELETE FROM pack_object p WHERE EXISTS (
-            SELECT 1 FROM temp_pack_batch t WHERE t.zoid = p.zoid)
-    """
 
     # --- OIDs -------------------------------------------------------------
 
