@@ -172,7 +172,6 @@ class MySQLStatements(Statements):
         DELETE c FROM current_object c JOIN temp_pack_batch t ON t.zoid = c.zoid
         WHERE t.garbage = 1
     """
-    PACK_CLEAR_DONE = "TRUNCATE TABLE pack_object"
     PACK_UNMARK = """
         UPDATE pack_object p JOIN temp_pack_frontier f ON f.zoid = p.zoid
         SET p.garbage = 0

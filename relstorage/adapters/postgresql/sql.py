@@ -171,7 +171,6 @@ class PostgreSQLStatements(Statements):
     PACK_DELETE_CURRENT = """
         DELETE FROM current_object c USING temp_pack_batch t
         WHERE c.zoid = t.zoid AND t.garbage = 1 AND c.zoid """ + _IN_BATCH
-    PACK_CLEAR_DONE = "TRUNCATE pack_object"
     PACK_UNMARK = """
         UPDATE pack_object p SET garbage = 0
         FROM temp_pack_frontier f WHERE p.zoid = f.zoid
