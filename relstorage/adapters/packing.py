@@ -624,8 +624,9 @@ class PackVerbs:
         """Add temp_pack_next to the reached set (``add``: the statement
         doing so, PACK_REACH_ADD by default), follow it and the frontier
         by ``step`` (which reads temp_pack_frontier and writes
-        temp_pack_next) until nothing new is found.  Returns (steps, rows added), rows None once they
-        pass ``limit`` or ``stop()`` says so after a step.
+        temp_pack_next) until nothing new is found.  Returns (steps, rows
+        added), rows None once they pass ``limit`` or ``stop()`` says so
+        after a step.
 
         The two tables take turns: what a step found is the next step's
         frontier where it lies, and the statements are run with the names
