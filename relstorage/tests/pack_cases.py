@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from contextlib import redirect_stderr
 from contextlib import redirect_stdout
 
@@ -89,16 +90,24 @@ class PackCase(FactoryCase):
             conn.root()['keep']['v'] = 3
         return child._p_oid
 
-    def row_counts(self):
-        tables = DATA_TABLES_HP if self.keep_history else DATA_TABLES_HF
+    @contextmanager
+    def connection(self, kind='load'):
+        """A connection of an adapter of its own (``kind``: load or pack),
+        closed with it."""
         adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
-        conn = adapter.open_load()
+        conn = getattr(adapter, 'open_' + kind)()
         try:
-            return {table: conn.query_value('SELECT COUNT(*) FROM %s' % table)
-                    for table in tables}
+            yield conn
         finally:
+            conn.rollback()
             conn.close()
             adapter.close()
+
+    def row_counts(self):
+        tables = DATA_TABLES_HP if self.keep_history else DATA_TABLES_HF
+        with self.connection() as conn:
+            return {table: conn.query_value('SELECT COUNT(*) FROM %s' % table)
+                    for table in tables}
 
     def zodbpack(self, *args):
         """zodbpack in this process: (exit status, stdout, stderr)."""
@@ -126,11 +135,7 @@ class PackCase(FactoryCase):
         return seen
 
     def exists(self, oid):
-        try:
-            self.storage().load(oid)
-        except POSKeyError:
-            return False
-        return True
+        return self.count_existing([oid]) == 1
 
     def count_existing(self, oids):
         """How many of ``oids`` load (one storage for them all)."""
@@ -164,6 +169,15 @@ class PackCase(FactoryCase):
         finally:
             conn.close()
             adapter.close()
+
+
+def garbage_tree(conn, size=300):
+    """root['garbage'] holding ``size`` small objects (the caller unlinks
+    it); returns it."""
+    garbage = conn.root()['garbage'] = PersistentMapping()
+    for i in range(size):
+        garbage[i] = PersistentMapping(v=i)
+    return garbage
 
 
 def dangling_pickle(missing_oid):
@@ -247,9 +261,7 @@ class PrepackTests(PackCase):
         # the end of the pack.
         db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
         with db.transaction() as conn:
-            garbage = conn.root()['garbage'] = PersistentMapping()
-            for i in range(300):
-                garbage[i] = PersistentMapping(v=i)
+            garbage = garbage_tree(conn)
             kept = conn.root()['kept'] = PersistentMapping(v='kept')
         oids = [garbage._p_oid] + [child._p_oid for child in garbage.values()]
         with db.transaction() as conn:
@@ -278,14 +290,8 @@ class PrepackTests(PackCase):
         self.assertEqual(self.count_existing(oids), 0)
         self.assertTrue(self.exists(kept._p_oid))
         self.assert_reachable_objects_load()
-        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
-        conn = adapter.open_pack()
-        try:
+        with self.connection('pack') as conn:
             self.assertEqual(conn.query_value('SELECT COUNT(*) FROM pack_object'), 0)
-        finally:
-            conn.rollback()
-            conn.close()
-            adapter.close()
 
     def test_use_prepack_state_without_analysis_fails(self):
         self.populate(self.db())
@@ -471,14 +477,9 @@ class PackBehaviourTests(PackCase):
         self.assert_reachable_objects_load()
 
     def rows_of(self, oid):
-        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
-        conn = adapter.open_load()
-        try:
+        with self.connection() as conn:
             return conn.query_value('SELECT COUNT(*) FROM object_state WHERE zoid = %d'
                                     % u64(oid))
-        finally:
-            conn.close()
-            adapter.close()
 
     def test_commit_during_deletion_relinks_a_candidate(self):
         # Many candidates, small batches; after the first batch a commit
@@ -486,9 +487,7 @@ class PackBehaviourTests(PackCase):
         # again: the next batch's re-check keeps both.
         db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
         with db.transaction() as conn:
-            garbage = conn.root()['garbage'] = PersistentMapping()
-            for i in range(300):
-                garbage[i] = PersistentMapping(v=i)
+            garbage = garbage_tree(conn)
             last = garbage['last'] = PersistentMapping(v='last')
             last['child'] = PersistentMapping(v='child')
         with db.transaction() as conn:
@@ -967,13 +966,8 @@ class PackCostTests(PackCase):
             adapter.close()
         db.storage.run_pack(time.time() + 1, referencesf)
         self.assertFalse(self.exists(child_oid))
-        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
-        conn = adapter.open_load()
-        try:
+        with self.connection() as conn:
             self.assertEqual(conn.query_value('SELECT COUNT(*) FROM pack_removed'), 0)
-        finally:
-            conn.close()
-            adapter.close()
 
     def test_zap_all_still_invalidates_everything(self):
         db = self.db()
@@ -1096,17 +1090,12 @@ class IncrementalPackTests(PackCase):
     def existing(self):
         """The objects the database holds; history-preserving, also how
         many revisions it holds."""
-        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
-        conn = adapter.open_load()
-        try:
+        with self.connection() as conn:
             table = 'current_object' if self.keep_history else 'object_state'
             oids = {p64(row[0]) for row in conn.query_all('SELECT zoid FROM %s' % table)}
             if self.keep_history:
                 self.revisions = conn.query_value('SELECT COUNT(*) FROM object_state')
             return oids
-        finally:
-            conn.close()
-            adapter.close()
 
     def pack_exactly(self, db, incremental=True, **kw):
         report = db.storage.run_pack(time.time() + 1, referencesf, **kw)
