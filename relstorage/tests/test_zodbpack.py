@@ -215,6 +215,62 @@ class ZodbpackTests(unittest.TestCase):
             self.assertIn(key, out.getvalue())
 
 
+class PausesTests(unittest.TestCase):
+    """The pauses between deletion batches (pack-duty-cycle): the pack's
+    own work after a batch counts as pause, and what it took beyond the
+    pause that batch asked for counts toward the next pauses, up to
+    PAUSE_CREDIT_MAX, so that the pack holds the lock no more than the
+    duty cycle allows, on average, and no less."""
+
+    def run_batches(self, batches, duty=0.5):
+        """``batches``: (held, own work after it) in seconds; returns the
+        share of the time the lock was held, and each pause slept."""
+        from relstorage.storage import pack
+        from relstorage.options import Options
+        clock = [1000.0]
+        slept = []
+
+        def sleep(seconds):
+            slept.append(round(seconds, 6))
+            clock[0] += seconds
+        pauses = pack._Pauses(Options(pack_duty_cycle=duty))
+        with mock.patch.object(pack.time, 'time', lambda: clock[0]), \
+                mock.patch.object(pack.time, 'sleep', sleep):
+            for held, work in batches:
+                clock[0] += held
+                until = pauses.until(clock[0], held)
+                clock[0] += work
+                pauses.sleep(until)
+        return sum(held for held, _ in batches) / (clock[0] - 1000.0), slept
+
+    def test_own_work_counts_as_pause(self):
+        share, slept = self.run_batches([(0.001, 0.0004)] * 3)
+        self.assertEqual(slept, [0.0006] * 3)
+        self.assertAlmostEqual(share, 0.5)
+
+    def test_work_beyond_a_pause_shortens_the_next_ones(self):
+        # After a batch followed by 10 ms of the pack's own work (SQLite:
+        # what the batches removed leaves the pack's tables; a checkpoint),
+        # the next batches need no pause until the 9 ms beyond are made up.
+        share, slept = self.run_batches([(0.001, 0.010)] + [(0.001, 0.0)] * 12)
+        self.assertEqual(slept, [0.001] * 3)
+        self.assertAlmostEqual(share, 0.5)
+
+    def test_credit_is_bounded(self):
+        # A long stall (a slow disk) does not let the pack hold the lock
+        # back to back for as long afterwards.
+        from relstorage.storage import pack
+        share, slept = self.run_batches([(0.001, 5.0)] + [(0.001, 0.0)] * 200)
+        free = int(pack.PAUSE_CREDIT_MAX / 0.001)
+        self.assertEqual(len(slept), 200 - free)
+        self.assertLess(share, 0.5)
+
+    def test_duty_cycle_one_never_pauses(self):
+        share, slept = self.run_batches([(0.001, 0.0)] * 5, duty=1.0)
+        self.assertEqual(slept, [])
+        self.assertAlmostEqual(share, 1.0)
+
+
 class ReferencesTests(unittest.TestCase):
     """The analysis reads references with ZODB's referencesf, or with a
     cheaper equivalent when that is the function it was given: the
@@ -421,6 +477,7 @@ class ReferencesTests(unittest.TestCase):
 def _test_suite():
     loader = unittest.defaultTestLoader
     return unittest.TestSuite([loader.loadTestsFromTestCase(ZodbpackTests),
+                               loader.loadTestsFromTestCase(PausesTests),
                                loader.loadTestsFromTestCase(ReferencesTests)])
 
 
