@@ -442,6 +442,11 @@ class IRelStorageAdapter(Interface):
         """Wait until the deletion batches committed so far are on disk
         (a batch begun with ``durable`` false may commit before)."""
 
+    def deleted_sync(conn):
+        """sync_deleted as a function of no argument that does not use
+        ``conn`` (the pack calls it in a thread of its own while it goes
+        on), or None where there is nothing to wait for."""
+
     def seed_unreached(conn, oids):
         """Of ``oids`` (changed after the analysis), record as seeds those
         the last reachability did not reach (history-free)."""

@@ -832,6 +832,14 @@ class PackVerbs:
     def sync_deleted(self, conn):
         """Wait until the deletion batches committed so far are on disk
         (where they may commit without waiting for it)."""
+        sync = self.deleted_sync(conn)
+        if sync is not None:
+            sync()
+
+    def deleted_sync(self, conn):
+        """sync_deleted as a function of no argument that does not use
+        ``conn`` (another thread may call it), or None."""
+        return None
 
     # --- what other processes drop from their caches ---------------------
 

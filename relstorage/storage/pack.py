@@ -33,6 +33,7 @@ Only one pack runs at a time (``acquire_pack_lock``).
 """
 import logging
 import os
+import queue
 import threading
 import time
 from io import BytesIO
@@ -314,7 +315,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
         # and unpickles the next batch (the database inserts while Python
         # unpickles).
         size = ANALYSIS_BATCH
-        recorder = _Recorder()
+        recorder = _Worker('relstorage-pack-analysis')
 
         def record(upto_tid, oids, rows, fresh):
             try:
@@ -389,7 +390,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
         finally:
             report.analysed += analysed
             # (conn is the caller's again only once no batch is in flight.)
-            recorder.join()
+            recorder.close()
             bar.close()
         return snapshot_tid
     finally:
@@ -430,43 +431,58 @@ def _refs_kept_at(adapter, conn, done, kept_at):
     return done
 
 
-class _Recorder:
-    """Runs one batch at a time in a thread of its own: the caller
-    prepares the next batch meanwhile, and each submit waits for the
-    batch before (batches commit in order, so pack_info's refs_tid never
-    passes a batch not recorded).  The error of a batch is raised by the
-    next submit or wait."""
+class _Worker:
+    """Runs one call at a time in a thread of its own (started with the
+    first call, ended by close): the caller goes on with other work
+    meanwhile, and each submit waits for the call before (the analysis's
+    batches commit in order, so pack_info's refs_tid never passes a batch
+    not recorded).  The error of a call is raised by the next submit or
+    wait."""
 
-    def __init__(self):
+    def __init__(self, name):
+        self._name = name
+        self._calls = queue.SimpleQueue()
+        self._results = queue.SimpleQueue()
         self._thread = None
+        self._pending = False
         self._error = None
 
     def submit(self, func, *args):
         self.wait()
-        self._thread = threading.Thread(target=self._run, args=(func,) + args,
-                                        name='relstorage-pack-analysis', daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._pending = True
+        self._calls.put((func, args))
 
-    def _run(self, func, *args):
-        try:
-            func(*args)
-        except BaseException as exc:  # pylint:disable=broad-except
-            self._error = exc
+    def _run(self):
+        calls, results = self._calls, self._results
+        while True:
+            call = calls.get()
+            if call is None:
+                return
+            func, args = call
+            try:
+                func(*args)
+            except BaseException as exc:  # pylint:disable=broad-except
+                results.put(exc)
+            else:
+                results.put(None)
 
     def join(self):
-        """Wait until no batch is in flight, even through an interrupt
+        """Wait until no call is in flight, even through an interrupt
         (raised afterwards): the caller rolls back and closes the
-        connection next."""
-        if self._thread is None:
+        connection next.  A call's error is kept for wait."""
+        if not self._pending:
             return
         interrupted = None
         while True:
             try:
-                self._thread.join()
+                self._error = self._results.get()
                 break
             except BaseException as exc:  # pylint:disable=broad-except
                 interrupted = exc
-        self._thread = None
+        self._pending = False
         if interrupted is not None:
             raise interrupted
 
@@ -475,6 +491,15 @@ class _Recorder:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def close(self):
+        """join, then end the thread."""
+        try:
+            self.join()
+        finally:
+            if self._thread is not None:
+                self._calls.put(None)
+                self._thread = None
 
 
 def _reference_reader(referencesf):
@@ -719,6 +744,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     busy = 0
     prepared = None
     pauses = _Pauses(options)
+    syncer = _Worker('relstorage-pack-sync')
     try:
         while True:
             batch = _Batch()
@@ -812,14 +838,18 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             # lock a commit needs run in the pause.
             released = time.time()
             pause_until = pauses.until(released, held)
-            if not durable:
+            sync = None if durable else adapter.deleted_sync(conn)
+            if sync is not None:
                 # Its pages go to disk now, while no commit waits for the
                 # pack.  Left there, they would go with the next commit's
                 # fsync, which holds the lock every commit waits for (a
                 # SQLite writer's p99 during the deletion: 8.4 ms with
                 # that, 5.9 without).  In the pause: on a disk whose fsync
-                # is slow, the pack is slower for it, not the site.
-                adapter.sync_deleted(conn)
+                # is slow, the pack is slower for it, not the site.  In a
+                # thread, while this one goes on with its own work (0.3 s
+                # less deletion at a million objects); waited for before
+                # the next batch.
+                syncer.submit(sync)
             adapter.forget_deleted(conn, after_oid)
             # After the commit: a display (or a test) sees a finished batch.
             bar.update(batch.revisions)
@@ -827,6 +857,8 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 break
             if write_lock:
                 prepared = _prepare(adapter, conn, after_oid, size)
+            syncer.wait()
+            if write_lock:
                 pause_until = _writers_turn(adapter, released, pause_until)
             pauses.sleep(pause_until)
         adapter.forget_deleted(conn, after_oid, final=True)
@@ -847,6 +879,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             adapter.set_pack_info(conn, seed_base=None)
         conn.commit()
     finally:
+        syncer.close()
         bar.close()
 
 

@@ -417,6 +417,7 @@ NOT_DRIVEN = {
     'pack_write_lock_target',   # no SQL
     'pair_pack_tables',         # no SQL where the pack's tables live with the data
     'sync_deleted',             # no SQL (a file's fsync, where the pack's tables are apart)
+    'deleted_sync',             # the same, as a function
     'writers_waiting',          # no SQL (a file lock, where the commit lock is the write lock)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor

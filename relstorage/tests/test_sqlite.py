@@ -742,14 +742,14 @@ class SqlitePackFileTests(unittest.TestCase):
 
     def pack_events(self):
         """(what, detail) in order: each deletion batch with the
-        synchronous level of its COMMIT, each sync_deleted, and each
-        removal of the references of deleted objects from pack.sqlite3."""
+        synchronous level of its COMMIT, each deleted_sync (the sync of
+        the batches so far, asked for), each fsync, and each removal of the references of deleted objects from pack.sqlite3."""
         from relstorage.adapters.connections import DBConnection
         from relstorage.adapters.sqlite import sql
         from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
         events = []
         delete_prepared_batch = Sqlite3Adapter.delete_prepared_batch
-        sync_deleted = Sqlite3Adapter.sync_deleted
+        deleted_sync = Sqlite3Adapter.deleted_sync
         execute = DBConnection.execute
 
         def deleting(adapter, conn, *args, **kw):
@@ -760,7 +760,7 @@ class SqlitePackFileTests(unittest.TestCase):
             # ('sync', whether the connection is inside a transaction:
             # a sync there would hold the lock every commit waits for.)
             events.append(('sync', conn.raw.in_transaction))
-            return sync_deleted(adapter, conn)
+            return deleted_sync(adapter, conn)
 
         def fsyncing(fd, fsync=os.fsync):
             # (Linux names an open file in /proc.)
@@ -776,7 +776,7 @@ class SqlitePackFileTests(unittest.TestCase):
             return execute(conn, stmt, *args)
         garbage = self.make_garbage('a')
         with mock_attr(Sqlite3Adapter, 'delete_prepared_batch', deleting), \
-                mock_attr(Sqlite3Adapter, 'sync_deleted', syncing), \
+                mock_attr(Sqlite3Adapter, 'deleted_sync', syncing), \
                 mock_attr(os, 'fsync', fsyncing), \
                 mock_attr(DBConnection, 'execute', executing):
             self.zodbpack()

@@ -3,6 +3,7 @@ import io
 import os
 import shutil
 import tempfile
+import threading
 import unittest
 from contextlib import redirect_stderr
 from contextlib import redirect_stdout
@@ -439,23 +440,51 @@ class ReferencesTests(unittest.TestCase):
                     # The reader goes on reading the next batch.
                     self.assertEqual(pack._references_of_rows(reader, [(1, 2, with_ref)]), [[7]])
 
-    def test_recorder_waits_for_its_batch_through_an_interrupt(self):
+    def test_worker_waits_for_its_batch_through_an_interrupt(self):
         # The caller rolls back and closes the connection once join
         # returns: a batch still writing on it would commit half.
         from relstorage.storage import pack
+        worker = pack._Worker('relstorage-test')
+        self.addCleanup(worker.close)
+        release = threading.Event()
+        done = []
 
-        class Thread:
-            joins = 0
+        def batch():
+            release.wait(5)
+            done.append(1)
+        worker.submit(batch)
+        results = worker._results
 
-            def join(self):
-                self.joins += 1
-                if self.joins == 1:
+        class Interrupted:
+            gets = 0
+
+            def get(self):
+                self.gets += 1
+                if self.gets == 1:
+                    release.set()
                     raise KeyboardInterrupt
-        recorder = pack._Recorder()
-        recorder._thread = thread = Thread()
+                return results.get()
+        worker._results = interrupted = Interrupted()
         with self.assertRaises(KeyboardInterrupt):
-            recorder.join()
-        self.assertEqual(thread.joins, 2)
+            worker.join()
+        self.assertEqual((done, interrupted.gets), ([1], 2))
+        worker._results = results
+
+    def test_worker_raises_the_error_of_a_call_at_the_next(self):
+        from relstorage.storage import pack
+        worker = pack._Worker('relstorage-test')
+
+        def fail():
+            raise ValueError('the batch failed')
+        worker.submit(fail)
+        with self.assertRaisesRegex(ValueError, 'the batch failed'):
+            worker.submit(print)
+        worker.submit(lambda: None)
+        worker.wait()
+        thread = worker._thread
+        worker.close()
+        thread.join(5)
+        self.assertFalse(thread.is_alive())
 
     def test_other_referencesf_is_used_as_given(self):
         from relstorage.storage import pack

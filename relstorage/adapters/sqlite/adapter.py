@@ -434,7 +434,7 @@ class Sqlite3Adapter(Adapter):
             conn.commit()
             time.sleep(WRITE_WAIT_MAX * 2)
 
-    def sync_deleted(self, conn):
+    def deleted_sync(self, conn):
         # The batches committed at synchronous NORMAL are in main's
         # write-ahead log, written but maybe not on disk: its fsync puts
         # them there (as a FULL commit's would).  A log that a checkpoint
@@ -442,8 +442,12 @@ class Sqlite3Adapter(Adapter):
         # after.  Not in WAL mode, the batches were FULL.  SQLite keeps
         # the log beside the file a symbolic link names.
         if not self._in_wal_mode(conn):
-            return
+            return None
         path = os.path.realpath(os.path.join(self.data_dir, MAIN_DB)) + '-wal'
+        full = pragma_is_on(self.pragmas.get('fullfsync')) and hasattr(fcntl, 'F_FULLFSYNC')
+        return lambda: self._sync_file(path, full)
+
+    def _sync_file(self, path, full):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
@@ -451,7 +455,7 @@ class Sqlite3Adapter(Adapter):
             raise RelStorageError("Cannot sync the write-ahead log of %s (%s): %s"
                                   % (self.describe(), path, exc)) from exc
         try:
-            if pragma_is_on(self.pragmas.get('fullfsync')) and hasattr(fcntl, 'F_FULLFSYNC'):
+            if full:
                 fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
             else:
                 os.fsync(fd)
