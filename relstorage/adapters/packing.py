@@ -201,7 +201,11 @@ class PackVerbs:
         return dict(conn.query_all(self.q(self.sql.PACK_INFO_GET)))
 
     def set_pack_info(self, conn, **values):
+        upsert = self.sql.PACK_INFO_SET
         for name, value in values.items():
+            if value is not None and upsert is not None:
+                conn.execute(self.q(upsert), (name, value))
+                continue
             conn.execute(self.q(self.sql.PACK_INFO_DELETE), (name,))
             if value is not None:
                 conn.execute(self.q(self.sql.PACK_INFO_INSERT), (name, value))

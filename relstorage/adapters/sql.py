@@ -462,6 +462,13 @@ class Statements:
     PACK_INFO_GET = "SELECT name, value FROM pack_info"
     PACK_INFO_DELETE = "DELETE FROM pack_info WHERE name = %s"
     PACK_INFO_INSERT = "INSERT INTO pack_info (name, value) VALUES (%s, %s)"
+    #: One key set in one statement (each deletion batch sets two, in the
+    #: transaction that holds the commit lock); None: PACK_INFO_DELETE,
+    #: then PACK_INFO_INSERT.
+    PACK_INFO_SET = """
+        INSERT INTO pack_info (name, value) VALUES (%s, %s)
+        ON CONFLICT (name) DO UPDATE SET value = excluded.value
+    """
 
     # Ordered by tid: the analysis records its progress as a tid.
     PACK_REVISIONS = """

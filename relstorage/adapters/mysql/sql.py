@@ -43,6 +43,11 @@ TEMP_BLOB_CHUNK = """
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
+    PACK_INFO_SET = """
+        INSERT INTO pack_info (name, value) VALUES (%s, %s)
+        ON DUPLICATE KEY UPDATE value = VALUES(value)
+    """
+
     #: Appended to a SELECT taking shared row locks.
     SHARE_LOCK_CLAUSE = 'LOCK IN SHARE MODE'
 

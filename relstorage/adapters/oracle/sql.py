@@ -52,6 +52,9 @@ class OracleStatements(Statements):
     """Statements for one history mode; ``lock_wait`` is the clause that
     bounds row-lock waits (``WAIT n`` or ``NOWAIT``)."""
 
+    # (No INSERT ... ON CONFLICT: a key is deleted, then inserted.)
+    PACK_INFO_SET = None
+
     DATABASE_IDENTITY = """
         SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', 'CON_NAME'),
                SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA'), NULL
