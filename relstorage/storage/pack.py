@@ -442,7 +442,8 @@ class _Worker:
     def __init__(self, name):
         self._name = name
         self._calls = queue.SimpleQueue()
-        self._results = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._outcome = None
         self._thread = None
         self._pending = False
         self._error = None
@@ -452,11 +453,12 @@ class _Worker:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
+        self._done.clear()
         self._pending = True
         self._calls.put((func, args))
 
     def _run(self):
-        calls, results = self._calls, self._results
+        calls, done = self._calls, self._done
         while True:
             call = calls.get()
             if call is None:
@@ -464,25 +466,29 @@ class _Worker:
             func, args = call
             try:
                 func(*args)
+                self._outcome = None
             except BaseException as exc:  # pylint:disable=broad-except
-                results.put(exc)
-            else:
-                results.put(None)
+                self._outcome = exc
+            done.set()
 
     def join(self):
         """Wait until no call is in flight, even through an interrupt
         (raised afterwards): the caller rolls back and closes the
-        connection next.  A call's error is kept for wait."""
+        connection next.  A call's error is kept for wait.  (An event,
+        which can be waited for again, where a queue's item taken at the
+        moment of an interrupt would be lost, and the next wait
+        endless.)"""
         if not self._pending:
             return
         interrupted = None
         while True:
             try:
-                self._error = self._results.get()
+                self._done.wait()
                 break
             except BaseException as exc:  # pylint:disable=broad-except
                 interrupted = exc
         self._pending = False
+        self._error, self._outcome = self._outcome, None
         if interrupted is not None:
             raise interrupted
 
@@ -846,18 +852,21 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 # SQLite writer's p99 during the deletion: 8.4 ms with
                 # that, 5.9 without).  In the pause: on a disk whose fsync
                 # is slow, the pack is slower for it, not the site.  In a
-                # thread, while this one goes on with its own work (0.3 s
-                # less deletion at a million objects); waited for before
-                # the next batch.
+                # thread, while this one chooses the next batch (0.3 s less
+                # deletion at a million objects).
                 syncer.submit(sync)
-            adapter.forget_deleted(conn, after_oid)
             # After the commit: a display (or a test) sees a finished batch.
             bar.update(batch.revisions)
+            if write_lock and not batch.finished:
+                prepared = _prepare(adapter, conn, after_oid, size)
+            # Before forget_deleted, which drops the references of what
+            # the batches removed once they are on disk: a sync that
+            # failed stops the pack first (an fsync's error is reported to
+            # one caller only).
+            syncer.wait()
+            adapter.forget_deleted(conn, after_oid)
             if batch.finished:
                 break
-            if write_lock:
-                prepared = _prepare(adapter, conn, after_oid, size)
-            syncer.wait()
             if write_lock:
                 pause_until = _writers_turn(adapter, released, pause_until)
             pauses.sleep(pause_until)

@@ -743,7 +743,8 @@ class SqlitePackFileTests(unittest.TestCase):
     def pack_events(self):
         """(what, detail) in order: each deletion batch with the
         synchronous level of its COMMIT, each deleted_sync (the sync of
-        the batches so far, asked for), each fsync, and each removal of the references of deleted objects from pack.sqlite3."""
+        the batches so far, asked for), each fsync (see fsyncing), and
+        each removal of the references of deleted objects from pack.sqlite3."""
         from relstorage.adapters.connections import DBConnection
         from relstorage.adapters.sqlite import sql
         from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
@@ -763,9 +764,13 @@ class SqlitePackFileTests(unittest.TestCase):
             return deleted_sync(adapter, conn)
 
         def fsyncing(fd, fsync=os.fsync):
-            # (Linux names an open file in /proc.)
+            # (Linux names an open file in /proc.)  'fsync' in this
+            # thread, 'fsync-bg' in another (the batch's sync, while the
+            # pack chooses the next batch).
             where = '/proc/self/fd/%d' % fd
-            events.append(('fsync', os.readlink(where) if os.path.exists(where) else fd))
+            main = threading.current_thread() is threading.main_thread()
+            events.append(('fsync' if main else 'fsync-bg',
+                           os.readlink(where) if os.path.exists(where) else fd))
             return fsync(fd)
 
         forget = sql.SqliteStatements.PACK_DONE_REFS.replace('%s', '?')
@@ -799,12 +804,15 @@ class SqlitePackFileTests(unittest.TestCase):
         # back reference.  They go only after sync_deleted.
         events = self.pack_events()
         self.assertIn(('batch', 1), events)
-        self.assertEqual({what for what, _ in events}, {'batch', 'sync', 'fsync', 'forget'})
+        self.assertEqual({what for what, _ in events},
+                         {'batch', 'sync', 'fsync', 'fsync-bg', 'forget'})
         self.assertEqual({detail for what, detail in events if what == 'batch'}, {1})
         wal = os.path.realpath(os.path.join(self.data_dir, 'main.sqlite3')) + '-wal'
         last = None
         for what, detail in events:
             if what == 'forget':
+                # Its own sync, which reports an error of the disk to
+                # itself (the batch's sync in a thread may have been told).
                 self.assertEqual(last, ('fsync', wal))
             if what != 'sync':
                 last = (what, detail)
@@ -831,7 +839,7 @@ class SqlitePackFileTests(unittest.TestCase):
         # Each batch synced after its commit (see the next test), the
         # references forgotten once.
         self.assertEqual([what for what, _ in events if what != 'batch'],
-                         ['sync', 'fsync'] * batches + ['sync', 'fsync', 'forget'])
+                         ['sync', 'fsync-bg'] * batches + ['sync', 'fsync', 'forget'])
 
     def test_each_batch_is_synced_once_it_released_the_lock(self):
         # A batch commits at NORMAL; its pages went to disk with the next
@@ -843,7 +851,7 @@ class SqlitePackFileTests(unittest.TestCase):
         batches = [i for i, (what, _) in enumerate(events) if what == 'batch']
         self.assertGreater(len(batches), 2)
         for i in batches:
-            self.assertEqual(events[i + 1:i + 3], [('sync', False), ('fsync', wal)], events)
+            self.assertEqual(events[i + 1:i + 3], [('sync', False), ('fsync-bg', wal)], events)
         self.assertNotIn(('sync', True), events)
 
     def test_write_ahead_log_beside_a_linked_main_file(self):

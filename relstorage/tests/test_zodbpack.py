@@ -452,23 +452,32 @@ class ReferencesTests(unittest.TestCase):
         def batch():
             release.wait(5)
             done.append(1)
+            raise ValueError('the batch failed')
         worker.submit(batch)
-        results = worker._results
+        event = worker._done
 
         class Interrupted:
-            gets = 0
+            waits = 0
 
-            def get(self):
-                self.gets += 1
-                if self.gets == 1:
+            def wait(self):
+                self.waits += 1
+                if self.waits == 1:
                     release.set()
                     raise KeyboardInterrupt
-                return results.get()
-        worker._results = interrupted = Interrupted()
+                if self.waits == 2:
+                    # Interrupted again, once the call ended: still waited
+                    # for to the end, and its error not lost.
+                    event.wait()
+                    raise KeyboardInterrupt
+                return event.wait()
+        worker._done = interrupted = Interrupted()
         with self.assertRaises(KeyboardInterrupt):
             worker.join()
-        self.assertEqual((done, interrupted.gets), ([1], 2))
-        worker._results = results
+        self.assertEqual((done, interrupted.waits), ([1], 3))
+        worker._done = event
+        with self.assertRaisesRegex(ValueError, 'the batch failed'):
+            worker.wait()
+        worker.wait()
 
     def test_worker_raises_the_error_of_a_call_at_the_next(self):
         from relstorage.storage import pack
