@@ -854,6 +854,55 @@ class SqlitePackFileTests(unittest.TestCase):
             self.assertEqual(events[i + 1:i + 3], [('sync', False), ('fsync-bg', wal)], events)
         self.assertNotIn(('sync', True), events)
 
+    def test_failed_sync_of_a_batch_stops_the_pack_before_references_go(self):
+        # Each batch's sync runs in a thread.  The kernel reports a disk
+        # error to one fsync only: when that is the thread's, the pack
+        # stops before forget_deleted (whose own fsync would then succeed)
+        # drops what the pack's tables say of the batches, and the thread
+        # ends.
+        from relstorage import zodbpack
+        from relstorage.adapters.packing import PackVerbs
+        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+        with self.db.transaction() as conn:
+            conn.root()['many'] = PersistentMapping(
+                (str(i), PersistentMapping(v=i)) for i in range(300))
+        with self.db.transaction() as conn:
+            del conn.root()['many']
+        deleted_sync = Sqlite3Adapter.deleted_sync
+        failed = []
+
+        def failing(adapter, conn):
+            sync = deleted_sync(adapter, conn)
+
+            def in_thread():
+                if threading.current_thread() is threading.main_thread():
+                    return sync()
+                failed.append(threading.current_thread().name)
+                raise OSError(5, 'Input/output error')
+            return in_thread
+        threads = set(threading.enumerate())
+        err = io.StringIO()
+        with mock_attr(Sqlite3Adapter, 'deleted_sync', failing), \
+                mock_attr(PackVerbs, 'PACK_WRITE_LOCK_SHARE', 1e-9), \
+                mock_attr(PackVerbs, 'FORGET_EVERY', 0), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            status = zodbpack.main(['-d', '0', self.conf])
+        self.assertEqual(status, 1)
+        self.assertIn('Input/output error', err.getvalue())
+        self.assertEqual(failed, ['relstorage-pack-sync'])
+        # Every candidate still listed (the 301 objects; history-preserving,
+        # the root's revisions to trim too): nothing was forgotten.
+        [(candidates,)] = self.pack_db('SELECT COUNT(*) FROM pack_object')
+        self.assertGreaterEqual(candidates, 301)
+        deadline = time.time() + 5
+        while set(threading.enumerate()) - threads and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(set(threading.enumerate()) - threads, set())
+        # The next pack completes.
+        self.zodbpack()
+        self.assert_reachable_load()
+        self.assertEqual(self.pack_db('SELECT COUNT(*) FROM pack_object'), [(0,)])
+
     def test_write_ahead_log_beside_a_linked_main_file(self):
         # Review finding: SQLite keeps the log beside the file a symbolic
         # link names; the pack looked for it beside the link, found none
