@@ -443,10 +443,9 @@ class _Worker:
         self._name = name
         self._calls = queue.SimpleQueue()
         self._done = threading.Event()
-        self._outcome = None
+        self._error = None          # of the last call, until wait raises it
         self._thread = None
         self._pending = False
-        self._error = None
 
     def submit(self, func, *args):
         self.wait()
@@ -466,9 +465,8 @@ class _Worker:
             func, args = call
             try:
                 func(*args)
-                self._outcome = None
             except BaseException as exc:  # pylint:disable=broad-except
-                self._outcome = exc
+                self._error = exc
             done.set()
 
     def join(self):
@@ -488,7 +486,6 @@ class _Worker:
             except BaseException as exc:  # pylint:disable=broad-except
                 interrupted = exc
         self._pending = False
-        self._error, self._outcome = self._outcome, None
         if interrupted is not None:
             raise interrupted
 
