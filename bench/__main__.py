@@ -94,6 +94,9 @@ def parse_args(argv):
                    help='pairs of runs (ours, 4.3) per phase (default 5)')
     g.add_argument('--peer-processes', type=int, default=1,
                    help='pyperf processes per run (default 1)')
+    g.add_argument('--peer-concurrency', type=int, default=1,
+                   help='zodbshootout processes running the phase at once '
+                        '(default 1; zodbshootout\'s own default is 2)')
     g.add_argument('--peer-values', type=int, default=3,
                    help='timed values per process (default 3)')
     g.add_argument('--peer-phases', default=','.join(shootout.PHASE_KEYS),
@@ -120,6 +123,8 @@ def parse_args(argv):
     args.concurrency = [int(c) for c in args.concurrency.split(',')]
     args.phases = [ph for ph in args.phases.split(',') if ph]
     args.peer_phases = [ph for ph in args.peer_phases.split(',') if ph]
+    if args.peer_concurrency < 1:
+        p.error('--peer-concurrency must be at least 1, not %d' % args.peer_concurrency)
     if args.peer_only and not args.peer_python:
         p.error('--peer-only needs --peer-python')
     bad = [ph for ph in args.phases + args.peer_phases

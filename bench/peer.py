@@ -146,7 +146,8 @@ def run_one(side, target, phase, tag, args, cwd):
     try:
         config = target.shootout_config(handle, base + '.conf')
         results, elapsed, rc = shootout.run(
-            config, base + '.json', base + '.log', 1, args.objects, args.object_size,
+            config, base + '.json', base + '.log', args.peer_concurrency,
+            args.objects, args.object_size,
             args.peer_processes, args.peer_values, args.warmups, [phase],
             python=side.python, cwd=cwd, env=side.env(target.database, whoami))
     finally:
@@ -178,6 +179,7 @@ def run(args, say):
     from .report import summarize
     wanted = [(name, column) for name, column in COMPARED if name in args.targets]
     out = {'repeat': args.peer_repeat, 'processes': args.peer_processes,
+           'concurrency': args.peer_concurrency,
            'values': args.peer_values, 'warmups': args.warmups,
            'objects': args.objects, 'object_size': args.object_size,
            'phases': list(args.peer_phases), 'order': [n for n, _ in wanted],

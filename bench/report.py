@@ -346,6 +346,14 @@ def _pair_cell(summary):
                         ms(summary.get('peer_median')) or '–')
 
 
+def _concurrency_text(concurrency):
+    if concurrency == 1:
+        return 'one process (concurrency 1)'
+    return ('%d processes running each phase at once (concurrency %d, '
+            'zodbshootout\'s default when not told otherwise: each process '
+            'times its own phase)' % (concurrency, concurrency))
+
+
 def peer_markdown(peer, meta):
     """The side-by-side section (bench/peer.py), as a list of lines."""
     out = ['## Side by side with RelStorage 4.3', '']
@@ -364,7 +372,7 @@ def peer_markdown(peer, meta):
     names = [n for n in peer['order']
              if peer['targets'][n].get('status') == 'ok']
     w('Run on %s (1-minute load average %s at its end, on %s cores). '
-      'zodbshootout, %d objects of %d bytes, one process (concurrency 1). '
+      'zodbshootout, %d objects of %d bytes, %s. '
       'For every database and phase the two implementations ran '
       'alternately, ours then RelStorage 4.3, %d times each, every run on '
       'a database created for it on the same server, each run %d pyperf '
@@ -372,8 +380,8 @@ def peer_markdown(peer, meta):
       'directory, with the same configuration (default options, '
       '`cache-local-mb 10`) and the same driver on both sides.'
       % (peer.get('date', '?'), peer.get('load', '?'), meta.get('cores', '?'),
-         peer['objects'], peer['object_size'], peer['repeat'],
-         peer['processes'], '' if peer['processes'] == 1 else 'es',
+         peer['objects'], peer['object_size'], _concurrency_text(peer.get('concurrency', 1)),
+         peer['repeat'], peer['processes'], '' if peer['processes'] == 1 else 'es',
          peer['values'], peer['warmups']))
     w('')
     w('**Ratio = RelStorage 4.3 time ÷ our time** for the same phase: above '
