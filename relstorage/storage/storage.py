@@ -99,7 +99,8 @@ class RelStorage(ConflictResolvingStorage):
             options = options.copy(**kwoptions)
         self._adapter = adapter
         self._options = options
-        self._name = name or options.name or 'RelStorage on %s' % adapter.describe()
+        named = name or options.name
+        self._name = named or 'RelStorage on %s' % adapter.describe()
         self._is_read_only = bool(options.read_only)
         self._parent = _parent
         self._before = None                 # historical instances: load before this tid
@@ -131,11 +132,18 @@ class RelStorage(ConflictResolvingStorage):
                     except Exception:  # pylint:disable=broad-except
                         log.debug("Closing after a failed open failed", exc_info=True)
                 raise
+            # Described again now that the adapter has met its server
+            # (MySQL or MariaDB), once: the sort key orders the votes of a
+            # transaction's databases and must not change.
+            if not named:
+                self._name = 'RelStorage on %s' % adapter.describe()
+            self._sort_key = 'RelStorage:' + adapter.describe()
         else:
             self._cache = _parent._cache
             self._blobs = _parent._blobs
             self._crs_transform_record_data = _parent._crs_transform_record_data
             self._crs_untransform_record_data = _parent._crs_untransform_record_data
+            self._sort_key = _parent._sort_key
 
         if adapter.keep_history:
             zope.interface.alsoProvides(self, IStorageUndoable)
@@ -970,7 +978,7 @@ class RelStorage(ConflictResolvingStorage):
         return self._name
 
     def sortKey(self):
-        return 'RelStorage:' + self._adapter.describe()
+        return self._sort_key
 
     def isReadOnly(self):
         return self._is_read_only

@@ -744,6 +744,25 @@ class ConnectionSettingsTests(MySQLTestCase):
             raw.close()
         self.assertTrue(adapter.describe().startswith(adapter.server.flavor))
 
+    def test_storage_name_says_which_server(self):
+        # Regression: a storage without a name was described before its
+        # adapter met the server ("RelStorage on MySQL database ...", the
+        # prefix of zodbpack's messages), and its sort key changed at the
+        # first connection.  Now both say what the server is, from the
+        # start, and the sort key (the order of a transaction's votes
+        # across databases) stays.
+        storage = self.make_storage()
+        flavor = storage._adapter.server.flavor
+        self.assertTrue(storage.getName().startswith('RelStorage on %s database' % flavor),
+                        storage.getName())
+        key = storage.sortKey()
+        self.assertIn('%s database' % flavor, key)
+        instance = storage.new_instance()
+        self.assertEqual(instance.sortKey(), key)
+        self.assertEqual(instance.getName(), storage.getName())
+        instance.release()
+        self.assertEqual(storage.sortKey(), key)
+
     def test_drivers(self):
         self.assertEqual(drivers.canonical_name('PyMySQL'), 'pymysql')
         self.assertEqual(drivers.canonical_name('mysqlclient'), 'MySQLdb')
