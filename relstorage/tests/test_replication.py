@@ -426,8 +426,103 @@ class _ReplicaCase(_PrivateCase):
             self.assertEqual((conn2.root()['a']['n'], conn2.root()['b']['n']), (2, 3))
 
 
+class _PackRestartCase(_PrivateCase):
+    """zodbpack (in this process, as cron runs it) while the server
+    restarts in each phase of the pack: it ends with a one-line message
+    and a non-zero status (or, should it meet the server only once it is
+    back, completes); the next run completes; whatever the root reaches
+    still loads, and the garbage goes."""
+
+    def pack_config(self):
+        """The storage's ZConfig section for zodbpack."""
+        raise NotImplementedError
+
+    def write_config(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, 'pack.conf')
+        with open(path, 'w') as f:
+            f.write('%%import relstorage\n<relstorage>\n keep-history %s\n%s</relstorage>\n'
+                    % ('true' if self.keep_history else 'false', self.pack_config()))
+        return path
+
+    def zodbpack(self, path):
+        import io
+        from contextlib import redirect_stderr
+        from contextlib import redirect_stdout
+        from relstorage import zodbpack
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            status = zodbpack.main(['-d', '0', path])
+        return status, out.getvalue() + err.getvalue()
+
+    def check_restart_during(self, owner, name):
+        from ZODB.POSException import POSKeyError
+        from ZODB.serialize import referencesf
+        db = self.db()
+        with db.transaction() as conn:
+            root = conn.root()
+            root['keep'] = PersistentMapping(
+                {i: PersistentMapping(v=i) for i in range(200)})
+            root['gone'] = PersistentMapping(
+                {i: PersistentMapping(v=i) for i in range(200)})
+        with db.transaction() as conn:
+            gone = conn.root().pop('gone')
+            garbage = [gone._p_oid] + [m._p_oid for m in gone.values()]
+        db.close()
+        path = self.write_config()
+        original = getattr(owner, name)
+        restarted = []
+
+        def restarting(*args, **kw):
+            if not restarted:
+                restarted.append(1)
+                self.restart_primary()
+            return original(*args, **kw)
+        setattr(owner, name, restarting)
+        try:
+            status, said = self.zodbpack(path)
+        finally:
+            setattr(owner, name, original)
+        self.assertTrue(restarted, name)
+        self.assertIn(status, (0, 1), said)
+        if status:
+            self.assertEqual(len(said.strip().splitlines()), 1, said)
+            self.assertIn('zodbpack: ', said)
+            self.assertNotIn('Traceback', said)
+            self.assertNotIn(private_servers.MYSQL_PASSWORD, said)
+        status, said = self.zodbpack(path)
+        self.assertEqual(status, 0, said)
+        storage = self.storage()
+        for oid in garbage:
+            with self.assertRaises(POSKeyError):
+                storage.load(oid)
+        seen, todo = set(), [p64(0)]
+        while todo:
+            oid = todo.pop()
+            if oid not in seen:
+                seen.add(oid)
+                todo.extend(referencesf(storage.load(oid)[0]))
+        self.assertEqual(len(seen), 1 + 1 + 200)
+
+    def test_restart_during_the_analysis(self):
+        from relstorage.storage import pack
+        self.check_restart_during(pack, '_record')
+
+    def test_restart_during_the_reachability(self):
+        from relstorage.adapters.packing import PackVerbs
+        self.check_restart_during(PackVerbs, 'compute_pack_candidates')
+
+    def test_restart_during_the_deletion(self):
+        from relstorage.storage import pack
+        self.check_restart_during(pack._Batch, 'delete_part')
+
+
 class _PostgreSQL:
     layer = PostgreSQLReplicationLayer
+
+    def pack_config(self):
+        return ' <postgresql>\n  dsn %s\n </postgresql>\n' % self.pair.dsn('primary')
     replica = 'standby'
 
     def primary_server(self):
@@ -443,6 +538,12 @@ class _PostgreSQL:
 
 class _MariaDB:
     layer = MariaDBReplicationLayer
+
+    def pack_config(self):
+        params = self.pair.params('primary')
+        return (' <mysql>\n%s </mysql>\n'
+                % ''.join('  %s %s\n' % (key, params[key])
+                          for key in ('host', 'port', 'user', 'passwd', 'db')))
 
     def primary_server(self):
         return 'primary'
@@ -473,6 +574,14 @@ class MariaDBServerRestartTests(_MariaDB, _PrivateCase):
 
     def test_server_gone_after_a_commit(self):
         self.check_server_gone_after_a_commit()
+
+
+class PostgreSQLPackRestartTests(_PostgreSQL, _PackRestartCase):
+    """The private primary restarts (pg_ctl restart) during a pack."""
+
+
+class MariaDBPackRestartTests(_MariaDB, _PackRestartCase):
+    """The private primary shuts down and starts again during a pack."""
 
 
 class PostgreSQLReplicaTests(_PostgreSQL, _ReplicaCase):
@@ -551,10 +660,12 @@ def _test_suite():
     loader = unittest.defaultTestLoader
     suite.addTest(loader.loadTestsFromTestCase(ReplicaConfigTests))
     if _wanted('postgresql'):
-        for cls in (PostgreSQLServerRestartTests, PostgreSQLReplicaTests):
+        for cls in (PostgreSQLServerRestartTests, PostgreSQLPackRestartTests,
+                    PostgreSQLReplicaTests):
             suite.addTest(loader.loadTestsFromTestCase(cls))
     if _wanted('mysql'):
-        for cls in (MariaDBServerRestartTests, MariaDBReplicaTests):
+        for cls in (MariaDBServerRestartTests, MariaDBPackRestartTests,
+                    MariaDBReplicaTests):
             suite.addTest(loader.loadTestsFromTestCase(cls))
     return suite
 
