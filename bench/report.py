@@ -110,6 +110,9 @@ def markdown(results, extra=None):
     w('make bench BENCH_ARGS="--targets sqlite,pg-psycopg2 -p 2"')
     w('make bench BENCH_ARGS="--peer-only --peer-repeat 3"  # only the '
       'side-by-side comparison and the round trips')
+    w('make bench BENCH_ARGS="--peer-only --peer-concurrency 2 --output-dir /tmp/c2"  '
+      '# side by side with 2 zodbshootout processes at once, '
+      'zodbshootout\'s own default')
     w('make bench BENCH_ARGS="--targets mysql-mysqldb --merge"  '
       '# add to the existing results')
     w('make bench-smoke  # SQLite only, 100 objects, about 10 s; writes '
