@@ -469,13 +469,13 @@ class RelStorageWriter:
             self._fallback.write(txn)
             return
         if not self._pending:
-            self._pending_since = time.time()
+            self._pending_since = time.monotonic()
         self._pending.append(txn)
         self._pending_records += len(txn.records)
         self._pending_bytes += sum(len(d) for _, d, _ in txn.records if d is not None)
         if (self._pending_bytes >= self.batch_bytes
                 or self._pending_records >= self.batch_records
-                or time.time() - self._pending_since >= self.batch_seconds):
+                or time.monotonic() - self._pending_since >= self.batch_seconds):
             self.flush()
 
     def flush(self):

@@ -172,7 +172,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
     progress = progress or _NoProgress
     report = PackReport()
     report.prepack_only = prepack_only
-    started = time.time()
+    started = time.monotonic()
     lock = _acquire(adapter)
     conn = None
     try:
@@ -188,19 +188,19 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         elif not prepack_only and _up_to_date(adapter, conn, gc):
             report.up_to_date = True
         else:
-            phase_start = time.time()
+            phase_start = time.monotonic()
             wanted = pack_tid_for(t)
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
                                     pack_tid=wanted)
             report.pack_tid = min(wanted, snapshot_tid)
-            report.phases['analysis'] = time.time() - phase_start
-            phase_start = time.time()
+            report.phases['analysis'] = time.monotonic() - phase_start
+            phase_start = time.monotonic()
             bar = progress('computing reachability', None, 'steps')
             steps, report.reach_domain = adapter.compute_pack_candidates(
                 conn, report.pack_tid, gc, snapshot_tid=snapshot_tid)
             bar.update(steps)
             bar.close()
-            report.phases['reachability'] = time.time() - phase_start
+            report.phases['reachability'] = time.monotonic() - phase_start
             adapter.set_pack_info(conn, pack_tid=report.pack_tid,
                                   checked_tid=snapshot_tid, prepared=1,
                                   prepared_gc=1 if gc else 0)
@@ -212,9 +212,9 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         conn.rollback()
         if not prepack_only:
             if not report.up_to_date:
-                phase_start = time.time()
+                phase_start = time.monotonic()
                 _delete(adapter, conn, options, referencesf, blobs, report, progress)
-                report.phases['deletion'] = time.time() - phase_start
+                report.phases['deletion'] = time.monotonic() - phase_start
             if blobs is not None and not blobs.in_database:
                 report.orphan_blob_files = orphan_blob_files(adapter, blobs)
     except BaseException:
@@ -227,7 +227,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         lock.close()
         if cache is not None and not prepack_only and not report.up_to_date:
             cache.clear()
-    report.seconds = time.time() - started
+    report.seconds = time.monotonic() - started
     log.info("Pack of %s to %x: %s", adapter.describe(), report.pack_tid, report.summary())
     for path in report.orphan_blob_files[:20]:
         log.warning("Blob file without a database row: %s", path)
@@ -767,21 +767,21 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     locked_at, last = _lock_commit(adapter, conn, options, durable)
                     batch.delete_prepared(adapter, conn)
                     after_oid = batch.last_oid
-                    size = next_step_size(size, time.time() - locked_at, target,
+                    size = next_step_size(size, time.monotonic() - locked_at, target,
                                           high=MAX_BATCH_ROWS)
                     touched = _touched(adapter, conn, referencesf, checked, last, batch)
                 else:
                     adapter.begin_store_checked(conn, durable=durable)
-                    started = time.time()
+                    started = time.monotonic()
                     while True:
-                        part_started = time.time()
+                        part_started = time.monotonic()
                         room = MAX_BATCH_ROWS - batch.rows
                         if not batch.delete_part(adapter, conn, after_oid, min(size, room)):
                             break
                         after_oid = batch.last_oid
-                        part = time.time() - part_started
+                        part = time.monotonic() - part_started
                         size = next_step_size(size, part, target, high=MAX_DELETE_SIZE)
-                        if time.time() - started + part >= target or batch.rows >= MAX_BATCH_ROWS:
+                        if time.monotonic() - started + part >= target or batch.rows >= MAX_BATCH_ROWS:
                             break
                     # Most commits since the last check are read without
                     # the lock; under it, only those of the last moments.
@@ -822,7 +822,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             except BaseException:
                 conn.rollback()
                 raise
-            held = time.time() - locked_at
+            held = time.monotonic() - locked_at
             checked = last
             busy = 0
             report.revisions_removed += batch.revisions
@@ -839,7 +839,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
             # The duty cycle is the share of time the pack holds the commit
             # lock (what commits wait for); the pack's writes that hold no
             # lock a commit needs run in the pause.
-            released = time.time()
+            released = time.monotonic()
             pause_until = pauses.until(released, held)
             sync = None if durable else adapter.deleted_sync(conn)
             if sync is not None:
@@ -987,7 +987,7 @@ def _lock_in_batch(adapter, conn):
     those rows holds the commit lock: waiting for it would be a deadlock,
     so a busy lock makes the batch start again later (_LockBusy)."""
     try:
-        return time.time(), adapter.lock_commit_checked(conn)
+        return time.monotonic(), adapter.lock_commit_checked(conn)
     except UnableToAcquireCommitLockError:
         raise _LockBusy()
 
@@ -1031,7 +1031,7 @@ def _lock_commit(adapter, conn, options, durable=True):
         try:
             adapter.begin_store_checked(conn, durable=durable)
             last = adapter.lock_commit_checked(conn)
-            return time.time(), last
+            return time.monotonic(), last
         except UnableToAcquireCommitLockError:
             conn.rollback()
             if attempt == LOCK_ATTEMPTS:
@@ -1092,7 +1092,7 @@ class _Pauses:
         return released + max(0.0, self.pause - self.credit)
 
     def sleep(self, until):
-        now = time.time()
+        now = time.monotonic()
         if until > now:
             time.sleep(until - now)
             self.credit = 0.0
@@ -1111,7 +1111,7 @@ def _writers_turn(adapter, released, pause_until):
     million objects, 5,000 batches paused 1.2 ms each where the duty cycle
     asked for 0.8)."""
     turn = released + WRITERS_TURN
-    if pause_until < turn and time.time() < turn and adapter.writers_waiting():
+    if pause_until < turn and time.monotonic() < turn and adapter.writers_waiting():
         return turn
     return pause_until
 

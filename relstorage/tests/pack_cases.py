@@ -314,6 +314,42 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()
 
+    def test_a_step_of_the_wall_clock_does_not_pace_the_deletion(self):
+        # Regression: the deletion timed its hold of the commit lock, and
+        # the pauses after it, with the wall clock.  A step of that clock
+        # (NTP, an operator) made a batch look as if it had held the lock
+        # an hour: the pack slept pack-max-delay after it, and reported
+        # that hour as its longest hold.  Here the wall clock jumps an
+        # hour forward at every reading.
+        from relstorage.storage import pack as packmod
+        db = self.db()
+        child_oid = self.populate(db)
+        real = packmod.time
+        slept = []
+
+        class SteppingClock:
+            def __init__(self):
+                self.offset = 0.0
+
+            def time(self):
+                self.offset += 3600
+                return real.time() + self.offset
+
+            def sleep(self, seconds):
+                slept.append(seconds)
+                real.sleep(min(seconds, 0.01))
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+        self.patch(packmod, 'time', SteppingClock())
+        report = db.storage.run_pack(real.time() + 1, referencesf)
+        self.assertGreater(report.batches, 0)
+        self.assertLess(report.longest_lock, 60)
+        self.assertLess(report.seconds, 600)
+        self.assertTrue(all(seconds < 5 for seconds in slept), slept)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
+
     def test_object_reachable_only_from_an_old_revision_is_collected(self):
         # 'child' was referenced by an older revision of 'keep' only.
         db = self.db()

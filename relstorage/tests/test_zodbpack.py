@@ -235,7 +235,7 @@ class PausesTests(unittest.TestCase):
             slept.append(round(seconds, 6))
             clock[0] += seconds
         pauses = pack._Pauses(Options(pack_duty_cycle=duty))
-        with mock.patch.object(pack.time, 'time', lambda: clock[0]), \
+        with mock.patch.object(pack.time, 'monotonic', lambda: clock[0]), \
                 mock.patch.object(pack.time, 'sleep', sleep):
             for held, work in batches:
                 clock[0] += held
