@@ -352,9 +352,10 @@ def _pair_cell(summary):
 def _concurrency_text(concurrency):
     if concurrency == 1:
         return 'one process (concurrency 1)'
-    return ('%d processes running each phase at once (concurrency %d, '
-            'zodbshootout\'s default when not told otherwise: each process '
-            'times its own phase)' % (concurrency, concurrency))
+    return ('%d processes running each phase at once (concurrency %d%s: each '
+            'process times its own phase)'
+            % (concurrency, concurrency,
+               ', zodbshootout\'s default when not told otherwise' if concurrency == 2 else ''))
 
 
 def peer_markdown(peer, meta):

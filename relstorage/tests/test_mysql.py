@@ -746,11 +746,11 @@ class ConnectionSettingsTests(MySQLTestCase):
 
     def test_storage_name_says_which_server(self):
         # Regression: a storage without a name was described before its
-        # adapter met the server ("RelStorage on MySQL database ...", the
-        # prefix of zodbpack's messages), and its sort key changed at the
-        # first connection.  Now both say what the server is, from the
-        # start, and the sort key (the order of a transaction's votes
-        # across databases) stays.
+        # adapter met the server: on MariaDB, "RelStorage on MySQL
+        # database ..." (the prefix of zodbpack's messages, which went on
+        # "Lost the store connection to MariaDB database ...").  Its sort
+        # key (the order of a transaction's votes across databases) is
+        # computed then too, once, and its instances share it.
         storage = self.make_storage()
         flavor = storage._adapter.server.flavor
         self.assertTrue(storage.getName().startswith('RelStorage on %s database' % flavor),
