@@ -98,7 +98,8 @@ class TestBenchSmoke(unittest.TestCase):
         impostor = peer.Side('peer', 'RelStorage 4.3', sys.executable,
                              os.path.join(self.scratch, 'no-such-venv'), '4.3.')
         args = argparse.Namespace(scratch=self.scratch, objects=10, object_size=16,
-                                  peer_processes=1, peer_values=1, warmups=0)
+                                  peer_processes=1, peer_values=1, warmups=0,
+                                  peer_concurrency=1)
         os.makedirs(os.path.join(self.scratch, 'peer'))
         result = peer.run_one(impostor, TARGETS['sqlite'], 'tpc', 'impostor', args,
                               peer.neutral_dir(self.scratch))
@@ -131,6 +132,27 @@ class TestBenchMeta(unittest.TestCase):
         fresh = {}
         finish_meta(fresh, 0, peer_only=False)
         self.assertEqual(sorted(fresh), ['load_end', 'seconds'])
+
+    def test_peer_concurrency(self):
+        # --peer-concurrency: zodbshootout's --concurrency for both sides;
+        # the report says how many processes ran each phase.
+        import contextlib
+        import io
+        sys.path.insert(0, ROOT)
+        try:
+            from bench.__main__ import parse_args
+            from bench.report import _concurrency_text
+        finally:
+            sys.path.remove(ROOT)
+        self.assertEqual(parse_args(['--targets', 'sqlite']).peer_concurrency, 1)
+        self.assertEqual(parse_args(['--peer-concurrency', '2']).peer_concurrency, 2)
+        with contextlib.redirect_stderr(io.StringIO()) as err, \
+                self.assertRaises(SystemExit):
+            parse_args(['--peer-concurrency', '0'])
+        self.assertIn('--peer-concurrency must be at least 1', err.getvalue())
+        self.assertEqual(_concurrency_text(1), 'one process (concurrency 1)')
+        self.assertIn("zodbshootout's default", _concurrency_text(2))
+        self.assertNotIn("default", _concurrency_text(3))
 
 
 def _test_suite():
