@@ -37,6 +37,24 @@ DATA_TABLES_HP = ('object_state', 'current_object', 'transaction_log', 'blob_chu
 DATA_TABLES_HF = ('object_state', 'blob_chunk')
 
 
+def assert_reachable_objects_load(test, storage):
+    """Walk ``storage``'s graph from the root: every object it reaches
+    loads (else ``test`` fails).  Returns the set of reachable OIDs."""
+    seen = set()
+    todo = [z64]
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        try:
+            state, _tid = storage.load(oid)
+        except POSKeyError:
+            test.fail('object 0x%x is reachable from the root but gone' % u64(oid))
+        todo.extend(referencesf(state))
+    return seen
+
+
 class PackCase(FactoryCase):
     """Helpers: a config file for zodbpack, a populated database, row counts."""
 
@@ -119,20 +137,7 @@ class PackCase(FactoryCase):
     def assert_reachable_objects_load(self, storage=None):
         """Walk the graph from the root: every object it reaches loads.
         Returns the set of reachable OIDs."""
-        storage = storage or self.storage()
-        seen = set()
-        todo = [z64]
-        while todo:
-            oid = todo.pop()
-            if oid in seen:
-                continue
-            seen.add(oid)
-            try:
-                state, _tid = storage.load(oid)
-            except POSKeyError:
-                self.fail('object 0x%x is reachable from the root but gone' % u64(oid))
-            todo.extend(referencesf(state))
-        return seen
+        return assert_reachable_objects_load(self, storage or self.storage())
 
     def exists(self, oid):
         return self.count_existing([oid]) == 1

@@ -458,7 +458,7 @@ class _PackRestartCase(_PrivateCase):
 
     def check_restart_during(self, owner, name):
         from ZODB.POSException import POSKeyError
-        from ZODB.serialize import referencesf
+        from .pack_cases import assert_reachable_objects_load
         db = self.db()
         with db.transaction() as conn:
             root = conn.root()
@@ -503,12 +503,7 @@ class _PackRestartCase(_PrivateCase):
         for oid in garbage:
             with self.assertRaises(POSKeyError):
                 storage.load(oid)
-        seen, todo = set(), [p64(0)]
-        while todo:
-            oid = todo.pop()
-            if oid not in seen:
-                seen.add(oid)
-                todo.extend(referencesf(storage.load(oid)[0]))
+        seen = assert_reachable_objects_load(self, storage)
         self.assertEqual(len(seen), 1 + 1 + 200)
 
     def test_restart_during_the_analysis(self):
