@@ -2,13 +2,18 @@
 blob files waiting to be committed."""
 import logging
 import os
+import re
 import shutil
 import tempfile
 
+from ZODB.blob import LAYOUT_MARKER
+from ZODB.blob import LAYOUTS
 from ZODB.blob import FilesystemHelper
 from ZODB.blob import rename_or_copy_blob
 from ZODB.POSException import POSKeyError
 from ZODB.utils import p64
+
+from ..interfaces import RelStorageError
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +28,16 @@ class BlobMode:
         """Refuse, with an error that says which setting to change, a
         database and a blob-dir that do not go with this mode."""
 
+    #: Whether blob-dir is the only copy of the blobs (SharedBlobs).
+    shared = False
+
     def __init__(self, blob_dir, options):
         self.blob_dir = blob_dir
         self.options = options
-        # ZODB's bushy layout, so that a shared directory (or a cache) is
-        # laid out as ZODB's own blob storages lay it out.
-        self.fshelper = FilesystemHelper(blob_dir, 'bushy')
+        # ZODB's bushy layout for a new directory, so that a shared
+        # directory (or a cache) is laid out as ZODB's own blob storages
+        # lay it out; an existing one keeps the layout it has.
+        self.fshelper = FilesystemHelper(blob_dir, choose_layout(blob_dir, self.shared))
         self.fshelper.create()
 
     def temporary_directory(self):
@@ -84,6 +93,87 @@ class BlobMode:
     def missing(self, oid_int, tid_int):
         return POSKeyError("No blob for object %x at transaction %x" % (oid_int, tid_int),
                            p64(oid_int), p64(tid_int))
+
+
+#: The layout ZEO's client cache and earlier RelStorage releases' blob
+#: caches (shared-blob-dir false) write: ``<oid % 997>/<oid // 997>.<tid
+#: in hex>.blob``, which ZODB's FilesystemHelper does not know.
+ZEO_CACHE_LAYOUT = 'zeocache'
+
+#: A top-level directory of ZODB's bushy layout (an OID's first byte) or
+#: of its lawn layout (one per object, the OID in hex).
+_OID_DIR = re.compile(r'^0x[0-9a-f]+$')
+
+
+def choose_layout(blob_dir, shared):
+    """The layout to use for ``blob_dir``: the one its ``.layout`` marker
+    names, or bushy for a new directory.
+
+    An existing directory is never re-laid out under the files it holds:
+    a shared directory in ZODB's lawn layout (a FileStorage's
+    ``blobstorage`` of old, never migrated) is used as it is.  A blob cache
+    written by ZEO or by an earlier RelStorage (the ``zeocache`` layout) is
+    only a cache of blobs the database holds: its files are removed and the
+    cache starts again, empty and bushy.  A cache's layout given to a
+    shared directory is refused: its files are not the only copies the
+    shared mode expects."""
+    marker = os.path.join(blob_dir, LAYOUT_MARKER)
+    try:
+        with open(marker) as f:
+            layout = f.read().strip()
+    except FileNotFoundError:
+        layout = None
+    except OSError as exc:
+        raise RelStorageError("blob-dir %s: cannot read its layout marker %s: %s"
+                              % (blob_dir, LAYOUT_MARKER, exc)) from exc
+    if layout is None:
+        # No marker: bushy, unless the directory is a lawn of ZODB before
+        # markers existed (blob files in a directory at the top).
+        if shared and _is_lawn(blob_dir):
+            layout = 'lawn'
+        else:
+            return 'bushy'
+    if layout == ZEO_CACHE_LAYOUT:
+        if shared:
+            raise RelStorageError(
+                "blob-dir %s is a blob cache (its %s says %r, the layout of ZEO's cache and "
+                "of earlier RelStorage releases with shared-blob-dir false), not a shared "
+                "blob directory: set shared-blob-dir false to use it as the cache of blobs "
+                "kept in the database, or point blob-dir at the shared blob directory"
+                % (blob_dir, LAYOUT_MARKER, layout))
+        _empty_zeo_cache(blob_dir)
+        return 'bushy'
+    if layout not in LAYOUTS:
+        raise RelStorageError(
+            "blob-dir %s: its %s names the layout %r, which this release cannot read "
+            "(known: %s)" % (blob_dir, LAYOUT_MARKER, layout, ', '.join(sorted(LAYOUTS))))
+    # (ZODB's FilesystemHelper warns of the lawn layout itself.)
+    return layout
+
+
+def _is_lawn(blob_dir):
+    for name in os.listdir(blob_dir):
+        path = os.path.join(blob_dir, name)
+        if _OID_DIR.match(name) and os.path.isdir(path):
+            return any(entry.endswith('.blob') for entry in os.listdir(path))
+    return False
+
+
+def _empty_zeo_cache(blob_dir):
+    """Remove what a ``zeocache`` layout holds (its numbered directories,
+    its size-check lock and its marker); leave anything else alone."""
+    removed = 0
+    for name in os.listdir(blob_dir):
+        path = os.path.join(blob_dir, name)
+        if name.isdigit() and os.path.isdir(path):
+            removed += sum(1 for entry in os.listdir(path) if entry.endswith('.blob'))
+            shutil.rmtree(path, ignore_errors=True)
+    for name in ('check_size.lock', LAYOUT_MARKER):
+        _remove(os.path.join(blob_dir, name))
+    log.warning("blob-dir %s held a blob cache in the %r layout (ZEO's, or an earlier "
+                "RelStorage's): its %d blob files were removed, and the cache starts again "
+                "in the bushy layout (the database holds every blob)",
+                blob_dir, ZEO_CACHE_LAYOUT, removed)
 
 
 def database_holds_blobs(adapter):

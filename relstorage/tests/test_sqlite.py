@@ -256,6 +256,95 @@ class SqliteConfigTests(unittest.TestCase):
                             for m in messages),
                         messages)
 
+    def test_blob_dirs_of_earlier_releases_open(self):
+        # A helper agent's check: a blob-dir written by an earlier release
+        # stopped the storage from opening, with ZODB's "Directory layout
+        # `bushy` selected ..., but marker found for layout `zeocache`"
+        # (a blob cache of RelStorage 4.3 with shared-blob-dir false, as
+        # ZEO's cache lays it out) or `lawn` (an old FileStorage's
+        # blobstorage used as the shared directory).
+        from ZODB.blob import Blob
+        from relstorage.interfaces import RelStorageError
+
+        def write(path, text=''):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, 'w') as f:
+                f.write(text)
+
+        def read_layout(blob_dir):
+            with open(os.path.join(blob_dir, '.layout')) as f:
+                return f.read().strip()
+
+        def blob_round_trip(text, data):
+            db = ZODB.config.databaseFromString(text)
+            try:
+                with db.transaction() as conn:
+                    conn.root()['file'] = Blob(data)
+            finally:
+                db.close()
+            db = ZODB.config.databaseFromString(text)
+            try:
+                with db.transaction() as conn:
+                    with conn.root()['file'].open() as f:
+                        self.assertEqual(f.read(), data)
+            finally:
+                db.close()
+
+        # The zeocache layout, as the earlier release left it: a cache,
+        # emptied (its files only) and started again in the bushy layout.
+        cache = os.path.join(self.tmp, 'zeocache')
+        write(os.path.join(cache, '.layout'), 'zeocache')
+        write(os.path.join(cache, '1', '0.040d572af7daa9dd.blob'), 'cached')
+        write(os.path.join(cache, '1', '.lock'))
+        write(os.path.join(cache, 'check_size.lock'))
+        write(os.path.join(cache, 'notes.txt'), 'not the cache')
+        as_cache = zconfig(os.path.join(self.tmp, 'data1'),
+                           'blob-dir %s\nshared-blob-dir false' % cache)
+        with self.assertLogs('relstorage.blobs', logging.WARNING) as logged:
+            blob_round_trip(as_cache, b'cached in a new layout')
+        self.assertIn("'zeocache' layout", logged.output[0])
+        self.assertIn('1 blob files were removed', logged.output[0])
+        self.assertEqual(read_layout(cache), 'bushy')
+        self.assertFalse(os.path.exists(os.path.join(cache, '1')))
+        self.assertFalse(os.path.exists(os.path.join(cache, 'check_size.lock')))
+        self.assertTrue(os.path.exists(os.path.join(cache, 'notes.txt')))
+        # The same directory given as the shared one is refused: a cache
+        # does not hold the only copies.
+        other = os.path.join(self.tmp, 'zeocache2')
+        write(os.path.join(other, '.layout'), 'zeocache')
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(zconfig(
+                os.path.join(self.tmp, 'data2'), 'blob-dir %s\nshared-blob-dir true' % other))
+        self.assertIn('shared-blob-dir false', str(raised.exception))
+        self.assertIn(other, str(raised.exception))
+        self.assertEqual(read_layout(other), 'zeocache')
+        # A shared directory in the lawn layout is used as it is.
+        lawn = os.path.join(self.tmp, 'lawn')
+        write(os.path.join(lawn, '.layout'), 'lawn')
+        blob_round_trip(zconfig(os.path.join(self.tmp, 'data3'),
+                                'blob-dir %s\nshared-blob-dir true' % lawn),
+                        b'in a lawn')
+        self.assertEqual(read_layout(lawn), 'lawn')
+        # (An object's directory at the top, its files in it.)
+        self.assertTrue([name for name in os.listdir(lawn)
+                         if name.startswith('0x') and any(
+                             entry.endswith('.blob')
+                             for entry in os.listdir(os.path.join(lawn, name)))])
+        # So is one of before the marker.
+        unmarked = os.path.join(self.tmp, 'unmarked')
+        write(os.path.join(unmarked, '0x07', '0x03ab.blob'), 'old')
+        blob_round_trip(zconfig(os.path.join(self.tmp, 'data4'),
+                                'blob-dir %s\nshared-blob-dir true' % unmarked),
+                        b'next to an unmarked lawn')
+        self.assertEqual(read_layout(unmarked), 'lawn')
+        # A layout nobody knows is named.
+        odd = os.path.join(self.tmp, 'odd')
+        write(os.path.join(odd, '.layout'), 'sideways')
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(zconfig(
+                os.path.join(self.tmp, 'data5'), 'blob-dir %s' % odd))
+        self.assertIn("'sideways'", str(raised.exception))
+
     def test_shared_blob_dir_is_not_taken_for_a_cache(self):
         # A helper agent's check: blobs written to a shared blob directory
         # (RelStorage 4.3's default mode), then the same configuration
