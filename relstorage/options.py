@@ -191,8 +191,9 @@ OPTIONS = (
     Option('cache-local-object-max', 16384, 'byte-size',
            'Largest pickle kept in the local cache.', active=True, valid=_NOT_NEGATIVE),
     Option('cache-local-compression', 'none', 'string',
-           'Compression of pickles in the local cache: none or zlib.',
-           choices=('none', 'zlib'), active=True),
+           'Compression of pickles in the local cache: none or zlib (bz2, '
+           'which earlier releases offered, means zlib).',
+           choices=('none', 'zlib'), active=True, aliases={'bz2': 'zlib'}),
     Option('cache-delta-size-limit', 100000, 'integer',
            'Maximum number of objects tracked in the cache delta maps.',
            active=True, valid=_POSITIVE),
@@ -231,6 +232,9 @@ OPTIONS = (
     Option('cache-local-dir-compress', None, 'boolean',
            'Compress the cache files.',
            replaced_by='cache-local-compression, which the saved cache keeps'),
+    Option('cache-local-storage', None, 'string',
+           'Class of the local cache (a dotted name).',
+           replaced_by='the local cache of this release, sized by cache-local-mb'),
     # Configuration generators still write "commit-lock-id 0": only
     # another value is worth a warning.
     Option('commit-lock-id', 0, 'integer',

@@ -250,7 +250,7 @@ class TestZodbConf(CorpusTestCase):
 
     LEGACY = ['poll-interval', 'pack-dry-run', 'cache-local-dir-count',
               'cache-local-dir-read-count', 'cache-local-dir-write-max-size',
-              'cache-local-dir-compress']
+              'cache-local-dir-compress', 'cache-local-storage']
 
     def test_every_historical_key(self):
         text = self.localized('zodb-every-historical-key.conf')

@@ -167,7 +167,7 @@ class TestOptions(unittest.TestCase):
             'keep_locks_on_conflict': 2.0, 'session_pool_size': 7, 'commit_lock_id': 0, 'driver': 'auto', 'pack_dry_run': None,
             'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
             'cache_local_dir_write_max_size': None,
-            'cache_local_dir_compress': None,
+            'cache_local_dir_compress': None, 'cache_local_storage': None,
         }
         self.assertEqual(options.as_dict(), expected)
         for attribute, value in expected.items():
@@ -311,7 +311,7 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(legacy, {
             'poll_interval', 'pack_dry_run', 'cache_local_dir_count',
             'cache_local_dir_read_count', 'cache_local_dir_write_max_size',
-            'cache_local_dir_compress', 'commit_lock_id'})
+            'cache_local_dir_compress', 'cache_local_storage', 'commit_lock_id'})
         for option in OPTIONS:
             if option.legacy:
                 # commit-lock-id 0 is what generators still write: silent.
@@ -569,7 +569,7 @@ class TestValues(_ParsingTests):
             'keep_locks_on_conflict': 2.0, 'session_pool_size': 3, 'commit_lock_id': 7, 'driver': 'auto', 'pack_dry_run': None,
             'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
             'cache_local_dir_write_max_size': None,
-            'cache_local_dir_compress': None})
+            'cache_local_dir_compress': None, 'cache_local_storage': None})
 
     def test_every_key_with_underscores(self):
         body = '\n'.join([
@@ -598,7 +598,8 @@ class TestValues(_ParsingTests):
             'poll-interval 0.5', 'pack-dry-run true', 'cache_local_dir_count 20',
             'cache-local-dir-read-count 3',
             'cache-local-dir-write-max-size 10MB',
-            'cache_local_dir_compress true'])
+            'cache_local_dir_compress true',
+            'cache-local-storage relstorage.cache.lru_sqlite.SqlMapping'])
         options = self.load(body).options
         # (Earlier releases took fractions of a second.)
         self.assertEqual(options.poll_interval, 0.5)
@@ -613,6 +614,12 @@ class TestValues(_ParsingTests):
                 self.assertEqual(
                     self.load('cache-module-name %s' % value)
                     .options.cache_module_name, 'pymemcache')
+
+    def test_bz2_compression_of_earlier_releases_means_zlib(self):
+        # A helper agent's check: RelStorage 4.3 opens with
+        # "cache-local-compression bz2"; this release refused the file.
+        self.assertEqual(self.load('cache-local-compression bz2')
+                         .options.cache_local_compression, 'zlib')
 
     def test_revert_when_stale_underscore(self):
         self.assertTrue(self.load('revert_when_stale true')
