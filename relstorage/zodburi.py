@@ -15,17 +15,57 @@ dashes or underscores, and converted exactly as in a configuration file
 options.py).  Each adapter also takes its own section keys (``driver``; for
 PostgreSQL ``dsn`` adding libpq parameters; for MySQL ``unix_socket``,
 ``connect_timeout``, ``compress``, ``read_default_file``,
-``read_default_group``; for SQLite ``pragma_NAME=value``).  ZODB.DB
+``read_default_group``; for SQLite ``pragma_NAME=value``); a PostgreSQL URI
+also takes libpq's connection parameters (``connect_timeout``,
+``sslmode``, ``host=/var/run/postgresql``...).  Booleans are also
+written as zodburi's resolvers write them (``keep_history=0``,
+``read_only=1``), and ``demostorage=1`` wraps the storage in a
+DemoStorage as zodburi's own resolvers do (deprecated there too).  ZODB.DB
 arguments (``database_name``, ``connection_cache_size``, ...) are returned
 in the second item, as every zodburi resolver does.  Anything else raises
 ``ValueError`` naming the argument.  A password never appears in a message.
 """
+import warnings
 from urllib.parse import parse_qsl
 from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from relstorage.adapters.mysql import drivers as mysql_drivers
 from relstorage.options import Options
+
+#: Boolean spellings of zodburi's own resolvers (zodburi.datatypes), which
+#: URIs written for them and for earlier RelStorage releases use
+#: (``keep_history=0``, ``read_only=1``); ZConfig's boolean takes the words.
+_TRUE = ('1', 'on', 'true', 't', 'yes', 'y')
+_FALSE = ('', '0', 'off', 'false', 'f', 'no', 'n')
+
+#: libpq's connection parameters, taken as query arguments of a PostgreSQL
+#: URI (as libpq's own URIs take them) into the connection string.
+LIBPQ_KEYS = (
+    'host', 'hostaddr', 'port', 'dbname', 'user', 'password', 'passfile',
+    'channel_binding', 'connect_timeout', 'client_encoding', 'options',
+    'application_name', 'fallback_application_name', 'keepalives',
+    'keepalives_idle', 'keepalives_interval', 'keepalives_count',
+    'tcp_user_timeout', 'gssencmode', 'sslmode', 'requiressl', 'sslcompression',
+    'sslcert', 'sslkey', 'sslpassword', 'sslrootcert', 'sslcrl', 'sslcrldir',
+    'sslsni', 'requirepeer', 'ssl_min_protocol_version', 'ssl_max_protocol_version',
+    'krbsrvname', 'gsslib', 'service', 'target_session_attrs', 'load_balance_hosts')
+
+
+def _convert(scheme, convert, value):
+    """``value`` through a ZConfig conversion of relstorage.config; a
+    boolean also in zodburi's spellings."""
+    if getattr(convert, 'datatype', None) == 'boolean':
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            value = 'true'
+        elif lowered in _FALSE:
+            value = 'false'
+    try:
+        return convert(value)
+    except ValueError as exc:
+        raise ValueError('%s URI: %s' % (scheme, exc)) from None
+
 
 #: Query arguments handed back for ZODB.DB (zodburi converts them).
 DB_ARGS = ('database_name',) + tuple('connection_' + name for name in (
@@ -57,6 +97,14 @@ class Resolver:
         if parts.fragment:
             raise ValueError('%s URI: fragments (#...) are not allowed' % self.scheme)
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+        demo = [value for key, value in query if key == 'demostorage']
+        query = [(key, value) for key, value in query if key != 'demostorage']
+        # zodburi's resolvers wrap their storage in a DemoStorage when asked
+        # (deprecated there in favour of demo://, but URIs still carry it).
+        demo = bool(demo) and _convert(self.scheme, _boolean('demostorage'), demo[-1])
+        if demo:
+            warnings.warn("demostorage option is deprecated, use demo:// instead",
+                          DeprecationWarning, stacklevel=2)
         option_values, adapter_values, dbkw = self._split_query(query)
         section = self.section(parts, adapter_values)
         adapter_factory = self.factory_class()(section)
@@ -65,7 +113,11 @@ class Resolver:
         def factory():
             from relstorage.storage import RelStorage
             adapter = adapter_factory.create(options)
-            return RelStorage(adapter, name=options.name, options=options)
+            storage = RelStorage(adapter, name=options.name, options=options)
+            if demo:
+                from ZODB.DemoStorage import DemoStorage
+                return DemoStorage(base=storage)
+            return storage
         factory.options = options
         factory.adapter_factory = adapter_factory
         return factory, dbkw
@@ -89,10 +141,7 @@ class Resolver:
                 adapter[name] = value
             elif hasattr(config.keys, name) and name in Options._by_attribute \
                     and name != 'driver':
-                try:
-                    options[name] = getattr(config.keys, name)(value)
-                except ValueError as exc:
-                    raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+                options[name] = _convert(self.scheme, getattr(config.keys, name), value)
             else:
                 raise ValueError(
                     '%s URI: unknown argument %r; use a RelStorage option (%s), an '
@@ -137,7 +186,7 @@ def _libpq_quote(value):
 class PostgreSQLResolver(Resolver):
     scheme = 'postgresql'
     database = 'postgresql'
-    adapter_keys = ('dsn',)
+    adapter_keys = ('dsn',) + LIBPQ_KEYS
 
     def section(self, parts, adapter_values):
         driver = self._driver(adapter_values)
@@ -153,6 +202,14 @@ class PostgreSQLResolver(Resolver):
         dbname = unquote(parts.path.lstrip('/'))
         if dbname:
             params.append(('dbname', dbname))
+        # libpq parameters given as query arguments (a socket directory as
+        # host=/var/run/postgresql, connect_timeout=10, sslmode=...).
+        for key in LIBPQ_KEYS:
+            if key in adapter_values:
+                if any(name == key for name, _ in params):
+                    raise ValueError('%s URI: %s is given both in the address and as a '
+                                     'query argument' % (self.scheme, key))
+                params.append((key, adapter_values.pop(key)))
         dsn = ' '.join('%s=%s' % (k, _libpq_quote(v)) for k, v in params)
         extra = adapter_values.pop('dsn', '')
         if extra:
@@ -188,10 +245,7 @@ class MySQLResolver(Resolver):
         for key, value in adapter_values.items():
             convert = getattr(config.keys, 'mysql_' + key, None)
             if convert is not None:
-                try:
-                    value = convert(value)
-                except ValueError as exc:
-                    raise ValueError('%s URI: %s' % (self.scheme, exc)) from None
+                value = _convert(self.scheme, convert, value)
             values[key] = value
         return _Section(driver=driver, **values)
 
@@ -259,6 +313,11 @@ class OracleResolver(Resolver):
     def factory_class(self):
         from relstorage.config import OracleAdapterFactory
         return OracleAdapterFactory
+
+
+def _boolean(key):
+    from relstorage import config
+    return config._named_datatype(key, 'boolean')
 
 
 def _port(parts, scheme):

@@ -131,6 +131,58 @@ class TestResolvers(unittest.TestCase):
         self.assertEqual(factory.adapter_factory.connect_kwargs,
                          {'host': 'h', 'user': 'u', 'db': 'db'})
 
+    def test_uris_of_earlier_releases(self):
+        # A helper agent's check: URIs that RelStorage 4.3's resolver and
+        # zodburi's own take were refused: booleans as 0/1, a PostgreSQL
+        # connect_timeout, demostorage=1.
+        for value, expected in (('0', False), ('1', True), ('t', True), ('f', False),
+                                ('yes', True), ('off', False), ('TRUE', True), ('', False)):
+            with self.subTest(value=value):
+                factory, _ = resolve_uri('sqlite://%s?keep_history=%s&read_only=%s'
+                                         % (self.tmp, value, value))
+                self.assertEqual(factory.options.keep_history, expected)
+                self.assertEqual(factory.options.read_only, expected)
+        with self.assertRaises(ValueError) as ctx:
+            resolve_uri('sqlite://%s?keep_history=2' % self.tmp)
+        self.assertIn('keep-history', str(ctx.exception))
+        factory, _ = resolve_uri('mysql://u@h/db?compress=1')
+        self.assertEqual(factory.adapter_factory.connect_kwargs,
+                         {'host': 'h', 'user': 'u', 'db': 'db', 'compress': True})
+        factory, _ = resolve_uri('postgres://bob@db.example/zodb?connect_timeout=10'
+                                 '&sslmode=require&keep_history=0')
+        self.assertEqual(factory.adapter_factory.config.dsn,
+                         "host='db.example' user='bob' dbname='zodb' "
+                         "connect_timeout='10' sslmode='require'")
+        self.assertFalse(factory.options.keep_history)
+        # libpq's socket directory as the host, as libpq's URIs write it.
+        factory, _ = resolve_uri('postgresql:///zodb?host=/var/run/postgresql')
+        self.assertEqual(factory.adapter_factory.config.dsn,
+                         "dbname='zodb' host='/var/run/postgresql'")
+        with self.assertRaises(ValueError) as ctx:
+            resolve_uri('postgresql://bob:hunter2@h/zodb?host=other')
+        self.assertIn('host is given both', str(ctx.exception))
+        self.assertNotIn('hunter2', str(ctx.exception))
+        # demostorage wraps the storage, as zodburi's resolvers do: its
+        # changes never reach the database.
+        from ZODB.DemoStorage import DemoStorage
+        with self.assertWarns(DeprecationWarning):
+            factory, dbkw = resolve_uri('sqlite://%s?demostorage=1' % self.tmp)
+        db = ZODB.DB(factory(), **dbkw)
+        try:
+            self.assertIsInstance(db.storage, DemoStorage)
+            with db.transaction() as conn:
+                conn.root()['demo'] = 1
+        finally:
+            db.close()
+        factory, dbkw = resolve_uri('sqlite://%s?demostorage=0' % self.tmp)
+        db = ZODB.DB(factory(), **dbkw)
+        try:
+            self.assertNotIsInstance(db.storage, DemoStorage)
+            with db.transaction() as conn:
+                self.assertNotIn('demo', conn.root())
+        finally:
+            db.close()
+
     def test_sqlite_pragmas(self):
         factory, _ = resolve_uri('sqlite://%s?pragma_synchronous=off' % self.tmp)
         self.assertEqual(factory.adapter_factory.pragmas, {'synchronous': 'off'})
