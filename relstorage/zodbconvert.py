@@ -29,6 +29,7 @@ import os
 import sys
 import time
 
+from ZODB.loglevels import TRACE
 from ZODB.utils import p64
 from ZODB.utils import tid_repr
 from ZODB.utils import u64
@@ -262,9 +263,15 @@ def parse_args(argv):
                        help='show a progress line even when stderr is not a terminal')
     group.add_argument('--no-progress', dest='progress', action='store_false',
                        help='never show the progress line')
-    parser.add_argument('--debug', action='store_true',
-                        help='log debugging information and show tracebacks')
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument('--debug', action='store_true',
+                           help='log debugging information and show tracebacks')
+    # Earlier releases' zodbconvert had it: scripts still pass it.
+    verbosity.add_argument('--trace', action='store_true',
+                           help='as --debug, with ZODB\'s TRACE level (5) too')
     args = parser.parse_args(argv)
+    if args.trace:
+        args.debug = True
     if args.dry_run and args.clear:
         parser.error('--clear cannot be combined with --dry-run (a dry run writes nothing)')
     if args.clear and args.incremental:
@@ -283,7 +290,8 @@ def main(argv=None, stdout=None, stderr=None):
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=stderr, format='zodbconvert: %(levelname)s: %(message)s',
-                            level=logging.DEBUG if args.debug else logging.WARNING)
+                            level=(TRACE if args.trace else logging.DEBUG) if args.debug
+                            else logging.WARNING)
     try:
         Converter(args, stdout, stderr).run()
     except UsageError as exc:

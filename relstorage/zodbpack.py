@@ -6,8 +6,9 @@ CONFIG holds one or more storage sections (``%import relstorage`` for
 ``<relstorage>``), bare or wrapped in ``<zodb>`` (or Zope's ``<zodb_db>``)
 sections as in the application's own configuration; or it is a whole
 zope.conf, of which the RelStorage databases are packed.  Each storage is
-packed to DAYS days ago (default 0: now), with garbage collection as its
-``pack-gc`` option says.
+packed to DAYS days ago (default 1, as with every earlier release's
+zodbpack; 0, or a negative number as earlier releases took it: now), with
+garbage collection as its ``pack-gc`` option says.
 A RelStorage pack runs beside a live site: see docs/pack.rst.
 
 On a terminal, each phase shows its progress; otherwise (cron) the only
@@ -50,6 +51,10 @@ log = logging.getLogger('zodbpack')
 #: begin, 1900, is not one).
 MAX_DAYS = 36500
 
+#: History kept without -d: a day, as every earlier release's zodbpack
+#: kept, so that an unchanged crontab line removes no more than it did.
+DEFAULT_DAYS = 1.0
+
 PACING_HELP = """\
 A RelStorage pack runs beside a live site.  Its analysis takes no lock a
 commit needs; its deletions run in short batches, each holding the commit
@@ -82,9 +87,10 @@ def make_parser():
                         help='ZConfig file with <relstorage> (or other storage) '
                              'sections, bare or inside <zodb> / <zodb_db> sections; '
                              'or a zope.conf (its RelStorage databases)')
-    parser.add_argument('-d', '--days', type=float, default=0.0,
+    parser.add_argument('-d', '--days', type=float, default=None,
                         help='keep the history of the last DAYS days (a number, '
-                             'fractions allowed; default 0)')
+                             'fractions allowed; default 1; 0 or a negative '
+                             'number: pack to now)')
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument('--prepack', action='store_true',
                       help='only analyse: report what a pack would remove (objects, '
@@ -109,12 +115,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(asctime)s %(name)s %(levelname)s %(message)s')
-    if not 0 <= args.days <= MAX_DAYS:
-        # (Also NaN, which no comparison holds.)
-        parser.error('--days must be a number from 0 to %d, not %s' % (MAX_DAYS, args.days))
-    if args.use_prepack_state and args.days:
+    if args.use_prepack_state and args.days is not None:
         parser.error('--days does not apply to --use-prepack-state, which packs to the '
                      'time of the --prepack analysis it uses')
+    days = DEFAULT_DAYS if args.days is None else args.days
+    if days < 0:
+        # Earlier releases packed to now when told a negative number.
+        days = 0.0
+    if not 0 <= days <= MAX_DAYS:
+        # (Also NaN, which no comparison holds.)
+        parser.error('--days must be a number up to %d, not %s' % (MAX_DAYS, args.days))
     try:
         config = load_config(args.config, quiet=args.quiet)
     except (ZConfig.ConfigurationError, OSError) as exc:
@@ -129,7 +139,7 @@ def main(argv=None):
         return 2
     show_progress = not args.quiet and sys.stderr.isatty()
     progress = _progress_factory() if show_progress else None
-    pack_time = time.time() - args.days * 86400
+    pack_time = time.time() - days * 86400
     status = 0
     for section in sections:
         name = _section_name(section)

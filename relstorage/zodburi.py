@@ -277,6 +277,9 @@ class SqliteResolver(Resolver):
             raise ValueError('%s URI: the data directory is missing; write '
                              'sqlite:///path/to/dir or sqlite://?data_dir=/path/to/dir'
                              % self.scheme)
+        # Checked as in a configuration file: its parent must exist.
+        from relstorage import config
+        data_dir = _convert(self.scheme, config.keys.sqlite3_data_dir, data_dir)
         from relstorage.adapters.sqlite.pragmas import check_pragmas
         try:
             pragmas = check_pragmas({key[len('pragma_'):]: value

@@ -128,10 +128,14 @@ class PackCase(FactoryCase):
                     for table in tables}
 
     def zodbpack(self, *args):
-        """zodbpack in this process: (exit status, stdout, stderr)."""
+        """zodbpack in this process: (exit status, stdout, stderr).  Packs
+        to now unless told otherwise (zodbpack's default keeps a day)."""
+        args = list(args)
+        if not {'-d', '--days', '--use-prepack-state'} & set(args):
+            args = ['-d', '0'] + args
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
-            status = zodbpack.main(list(args))
+            status = zodbpack.main(args)
         return status, out.getvalue(), err.getvalue()
 
     def assert_reachable_objects_load(self, storage=None):

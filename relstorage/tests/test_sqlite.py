@@ -256,6 +256,32 @@ class SqliteConfigTests(unittest.TestCase):
                             for m in messages),
                         messages)
 
+    def test_read_only_creates_nothing(self):
+        # A helper agent's check: a read-only open (a zodbconvert source
+        # with a mistyped path, a dry run's destination) of a data-dir
+        # without a database made the directory and an empty main.sqlite3,
+        # then said "No RelStorage schema".
+        from relstorage.interfaces import RelStorageError
+        missing = os.path.join(self.tmp, 'missing')
+        empty = os.path.join(self.tmp, 'empty')
+        os.mkdir(empty)
+        for data_dir in (missing, empty):
+            with self.assertRaises(RelStorageError) as raised:
+                ZODB.config.databaseFromString(zconfig(data_dir, "read-only true"))
+            self.assertIn('data-dir %s holds no database' % data_dir, str(raised.exception))
+        self.assertFalse(os.path.exists(missing))
+        self.assertEqual(os.listdir(empty), [])
+        # Once there is a database, it opens read-only.
+        data_dir = os.path.join(self.tmp, 'data')
+        ZODB.config.databaseFromString(zconfig(data_dir)).close()
+        db = ZODB.config.databaseFromString(zconfig(data_dir, 'read-only true'))
+        try:
+            self.assertTrue(db.storage.isReadOnly())
+            with db.transaction() as conn:
+                self.assertEqual(dict(conn.root()), {})
+        finally:
+            db.close()
+
     def test_blob_dirs_of_earlier_releases_open(self):
         # A helper agent's check: a blob-dir written by an earlier release
         # stopped the storage from opening, with ZODB's "Directory layout

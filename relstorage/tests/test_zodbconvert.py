@@ -996,6 +996,19 @@ class TestRefusals(ConvertTestCase):
         self.assertEqual(rc, 2)
         self.assertIn('--dry-run', err)
 
+    def test_trace_of_earlier_releases(self):
+        # A helper agent's check: "zodbconvert --trace", which earlier
+        # releases took, was an unknown argument.
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          rs_section('destination', db), '--trace'))
+        rc, _, err = self.convert(fs_section('source', src), rs_section('destination', db),
+                                  '--trace', '--debug')
+        self.assertEqual(rc, 2)
+        self.assertIn('not allowed with', err)
+
     def test_dry_run_writes_nothing(self):
         src = self.path('s.fs')
         make_source(src)
@@ -1006,6 +1019,10 @@ class TestRefusals(ConvertTestCase):
         # Still no schema there: a read-only open fails as before.
         with self.assertRaises(Exception):
             self.open_rs(db, read_only=True)
+        # Nor any file (a helper agent's check: the dry run's read-only
+        # open left an empty main.sqlite3 there).
+        if isinstance(db, SqliteDB):
+            self.assertEqual(os.listdir(db.dir), [])
         dest_fs = self.path('never.fs')
         self.assertConverted(self.convert(fs_section('source', src),
                                           fs_section('destination', dest_fs), '--dry-run'))

@@ -1,4 +1,5 @@
 """zodburi resolvers: URIs to RelStorage factories."""
+import os
 import shutil
 import tempfile
 import unittest
@@ -79,12 +80,17 @@ class TestResolvers(unittest.TestCase):
             'sqlite://%s?pragma_synchronous=off&pragma-synchronous=full' % self.tmp:
                 "'pragma_synchronous' is given more than once",
             'sqlite://%s?pragma_journal_mode=delete' % self.tmp: 'must be wal',
+            # As in a configuration file, the data directory's parent must
+            # exist (a helper agent's check: the URI created every level).
+            'sqlite://%s/typo/a/b' % self.tmp: 'data-dir: The directory named as part of',
+            'sqlite://?data_dir=%s/typo/a/b' % self.tmp: 'does not exist',
         }
         for uri, message in cases.items():
             with self.subTest(uri=uri):
                 with self.assertRaises(ValueError) as ctx:
                     resolve_uri(uri)
                 self.assertIn(message, str(ctx.exception))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, 'typo')))
 
     def test_postgresql_dsn_without_leaking_password(self):
         for scheme in ('postgres', 'postgresql'):

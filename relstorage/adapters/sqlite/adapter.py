@@ -112,7 +112,17 @@ class Sqlite3Adapter(Adapter):
             self.pragmas.update(check_pragmas(pragmas))
         except ValueError as exc:
             raise RelStorageError(str(exc)) from None
-        self.data_dir = ensure_directory('data-dir', data_dir)
+        if getattr(self.options, 'read_only', False):
+            # A read-only storage (a zodbconvert source, a dry run's
+            # destination) creates nothing: a mistyped path is named, not
+            # left behind as a new empty database.
+            self.data_dir = os.path.abspath(os.path.expanduser(data_dir))
+            if not os.path.isfile(os.path.join(self.data_dir, MAIN_DB)):
+                raise RelStorageError(
+                    "data-dir %s holds no database (no %s there), and a read-only "
+                    "storage creates none" % (self.data_dir, MAIN_DB))
+        else:
+            self.data_dir = ensure_directory('data-dir', data_dir)
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
 
