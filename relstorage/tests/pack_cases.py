@@ -863,7 +863,13 @@ class ZodbpackScriptTests(PackCase):
         # -d 0.5: nothing is half a day old yet, so no history goes.
         self.assertEqual(proc.returncode, 0, proc.stderr.decode())
         self.assertTrue(self.exists(child_oid))
+        # Without -d, a day is kept (as earlier releases' zodbpack kept it):
+        # nothing is a day old.
         proc = subprocess.run([script, self.write_config()], capture_output=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        self.assertTrue(self.exists(child_oid))
+        proc = subprocess.run([script, '-d', '0', self.write_config()], capture_output=True,
                               timeout=300, stdin=subprocess.DEVNULL)
         self.assertEqual(proc.returncode, 0, proc.stderr.decode())
         # Not a terminal: one summary line, no progress display.
