@@ -115,7 +115,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format='%(asctime)s %(name)s %(levelname)s %(message)s')
-    if args.use_prepack_state and args.days is not None:
+    if args.use_prepack_state and args.days:
         parser.error('--days does not apply to --use-prepack-state, which packs to the '
                      'time of the --prepack analysis it uses')
     days = DEFAULT_DAYS if args.days is None else args.days
