@@ -135,6 +135,10 @@ class IRelStorageAdapter(Interface):
     def open_load():
         """A new connection for snapshots (``begin_snapshot``)."""
 
+    def open_primary_load():
+        """The same, on the server commits go to even when read-only
+        replicas are configured (the pack's reads)."""
+
     def open_store():
         """A new connection for commits.  Its temporary tables come with
         its first ``begin_store_checked`` that writes data (or

@@ -162,6 +162,9 @@ class Adapter(PackVerbs):
     #: The database lives on a server (not in a file): replica-conf and
     #: ro-replica-conf apply, and the vendor implements ``connect_to``.
     has_host = False
+    #: A line of those files is ``host[:port]``, checked when read (else
+    #: it is the vendor's own text, kept whole: an Oracle DSN).
+    server_lines_are_host_port = True
     #: The server can end a session that keeps a transaction idle for too
     #: long (``hold_locks``), so a store transaction may stay open after a
     #: conflict to keep its row locks for the retry.  Not where writers
@@ -189,7 +192,8 @@ class Adapter(PackVerbs):
                                          describe=self.describe)
         if self.has_host:
             # Reads the replica files now: a missing or empty one fails the open.
-            self.servers = ServerChooser(self.options, self.describe)
+            self.servers = ServerChooser(self.options, self.describe,
+                                         host_port=self.server_lines_are_host_port)
         else:
             for option in ('replica_conf', 'ro_replica_conf'):
                 if getattr(self.options, option, None):
@@ -219,10 +223,10 @@ class Adapter(PackVerbs):
         chosen for it (see servers.py)."""
         return self._choose(purpose)[0]
 
-    def _choose(self, purpose):
+    def _choose(self, purpose, replicas=True):
         if self.servers is None:
             return self.connect_to(None, purpose), None, False, 0
-        return self.servers.connect(purpose, self.connect_to)
+        return self.servers.connect(purpose, self.connect_to, replicas)
 
     def describe(self):
         """Where we connect, for messages (never including a password)."""
@@ -344,17 +348,25 @@ class Adapter(PackVerbs):
     # ------------------------------------------------------------------
     # Connections and schema.
 
-    def open_connection(self, purpose):
-        """A new DBConnection for ``purpose`` on the server chosen for it."""
+    def open_connection(self, purpose, replicas=True):
+        """A new DBConnection for ``purpose`` on the server chosen for it
+        (for a load, a read-only replica only if ``replicas``)."""
         if self.servers is None:
             return DBConnection(self, self.connect(purpose), purpose)
-        raw, server, replica, generation = self._choose(purpose)
+        raw, server, replica, generation = self._choose(purpose, replicas)
         conn = DBConnection(self, raw, purpose)
         conn.server, conn.replica, conn.server_generation = server, replica, generation
         return conn
 
     def open_load(self):
         return self.open_connection('load')
+
+    def open_primary_load(self):
+        """A connection for snapshots on the server commits go to, never a
+        read-only replica: the pack reads there, as a replica's snapshot
+        may be behind what it must see (a pack to now would pack to the
+        replica's last transaction)."""
+        return self.open_connection('load', replicas=False)
 
     def database_identity(self):
         """What tells this database apart from every other, as its server

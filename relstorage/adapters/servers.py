@@ -18,8 +18,10 @@ A connection made before a change of server (another connection failed
 over, the file changed, the timeout elapsed) is replaced when its next
 transaction begins, so every connection of a process follows the switch.
 """
+import ipaddress
 import logging
 import os
+import re
 import threading
 import time
 
@@ -29,26 +31,58 @@ from ..interfaces import RelStorageError
 log = logging.getLogger(__name__)
 
 
+#: A host name or an IPv4 address, as a line of a server list gives it.
+_HOST_NAME = re.compile(r'^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$')
+
+
+def parse_host_port(text):
+    """``(host, port or None)`` of ``host[:port]`` (``[v6 address]:port``
+    for IPv6); ValueError saying what is wrong with anything else (a port
+    that is no number or out of range, a URL, an unclosed bracket: each
+    was taken for a host name that never answered)."""
+    if text.startswith('['):                        # [::1]:5432
+        end = text.find(']')
+        if end < 0:
+            raise ValueError("no ']' closes the IPv6 address")
+        host, rest = text[1:end], text[end + 1:]
+        _check_ipv6(host)
+        if not rest:
+            return host, None
+        if not rest.startswith(':'):
+            raise ValueError("only ':port' may follow ']'")
+        return host, _port(rest[1:])
+    if text.count(':') > 1:
+        # A bare IPv6 address, without port.
+        _check_ipv6(text)
+        return text, None
+    host, colon, number = text.partition(':')
+    if not _HOST_NAME.match(host):
+        raise ValueError('%r is not a host name or address' % host)
+    return host, (_port(number) if colon else None)
+
+
+def _port(number):
+    if not number.isdigit() or not 0 < int(number) < 65536:
+        raise ValueError('the port %r is not a number from 1 to 65535' % number)
+    return int(number)
+
+
+def _check_ipv6(text):
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        raise ValueError('%r is not an IPv6 address' % text) from None
+
+
 class Server:
     """One line of a replica file: ``host[:port]`` (or a vendor's own text,
     such as an Oracle DSN, kept whole in ``text``)."""
 
     __slots__ = ('text', 'host', 'port')
 
-    def __init__(self, text):
+    def __init__(self, text, host_port=True):
         self.text = text
-        host, port = text, None
-        if text.startswith('['):                    # [::1]:5432
-            end = text.find(']')
-            host, rest = text[1:end], text[end + 1:]
-            if rest.startswith(':') and rest[1:].isdigit():
-                port = int(rest[1:])
-        elif text.count(':') == 1:
-            name, _, number = text.partition(':')
-            if number.isdigit():
-                host, port = name, int(number)
-        self.host = host
-        self.port = port
+        self.host, self.port = parse_host_port(text) if host_port else (text, None)
 
     def __eq__(self, other):
         return isinstance(other, Server) and other.text == self.text
@@ -76,10 +110,12 @@ def with_server(params, server, drop=(), port_type=int):
     return params
 
 
-def read_server_file(path, option):
+def read_server_file(path, option, host_port=True):
     """The servers listed in ``path`` (``#`` comments and blank lines
     skipped); a RelStorageError naming the option and the file when it
-    cannot be read or lists none."""
+    cannot be read, lists none, or (``host_port``) has a line that is not
+    one ``host[:port]``.  Without ``host_port`` a line is kept whole (an
+    Oracle DSN)."""
     try:
         with open(path, encoding='utf-8') as f:
             lines = f.read().splitlines()
@@ -94,7 +130,12 @@ def read_server_file(path, option):
             raise RelStorageError("%s: line %d of the server list %s is not one "
                                   "host[:port]: %r" % (option, number, path, text))
         if text:
-            servers.append(Server(text))
+            try:
+                servers.append(Server(text, host_port))
+            except ValueError as exc:
+                raise RelStorageError("%s: line %d of the server list %s is not one "
+                                      "host[:port]: %r (%s)"
+                                      % (option, number, path, text, exc)) from None
     if not servers:
         raise RelStorageError("%s: the server list %s names no server" % (option, path))
     return servers
@@ -103,12 +144,13 @@ def read_server_file(path, option):
 class ServerList:
     """The servers of one file and which of them is in use."""
 
-    def __init__(self, option, path, timeout):
+    def __init__(self, option, path, timeout, host_port=True):
         self.option = option
         self.path = path
         self.timeout = timeout
+        self.host_port = host_port
         self._mtime = self._stat()
-        self.servers = read_server_file(path, option)
+        self.servers = read_server_file(path, option, host_port)
         self.index = 0
         self.since = None           # when we left the first server
 
@@ -126,7 +168,7 @@ class ServerList:
             return False
         self._mtime = mtime
         try:
-            servers = read_server_file(self.path, self.option)
+            servers = read_server_file(self.path, self.option, self.host_port)
         except RelStorageError as exc:
             log.error("%s; keeping the servers read before (%s)", exc,
                       ', '.join(map(str, self.servers)))
@@ -160,15 +202,16 @@ class ServerChooser:
     """Picks the server for each connection; one per adapter, shared by
     every storage instance (thread-safe)."""
 
-    def __init__(self, options, describe_default, clock=time.monotonic):
+    def __init__(self, options, describe_default, clock=time.monotonic, host_port=True):
         self._clock = clock
         self._lock = threading.Lock()
         self._describe_default = describe_default
         timeout = float(getattr(options, 'replica_timeout', 600.0) or 0)
         path = getattr(options, 'replica_conf', None)
-        self.rw = ServerList('replica-conf', path, timeout) if path else None
+        self.rw = ServerList('replica-conf', path, timeout, host_port) if path else None
         path = getattr(options, 'ro_replica_conf', None)
-        self.ro = ServerList('ro-replica-conf', path, timeout) if path else None
+        self.ro = (ServerList('ro-replica-conf', path, timeout, host_port)
+                   if path else None)
         #: Loads go to the primary because no read-only replica answered
         #: (since when, or None).
         self._ro_down_since = None
@@ -181,16 +224,19 @@ class ServerChooser:
 
     # ------------------------------------------------------------------
 
-    def connect(self, purpose, connect_to):
+    def connect(self, purpose, connect_to, replicas=True):
         """``(raw, server, replica, generation)`` for a new connection.
 
         ``connect_to(server, purpose)`` opens a raw connection to one
         server (None: the adapter's configured one) and raises a
-        DisconnectedError when that server does not answer.
+        DisconnectedError when that server does not answer.  A load
+        connection goes to a read-only replica unless ``replicas`` is
+        false.
         """
         with self._lock:
             generation = self.generation
-        if purpose == 'load' and self.ro is not None and self._ro_wanted():
+        if (replicas and purpose == 'load' and self.ro is not None
+                and self._ro_wanted()):
             found = self._try_list(self.ro, purpose, connect_to, last_resort=False)
             if found is not None:
                 raw, server = found

@@ -282,7 +282,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
     own: see iter_revisions); return the snapshot's tid.  With
     ``pack_tid`` (a pack, history-preserving), not those of revisions
     replaced by one of that time or before (iter_revisions)."""
-    load = adapter.open_load()
+    load = adapter.open_primary_load()
     try:
         adapter.begin_snapshot(load)
         snapshot_tid = adapter.get_last_tid(load)
@@ -1137,7 +1137,7 @@ def orphan_blob_files(adapter, blobs):
             pending.append((oid, tid, os.path.join(dirpath, name)))
     if not pending:
         return found
-    conn = adapter.open_load()
+    conn = adapter.open_primary_load()
     try:
         adapter.begin_snapshot(conn)
         for oid, tid, path in pending:

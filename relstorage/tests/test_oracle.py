@@ -413,6 +413,7 @@ NOT_DRIVEN = {
     'binary', 'q', 'in_list', 'classify_error', 'translate_error', 'describe',
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
+    'open_primary_load',        # open_load's connection, on the primary (no SQL)
     'claim_fresh_oids',         # no SQL
     'pack_write_lock_target',   # no SQL
     'pair_pack_tables',         # no SQL where the pack's tables live with the data

@@ -391,6 +391,30 @@ class _ReplicaCase(_PrivateCase):
         self.assertIn('trying the read-only replicas again', '\n'.join(logs.output))
         self.assertIn('commit_lock', self.replica_text_since(offset))
 
+    def test_pack_reads_the_primary_not_a_lagging_replica(self):
+        # A helper agent's check: with ro-replica-conf, a pack to now read
+        # its snapshot on the replica and packed to the replica's last
+        # transaction: garbage made since stayed.
+        from ZODB.POSException import POSKeyError
+        db = self.db(self.replica_storage())
+        with db.transaction() as conn:
+            conn.root()['keep'] = PersistentMapping(n=1)
+            conn.root()['drop'] = PersistentMapping(n=2)
+        with db.transaction() as conn:
+            dropped = conn.root()['drop']._p_oid
+        self.pair.wait_caught_up()
+        self.pair.pause_replay()
+        with db.transaction() as conn:
+            del conn.root()['drop']
+        db.pack()
+        self.pair.resume_replay()
+        self.pair.wait_caught_up()
+        primary = self.storage()
+        with self.assertRaises(POSKeyError):
+            primary.load(dropped)
+        with self.db(primary).transaction() as conn:
+            self.assertEqual(conn.root()['keep']['n'], 1)
+
     def test_failover_to_promoted_replica(self):
         self.addCleanup(self.layer.rebuild)
         path = self.server_file('replicas.conf', self.address('primary'),
@@ -638,9 +662,35 @@ class ReplicaConfigTests(unittest.TestCase):
         with self.assertRaisesRegex(RelStorageError, "replica-conf: line 2 of the server "
                                     "list .* is not one host.:port.: 'I am a file'"):
             read_server_file(path, 'replica-conf')
+        # A line that only looks like one (a helper agent's check: each
+        # was taken for a host name, and with ro-replica-conf every load
+        # silently went to the primary for good).
+        for line, problem in (('127.0.0.1:54x4', "the port '54x4' is not a number"),
+                              ('db1:99999', "the port '99999' is not a number"),
+                              ('db1:', "the port '' is not a number"),
+                              ('[::1:5544', "no ']' closes"),
+                              ('[::1]5544', "only ':port' may follow"),
+                              ('[db1]:5432', "'db1' is not an IPv6 address"),
+                              ('postgres://db1/zodb', "the port '//db1/zodb' is not a number"),
+                              ('user@db1', "'user@db1' is not a host name")):
+            with self.subTest(line=line):
+                with open(path, 'w') as f:
+                    f.write('db0\n%s\n' % line)
+                with self.assertRaises(RelStorageError) as cm:
+                    read_server_file(path, 'ro-replica-conf')
+                self.assertIn('ro-replica-conf: line 2 of the server list %s is not one '
+                              'host[:port]: %r' % (path, line), str(cm.exception))
+                self.assertIn(problem, str(cm.exception))
         with open(path, 'w') as f:
-            f.write('(DESCRIPTION = (ADDRESS = (HOST = db1)(PORT = 1521)))\n')
-        self.assertEqual(len(read_server_file(path, 'replica-conf')), 1)
+            f.write('::1\n[::1]\ndb_1.example.com:5432\n10.0.0.7:1\n')
+        self.assertEqual([(s.host, s.port) for s in read_server_file(path, 'replica-conf')],
+                         [('::1', None), ('::1', None), ('db_1.example.com', 5432),
+                          ('10.0.0.7', 1)])
+        # Oracle's lines are whole DSNs, kept as they are.
+        with open(path, 'w') as f:
+            f.write('(DESCRIPTION = (ADDRESS = (HOST = db1)(PORT = 1521)))\n'
+                    'dbhost:1521/ZODBPDB\n')
+        self.assertEqual(len(read_server_file(path, 'replica-conf', host_port=False)), 2)
 
     def test_sqlite_refuses_replicas(self):
         tmp = self.tmpdir()

@@ -71,6 +71,9 @@ class OracleAdapter(Adapter):
     statements_class = sql.OracleStatements
     temp_rows_survive_commit = False
     has_host = True
+    # A server list names whole DSNs (Easy Connect strings, TNS aliases,
+    # descriptors).
+    server_lines_are_host_port = False
     # New objects go through temp_store as before: Oracle binds states
     # larger than a RAW as BLOBs (upload), and no Oracle server was at
     # hand to measure or test a path straight into place.
