@@ -612,6 +612,28 @@ class MariaDBPackRestartTests(_MariaDB, _PackRestartCase):
 class PostgreSQLReplicaTests(_PostgreSQL, _ReplicaCase):
     """A private primary and its hot standby (pg_basebackup -R)."""
 
+    def test_standby_not_yet_promoted_is_a_transient_error(self):
+        # A helper agent's check: with replica-conf listing the primary
+        # and its standby, the primary gone and the standby not yet
+        # promoted, commits failed with a plain RelStorageError ("cannot
+        # set transaction read-write mode during recovery"), which a
+        # transaction manager does not retry; the docs say such a
+        # standby counts as not answering.
+        self.addCleanup(self.layer.rebuild)
+        path = self.server_file('replicas.conf', self.address('primary'),
+                                self.address(self.replica))
+        db = self.db(self.storage(replica_conf=path))
+        self.commit_value(db, 'a', 1)
+        self.pair.wait_caught_up()
+        self.pair.kill_server('primary')
+        # (The first may fail on the connection the primary left.)
+        for _ in range(2):
+            with self.assertRaises(transaction.interfaces.TransientError):
+                self.commit_value(db, 'a', 2)
+        self.pair.promote(self.replica)
+        self.commit_value(db, 'a', 3)
+        self.assertEqual(self.read_value(db, 'a'), 3)
+
 
 class MariaDBReplicaTests(_MariaDB, _ReplicaCase):
     """A private MariaDB primary and its read-only replica."""

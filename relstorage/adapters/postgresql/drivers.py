@@ -18,6 +18,7 @@ DRIVER_NAMES = {'auto': (), 'psycopg': ('psycopg3',), 'psycopg2': ()}
 LOCK_NOT_AVAILABLE = '55P03'      # lock_timeout expired, or NOWAIT
 DEADLOCK_DETECTED = '40P01'
 READ_ONLY_TRANSACTION = '25006'
+FEATURE_NOT_SUPPORTED = '0A000'
 LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 UNIQUE_VIOLATION = '23505'
 #: admin_shutdown, crash_shutdown, cannot_connect_now,
@@ -46,10 +47,13 @@ def connect_error_is_transient(driver, exc):
     """
     state = driver.sqlstate(exc)
     if state is not None:
-        # 25006: a store connection to a standby still in recovery, which
-        # may be promoted in a moment (failover in progress).
+        # 25006, or 0A000 "cannot set transaction read-write mode during
+        # recovery" (the read-write transaction a store connection begins
+        # to set itself up): a standby still in recovery, which may be
+        # promoted in a moment (failover in progress).
         return (state.startswith('08') or state in DISCONNECT_STATES
-                or state in ('53300', READ_ONLY_TRANSACTION))
+                or state in ('53300', READ_ONLY_TRANSACTION)
+                or (state == FEATURE_NOT_SUPPORTED and 'during recovery' in str(exc)))
     if not isinstance(exc, driver.OperationalError):
         return False
     text = str(exc)
