@@ -701,6 +701,14 @@ class PackVerbs:
     def _any(self, conn, name):
         return conn.query_one('SELECT zoid FROM %s LIMIT 1' % name) is not None
 
+    def pack_candidates_of(self, conn, oids):
+        """(oid, keep_tid, garbage) of the analysis's candidates among
+        ``oids`` (a --prepack's count of the blob files it would remove)."""
+        rows = []
+        for stmt, params in self.oid_statements(self.sql.PACK_CANDIDATES_OF, oids):
+            rows.extend(conn.query_all(stmt, params))
+        return rows
+
     def pack_candidate_stats(self, conn):
         """(objects, revisions, bytes, blob revisions) the candidates hold."""
         objects = conn.query_value(self.q(self.sql.PACK_COUNT_OBJECTS)) or 0

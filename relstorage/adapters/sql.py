@@ -777,6 +777,9 @@ class Statements:
         FROM pack_object p JOIN object_state s ON s.zoid = p.zoid
         WHERE s.tid < p.keep_tid OR p.garbage = 1
     """
+    PACK_CANDIDATES_OF = """
+        SELECT zoid, keep_tid, garbage FROM pack_object WHERE zoid IN ({in_list})
+    """
     PACK_COUNT_BLOBS = """
         SELECT COUNT(*) FROM pack_object p JOIN blob_chunk b ON b.zoid = p.zoid
         WHERE b.chunk_num = 0 AND (b.tid < p.keep_tid OR p.garbage = 1)

@@ -205,18 +205,26 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                                   checked_tid=snapshot_tid, prepared=1,
                                   prepared_gc=1 if gc else 0)
             conn.commit()
+        shared_blobs = blobs is not None and not blobs.in_database
         if not report.up_to_date and (prepack_only or progress is not _NoProgress):
             # For the report and the deletion's progress display only (a
             # second or so at a million objects).
             report.candidates = adapter.pack_candidate_stats(conn)
+            if prepack_only and shared_blobs:
+                # The blob files are the count there, not blob_chunk rows.
+                files, _ = sweep_blob_files(adapter, blobs, pack_tid_for(t),
+                                            remove=False, pack_conn=conn)
+                report.candidates = report.candidates[:3] + (files,)
         conn.rollback()
         if not prepack_only:
             if not report.up_to_date:
                 phase_start = time.monotonic()
                 _delete(adapter, conn, options, referencesf, blobs, report, progress)
                 report.phases['deletion'] = time.monotonic() - phase_start
-            if blobs is not None and not blobs.in_database:
-                report.orphan_blob_files = orphan_blob_files(adapter, blobs)
+            if shared_blobs:
+                removed, report.orphan_blob_files = sweep_blob_files(
+                    adapter, blobs, pack_tid_for(t))
+                report.blobs_removed += removed
     except BaseException:
         if conn is not None:
             conn.rollback()
@@ -1117,35 +1125,81 @@ def _writers_turn(adapter, released, pause_until):
 
 
 # ----------------------------------------------------------------------
-# Blob files that no row describes (shared blob directories).
+# The files of a shared blob directory against the database.
 
-def orphan_blob_files(adapter, blobs):
-    """Paths of blob files under the shared blob directory whose revision
-    has no row in the database (left by an interrupted pack, say)."""
-    found = []
-    root = blobs.blob_dir
-    pending = []
-    for dirpath, _dirnames, filenames in os.walk(root):
+def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
+    """Go through the blob files of a shared blob directory; return
+    ``(files, orphans)``.
+
+    ``files`` counts the files of revisions that a pack to ``pack_tid``
+    removes but that are still there: a revision replaced at or before
+    ``pack_tid`` whose row is gone.  A history-free database keeps no
+    replaced revision, so every update of a blob leaves its old file to
+    the pack; a pack killed between its deletion and the files' removal
+    leaves some too.  They are removed when ``remove``.  With
+    ``pack_conn`` (the analysis of a ``--prepack`` in its transaction),
+    the files of the revisions and objects it found to remove are
+    counted as well.
+
+    ``orphans`` lists the files that no row describes otherwise (an object
+    that no longer exists, a revision newer than its object's current
+    one): left alone, and reported.  A commit in flight has not committed
+    its files' tid yet, which the snapshot compared with is past: they
+    count as neither."""
+    found = {}
+    for dirpath, _dirnames, filenames in os.walk(blobs.blob_dir):
         for name in filenames:
             if not name.endswith('.blob'):
                 continue
             try:
-                oid = blobs.fshelper.getOIDForPath(dirpath)
+                oid = u64(blobs.fshelper.getOIDForPath(dirpath))
                 tid = int(name[:-5].replace('0x', ''), 16)
             except (ValueError, TypeError):
                 continue      # not a blob revision (temporary files)
-            pending.append((oid, tid, os.path.join(dirpath, name)))
-    if not pending:
-        return found
+            found.setdefault(oid, []).append((tid, os.path.join(dirpath, name)))
+    if not found:
+        return 0, []
+    oids = sorted(found)
+    candidates = {}
+    if pack_conn is not None:
+        for chunk in chunks(oids, 1000):
+            candidates.update((oid, (keep_tid, garbage)) for oid, keep_tid, garbage
+                              in adapter.pack_candidates_of(pack_conn, chunk))
+    files, orphans = 0, []
     conn = adapter.open_primary_load()
     try:
         adapter.begin_snapshot(conn)
-        for oid, tid, path in pending:
-            exists, _state = adapter.load_revision(conn, u64(oid), tid)
-            if not exists:
-                found.append(path)
+        last = adapter.get_last_tid(conn)
+        current = {}
+        for chunk in chunks(oids, 1000):
+            current.update(adapter.current_tids(conn, chunk))
+        for oid in oids:
+            now = current.get(oid)
+            keep_tid, garbage = candidates.get(oid, (None, 0))
+            for tid, path in found[oid]:
+                if tid > last:
+                    continue        # a commit in flight
+                if garbage or (keep_tid is not None and tid < keep_tid):
+                    files += 1      # the analysis removes it (--prepack)
+                    continue
+                if tid == now or (adapter.keep_history and tid < (now or 0)
+                                  and adapter.load_revision(conn, oid, tid)[0]):
+                    continue        # its row is there
+                if now is not None and tid < now <= pack_tid:
+                    files += 1
+                    if remove:
+                        _remove_file(path)
+                    continue
+                orphans.append(path)
     finally:
         conn.rollback()
         conn.close()
-    return found
+    return files, orphans
+
+
+def _remove_file(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 

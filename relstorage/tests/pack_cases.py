@@ -229,6 +229,56 @@ class PrepackTests(PackCase):
         self.assertIn('would remove 2 objects', out)
         self.assertEqual(self.row_counts(), before)
 
+    def test_shared_blob_files_counted_and_removed(self):
+        # A helper agent's checks, shared blob directory: --prepack said
+        # "0 blobs" where the pack then removed 3; history-free, the files
+        # of a blob's replaced revisions were never removed, and every
+        # pack listed them as files without a row.
+        from ZODB.blob import Blob
+        blob_dir = os.path.join(self.tmp, 'blobs')
+        db = self.db(blob_dir=blob_dir, shared_blob_dir=True)
+        with db.transaction() as conn:
+            conn.root()['live'] = Blob(b'v0')
+            conn.root()['dead'] = Blob(b'd0')
+        for i in (1, 2):
+            with db.transaction() as conn:
+                with conn.root()['live'].open('w') as f:
+                    f.write(b'v%d' % i)
+        with db.transaction() as conn:
+            del conn.root()['dead']
+
+        def files():
+            return sorted(os.path.join(d, n) for d, _, names in os.walk(blob_dir)
+                          for n in names if n.endswith('.blob'))
+        self.assertEqual(len(files()), 4)
+        conf = self.write_config('blob-dir %s\nshared-blob-dir true' % blob_dir)
+        status, out, err = self.zodbpack('--prepack', conf)
+        self.assertEqual(status, 0, err)
+        self.assertIn(', 3 blobs; nothing removed', out)
+        self.assertEqual(len(files()), 4)
+        status, out, err = self.zodbpack(conf)
+        self.assertEqual(status, 0, err)
+        self.assertIn(', 3 blobs in ', out)
+        self.assertNotIn('no database row', out + err)
+        self.assertEqual(len(files()), 1)
+        with db.transaction() as conn:
+            with conn.root()['live'].open() as f:
+                self.assertEqual(f.read(), b'v2')
+        # A file no row describes (of an object that does not exist) is
+        # listed, and left alone.
+        from ZODB.blob import BushyLayout
+        from ZODB.utils import p64
+        stray = os.path.join(blob_dir, BushyLayout().getBlobFilePath(p64(0x999), p64(1)))
+        os.makedirs(os.path.dirname(stray))
+        with open(stray, 'wb') as f:
+            f.write(b'stray')
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        status, out, err = self.zodbpack(conf)
+        self.assertEqual(status, 0, err)
+        self.assertIn('1 blob files have no database row', out)
+        self.assertTrue(os.path.exists(stray))
+
     def test_pack_prepack_only_option_deletes_nothing(self):
         db = self.db(pack_prepack_only=True)
         self.populate(db)

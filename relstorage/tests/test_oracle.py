@@ -374,6 +374,7 @@ def drive_every_verb(adapter, recorder):
     recorder.pack_info = None
     adapter._any(conn, 'temp_pack_next')       # where rowcount is not known
     adapter.pack_candidate_stats(conn)
+    adapter.pack_candidates_of(conn, [1, 2])
     adapter.new_revisions(conn, 200, 300)
     adapter.rescue_candidates(conn, 200, {3, 4})
     adapter.seed_unreached(conn, {3, 4})
