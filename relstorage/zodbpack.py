@@ -175,7 +175,9 @@ def load_config(path, quiet=False):
         with open(path, encoding='utf-8') as f:
             text = f.read()
         databases = relstorage_databases(text)
-        if databases is None:
+        if databases is None or _keeps_every_line(text, databases):
+            # (Nothing to leave out: the mistake is in the storage sections,
+            # and said as it is, in one line.)
             raise
         # Said (but with --quiet), so that a mistake outside those sections
         # is not missed.
@@ -186,6 +188,13 @@ def load_config(path, quiet=False):
     url = 'file://' + os.path.abspath(path)
     config, _ = ZConfig.loadConfigFile(schema, io.StringIO(databases), url=url)
     return config
+
+
+def _keeps_every_line(text, kept):
+    """Whether ``kept`` (relstorage_databases of ``text``) left out no line
+    but blanks and comments."""
+    return all(line == ours or not line.strip() or line.lstrip().startswith('#')
+               for line, ours in zip(text.splitlines(), kept.splitlines()))
 
 
 _OPEN = re.compile(r'\s*<\s*(zodb_db|zodb)(\s|>)', re.I)

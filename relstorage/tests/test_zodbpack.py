@@ -142,6 +142,25 @@ class ZodbpackTests(unittest.TestCase):
         self.assertIn('pack-gcc', err.getvalue())
         self.assertFalse(os.path.exists(self.data_dir))
 
+    def test_bad_value_in_a_zodb_section_is_one_line(self):
+        # A helper agent's check: a bad value in a plain <zodb> file was
+        # preceded by "... is not a file of storages only (...); packing
+        # the RelStorage databases of its <zodb_db> sections", as if it
+        # were a zope.conf.
+        path = os.path.join(self.tmp, 'bad.conf')
+        for line in ('pack-duty-cycle 2', 'pack-dutycycle 0.5'):
+            with self.subTest(line=line):
+                with open(path, 'w') as f:
+                    f.write('%%import relstorage\n<zodb main>\n <relstorage>\n  %s\n'
+                            '  <sqlite3>\n   data-dir %s\n  </sqlite3>\n </relstorage>\n'
+                            '</zodb>\n' % (line, self.data_dir))
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    self.assertEqual(zodbpack.main([path]), 2)
+                self.assertEqual(len(err.getvalue().strip().splitlines()), 1, err.getvalue())
+                self.assertIn(line.split()[0], err.getvalue())
+                self.assertNotIn('not a file of storages only', err.getvalue())
+
     def test_a_whole_zope_conf(self):
         # A helper agent's check: zodbpack stopped at zope.conf's first
         # Zope key ("'instancehome' is not a known key name"), while its
