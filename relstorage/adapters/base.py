@@ -232,6 +232,14 @@ class Adapter(PackVerbs):
         """Where we connect, for messages (never including a password)."""
         raise NotImplementedError
 
+    def described_server(self, server):
+        """The server a vendor's ``describe(server)`` names: ``server``,
+        else, with replica-conf, the one in use (the configured host is
+        then not used), else None (the configured one)."""
+        if server is None and self.servers is not None:
+            return self.servers.current_rw()
+        return server
+
     def schema_statements(self):
         """DDL creating every table for the configured history mode."""
         raise NotImplementedError

@@ -256,6 +256,11 @@ class ServerChooser:
         with self._lock:
             return self._ro_down_since is None
 
+    def current_rw(self):
+        """The replica-conf server in use, or None without replica-conf."""
+        with self._lock:
+            return None if self.rw is None else self.rw.servers[self.rw.index]
+
     def _describe_rw(self):
         if self.rw is None:
             return self._describe_default()

@@ -714,6 +714,26 @@ class ReplicaConfigTests(unittest.TestCase):
                     'dbhost:1521/ZODBPDB\n')
         self.assertEqual(len(read_server_file(path, 'replica-conf', host_port=False)), 2)
 
+    def test_messages_name_the_server_in_use(self):
+        # A helper agent's check: with replica-conf, warnings and errors
+        # ("Could not poll ...", "Lost the connection to ...") named the
+        # configured host and port, which replica-conf leaves unused.
+        from relstorage.adapters.mysql.adapter import MySQLAdapter
+        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
+        tmp = self.tmpdir()
+        path = os.path.join(tmp, 'servers.conf')
+        with open(path, 'w') as f:
+            f.write('db1.example:5433\ndb2.example:5434\n')
+        options = Options(replica_conf=path)
+        adapter = PostgreSQLAdapter(dsn='host=configured port=1 dbname=zodb', options=options)
+        self.assertIn('host db1.example port 5433', adapter.describe())
+        self.assertNotIn('configured', adapter.describe())
+        adapter = MySQLAdapter(options=options, host='configured', port=1, db='zodb')
+        self.assertIn('db1.example:5433', adapter.describe())
+        # Without replica-conf, the configured one.
+        adapter = PostgreSQLAdapter(dsn='host=configured port=1 dbname=zodb', options=Options())
+        self.assertIn('host configured port 1', adapter.describe())
+
     def test_sqlite_refuses_replicas(self):
         tmp = self.tmpdir()
         text = ('%%import relstorage\n<relstorage>\n replica-conf %s/r.conf\n'

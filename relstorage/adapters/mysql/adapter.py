@@ -138,7 +138,7 @@ class MySQLAdapter(Adapter):
     # Description and connections.
 
     def describe(self, server=None):
-        params = self._server_params(server)
+        params = self._server_params(self.described_server(server))
         flavor = self.server.flavor if self.server is not None else 'MySQL'
         if params.get('unix_socket'):
             where = 'socket %s' % params['unix_socket']

@@ -106,6 +106,7 @@ class OracleAdapter(Adapter):
     # --- description and errors ------------------------------------------
 
     def describe(self, server=None):
+        server = self.described_server(server)
         dsn = self.dsn if server is None else server.text
         parsed = self._where if server is None else self.driver.parse_dsn(dsn)
         if parsed is not None:

@@ -87,7 +87,7 @@ class PostgreSQLAdapter(Adapter):
     # --- description and errors ------------------------------------------
 
     def describe(self, server=None):
-        params = self._server_params(server)
+        params = self._server_params(self.described_server(server))
         host = params.get('host') or params.get('hostaddr') or os.environ.get('PGHOST')
         port = params.get('port') or os.environ.get('PGPORT')
         user = params.get('user') or os.environ.get('PGUSER') or _os_user()
