@@ -201,10 +201,13 @@ OPTIONS = (
     Option('commit-lock-timeout', 30, 'integer',
            'Seconds to wait for the commit lock before giving up.',
            active=True, valid=_NOT_NEGATIVE),
-    Option('keep-locks-on-conflict', 2.0, 'float',
+    Option('keep-locks-on-conflict', 0.0, 'float',
            'After a conflict found in vote, seconds the failed transaction '
            'keeps its row locks so that its retry on the same connection '
-           'cannot lose to a third committer (0 turns it off; not on SQLite).',
+           'cannot lose to a third committer (0, the default, turns it off; '
+           'not on SQLite). Only for sites that never join several databases '
+           'in one transaction: there a held lock and another database\'s '
+           'commit lock can wait for each other until the hold ends.',
            active=True, valid=_NOT_NEGATIVE),
     Option('session-pool-size', 7, 'integer',
            'Database sessions for committing kept per process and storage (a '

@@ -969,6 +969,64 @@ class FairnessTests(FactoryCase):
         self.addCleanup(lambda: [db.close() for db in dbs])
         return dbs
 
+    def test_a_lost_vote_keeps_no_locks_by_default(self):
+        # A helper agent's check, several databases in one transaction: X
+        # lost a conflict on database B and kept its row lock there for
+        # its retry (the default was 2 s); Y, changing an object of A and
+        # the same object of B, voted A first (taking A's commit lock) and
+        # waited for X's row lock on B, while X's retry waited for A's
+        # commit lock: no server sees such a deadlock, and every writer
+        # stopped until the hold ran out (under load, every 2-3 s).  So
+        # the default holds nothing: Y, whose lock waits end after 1 s
+        # here, commits at once.
+        first = self.storage(commit_lock_timeout=1)
+        self._skip_unless_held(first)
+        self.assertEqual(first._options.keep_locks_on_conflict, 0)
+        other = self.factory.named('fairness_b')
+        other.fresh(self.keep_history)
+        options = Options(keep_history=self.keep_history, commit_lock_timeout=1)
+        second = RelStorage(other.make_adapter(options), options=options)
+        self._open.append(second)
+        databases = {}
+        dbs = [ZODB.DB(storage, database_name=name, databases=databases)
+               for name, storage in (('a', first), ('b', second))]
+        self.addCleanup(lambda: [db.close() for db in dbs])
+        # (The database voted first, and the other.)
+        name_a, name_b = [db.database_name for db in
+                          sorted(dbs, key=lambda db: db.storage.sortKey())]
+
+        def roots(tm):
+            conn = databases[name_a].open(tm)
+            self.addCleanup(conn.close)
+            return conn.root(), conn.get_connection(name_b).root()
+
+        tm_w, tm_x, tm_y = (transaction.TransactionManager() for _ in range(3))
+        a_w, b_w = roots(tm_w)
+        a_w['x'], a_w['y'], b_w['shared'] = (PersistentMapping(v=0) for _ in range(3))
+        tm_w.commit()
+        a_x, b_x = roots(tm_x)
+        b_x['shared']['v']              # read before W changes it
+        tm_w.begin()
+        b_w['shared']['v'] = 'w'
+        tm_w.commit()
+        a_x['x']['v'] = 'x'
+        b_x['shared']['v'] = 'x'
+        with self.assertRaises(ConflictError):
+            tm_x.commit()
+        tm_x.abort()
+        a_y, b_y = roots(tm_y)
+        a_y['y']['v'] = 'y'
+        b_y['shared']['v'] = 'y'
+        tm_y.commit()
+        # X's retry goes through too.
+        tm_x.begin()
+        a_x['x']['v'] = 'x'
+        b_x['shared']['v'] = 'x again'
+        tm_x.commit()
+        tm_w.begin()
+        self.assertEqual((a_w['x']['v'], a_w['y']['v'], b_w['shared']['v']),
+                         ('x', 'y', 'x again'))
+
     def _commit_in_thread(self, tm, change):
         result = {}
 

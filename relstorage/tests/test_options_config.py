@@ -164,7 +164,7 @@ class TestOptions(unittest.TestCase):
             'cache_local_dir': None, 'cache_local_object_max': 16384,
             'cache_local_compression': 'none',
             'cache_delta_size_limit': 100000, 'commit_lock_timeout': 30,
-            'keep_locks_on_conflict': 2.0, 'session_pool_size': 7, 'commit_lock_id': 0, 'driver': 'auto', 'pack_dry_run': None,
+            'keep_locks_on_conflict': 0.0, 'session_pool_size': 7, 'commit_lock_id': 0, 'driver': 'auto', 'pack_dry_run': None,
             'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
             'cache_local_dir_write_max_size': None,
             'cache_local_dir_compress': None, 'cache_local_storage': None,
@@ -566,7 +566,7 @@ class TestValues(_ParsingTests):
             'cache_local_object_max': 65536,
             'cache_local_compression': 'zlib',
             'cache_delta_size_limit': 5000, 'commit_lock_timeout': 9,
-            'keep_locks_on_conflict': 2.0, 'session_pool_size': 3, 'commit_lock_id': 7, 'driver': 'auto', 'pack_dry_run': None,
+            'keep_locks_on_conflict': 0.0, 'session_pool_size': 3, 'commit_lock_id': 7, 'driver': 'auto', 'pack_dry_run': None,
             'cache_local_dir_count': None, 'cache_local_dir_read_count': None,
             'cache_local_dir_write_max_size': None,
             'cache_local_dir_compress': None, 'cache_local_storage': None})
