@@ -535,6 +535,12 @@ class Adapter(PackVerbs):
             fresh.difference_update(claimed)
         return claimed
 
+    def check_commit_room(self, conn, rows, nbytes):
+        """At the end of a vote that wrote ``rows`` rows holding ``nbytes``
+        bytes of states and blobs: raise RelStorageError if the COMMIT
+        that finish runs could not be written.  A server has written
+        everything by then (nothing to check); SQLite has not."""
+
     def note_oids_used(self, max_oid):
         """Called at commit with the highest OID stored (restore may store
         OIDs we never handed out): no later allocation may reuse it."""

@@ -56,6 +56,7 @@ crash-point tests (tests/crash_cases.py) end a committing process at each:
 FAULT_POINTS lists them in the order a commit reaches them.
 """
 import logging
+import os
 import time
 
 from ZODB import POSException
@@ -256,6 +257,14 @@ class Commit:
             self.blobs.finish(adapter, conn, self.btxn, self.tid, has_data=in_temp > 0)
         if tstore.max_oid >= 0:
             adapter.note_oids_used(tstore.max_oid)
+        if writes_data:
+            # Where the COMMIT still writes pages (SQLite), a disk that
+            # cannot take them fails the vote, not the finish (after the
+            # other databases of the transaction voted).
+            nbytes = tstore.nbytes
+            if blobs and self.btxn:
+                nbytes += sum(os.path.getsize(path) for path in self.btxn.pending.values())
+            adapter.check_commit_room(conn, len(tstore), nbytes)
         fault_point('vote.moved')
 
     def _lost_if_raises(self, check, *args):

@@ -256,6 +256,63 @@ class SqliteConfigTests(unittest.TestCase):
                             for m in messages),
                         messages)
 
+    def test_a_full_disk_fails_the_vote_not_the_finish(self):
+        # A helper agent's check: on a file system with 300 KB left, a
+        # transaction storing 1 MB in PostgreSQL, MariaDB and SQLite had
+        # every vote succeed, then SQLite's tpc_finish failed ("database or
+        # disk is full"): the servers committed, SQLite did not.
+        if os.geteuid() != 0 or shutil.which('mount') is None:
+            self.skipTest('needs root to mount a small tmpfs')
+        small = os.path.join(self.tmp, 'small')
+        os.mkdir(small)
+        if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', small],
+                          capture_output=True).returncode:
+            self.skipTest('cannot mount a tmpfs here')
+        self.addCleanup(subprocess.run, ['umount', '-l', small], capture_output=True)
+        db = ZODB.config.databaseFromString(zconfig(os.path.join(small, 'data')))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['n'] = 0
+        st = os.statvfs(small)
+        with open(os.path.join(small, 'filler'), 'wb') as f:
+            f.write(b'\0' * (st.f_bavail * st.f_frsize - 300 * 1024))
+
+        class Later:
+            """A resource manager voting after the storage."""
+            def __init__(self):
+                self.calls = []
+
+            def sortKey(self):
+                return '~~~ after every storage'
+
+            def __getattr__(self, name):
+                if name not in ('tpc_begin', 'commit', 'tpc_vote', 'tpc_finish',
+                                'tpc_abort', 'abort'):
+                    raise AttributeError(name)
+                return lambda txn: self.calls.append(name)
+
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['n'] = 1
+        conn.root()['big'] = PersistentMapping(data=os.urandom(1000 * 1024))
+        later = Later()
+        tm.get().join(later)
+        with self.assertRaises(RelStorageError) as raised:
+            tm.commit()
+        tm.abort()
+        self.assertIn('No room to commit to SQLite database in %s' % os.path.join(small, 'data'),
+                      str(raised.exception))
+        self.assertNotIn('tpc_vote', later.calls)
+        self.assertNotIn('tpc_finish', later.calls)
+        os.remove(os.path.join(small, 'filler'))
+        tm.begin()
+        self.assertEqual(conn.root()['n'], 0)
+        conn.root()['n'] = 2
+        tm.commit()
+        conn.close()
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['n'], 2)
+
     def test_read_only_creates_nothing(self):
         # A helper agent's check: a read-only open (a zodbconvert source
         # with a mistyped path, a dry run's destination) of a data-dir

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 MAIN_DB = 'main.sqlite3'
 OID_DB = 'oids.sqlite3'
 PACK_DB = 'pack.sqlite3'
+
+#: What a commit may write at COMMIT beyond its pages' estimate (see
+#: Sqlite3Adapter.check_commit_room).
+COMMIT_ROOM_MARGIN = 256 * 1024
 PACK_LOCK = 'pack.lock'
 #: A write transaction waiting for the database's write lock holds a
 #: shared lock on this file meanwhile (writers_waiting).
@@ -125,6 +129,34 @@ class Sqlite3Adapter(Adapter):
             self.data_dir = ensure_directory('data-dir', data_dir)
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
+
+    def check_commit_room(self, conn, rows, nbytes):
+        # SQLite writes a transaction's pages to the log as its page cache
+        # overflows, and the rest at COMMIT, in finish: a file system
+        # that cannot take them there fails the finish after every
+        # database of the transaction voted (a helper agent's check: the
+        # servers committed, SQLite did not).  So the vote makes sure
+        # there is room for what can still be in the cache: at most the
+        # cache, else a page or three per row (the row, its index entries)
+        # and the pages of the states, and a margin (frame headers, the
+        # -shm index, the transaction's own row).  An estimate from
+        # above: room that fills between vote and finish still fails it.
+        settings = conn.session_settings
+        if 'cache_bytes' not in settings:
+            page = int(conn.query_value('PRAGMA page_size'))
+            cache = int(conn.query_value('PRAGMA cache_size'))
+            settings['page_size'] = page
+            settings['cache_bytes'] = -cache * 1024 if cache < 0 else cache * page
+        page = settings['page_size']
+        needed = min(settings['cache_bytes'],
+                     page * (3 * rows + nbytes // page + 16)) + COMMIT_ROOM_MARGIN
+        st = os.statvfs(self.data_dir)
+        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+        if free < needed:
+            raise RelStorageError(
+                "No room to commit to %s: %d KB free on its file system, and the "
+                "commit may need %d KB (nothing was committed)"
+                % (self.describe(), free // 1024, needed // 1024))
 
     def _reset_oid_state(self):
         self._oid_block_size = OID_BLOCK
