@@ -358,6 +358,14 @@ class SqliteConfigTests(unittest.TestCase):
             with open(os.path.join(blob_dir, '.layout')) as f:
                 return f.read().strip()
 
+        def refused(blob_dir, layout, data):
+            """The message of the refusal of a shared blob_dir marked so."""
+            write(os.path.join(blob_dir, '.layout'), layout)
+            with self.assertRaises(RelStorageError) as raised:
+                ZODB.config.databaseFromString(zconfig(
+                    os.path.join(self.tmp, data), 'blob-dir %s\nshared-blob-dir true' % blob_dir))
+            return str(raised.exception)
+
         def blob_round_trip(text, data):
             db = ZODB.config.databaseFromString(text)
             try:
@@ -394,12 +402,9 @@ class SqliteConfigTests(unittest.TestCase):
         # The same directory given as the shared one is refused: a cache
         # does not hold the only copies.
         other = os.path.join(self.tmp, 'zeocache2')
-        write(os.path.join(other, '.layout'), 'zeocache')
-        with self.assertRaises(RelStorageError) as raised:
-            ZODB.config.databaseFromString(zconfig(
-                os.path.join(self.tmp, 'data2'), 'blob-dir %s\nshared-blob-dir true' % other))
-        self.assertIn('shared-blob-dir false', str(raised.exception))
-        self.assertIn(other, str(raised.exception))
+        message = refused(other, 'zeocache', 'data2')
+        self.assertIn('shared-blob-dir false', message)
+        self.assertIn(other, message)
         self.assertEqual(read_layout(other), 'zeocache')
         # A shared directory in the lawn layout is used as it is.
         lawn = os.path.join(self.tmp, 'lawn')
@@ -421,12 +426,7 @@ class SqliteConfigTests(unittest.TestCase):
                         b'next to an unmarked lawn')
         self.assertEqual(read_layout(unmarked), 'lawn')
         # A layout nobody knows is named.
-        odd = os.path.join(self.tmp, 'odd')
-        write(os.path.join(odd, '.layout'), 'sideways')
-        with self.assertRaises(RelStorageError) as raised:
-            ZODB.config.databaseFromString(zconfig(
-                os.path.join(self.tmp, 'data5'), 'blob-dir %s' % odd))
-        self.assertIn("'sideways'", str(raised.exception))
+        self.assertIn("'sideways'", refused(os.path.join(self.tmp, 'odd'), 'sideways', 'data5'))
 
     def test_shared_blob_dir_is_not_taken_for_a_cache(self):
         # A helper agent's check: blobs written to a shared blob directory
