@@ -99,6 +99,8 @@ class Resolver:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
         demo = [value for key, value in query if key == 'demostorage']
         query = [(key, value) for key, value in query if key != 'demostorage']
+        if len(demo) > 1:
+            raise ValueError("%s URI: 'demostorage' is given more than once" % self.scheme)
         # zodburi's resolvers wrap their storage in a DemoStorage when asked
         # (deprecated there in favour of demo://, but URIs still carry it).
         demo = bool(demo) and _convert(self.scheme, _boolean('demostorage'), demo[-1])

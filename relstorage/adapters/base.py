@@ -364,6 +364,7 @@ class Adapter(PackVerbs):
         raw, server, replica, generation = self._choose(purpose, replicas)
         conn = DBConnection(self, raw, purpose)
         conn.server, conn.replica, conn.server_generation = server, replica, generation
+        conn.replicas_allowed = replicas
         return conn
 
     def open_load(self):
@@ -430,7 +431,7 @@ class Adapter(PackVerbs):
         if conn.purpose == 'store':
             fresh = self.open_store()
         else:
-            fresh = self.open_connection(conn.purpose)
+            fresh = self.open_connection(conn.purpose, conn.replicas_allowed)
         conn.adopt(fresh)
 
     def prepare_schema(self, create=True, read_only=False):

@@ -67,6 +67,9 @@ class DBConnection:
         # Which server (see servers.py): None for the configured one.
         self.server = None
         self.replica = False            # a read-only replica (ro-replica-conf)
+        # Whether a read-only replica may serve it (not the pack's reads:
+        # Adapter.open_primary_load); kept when it follows a switch.
+        self.replicas_allowed = True
         self.server_generation = 0
         # A store transaction left open after a conflict, keeping its row
         # locks for the retry (see storage/commit.py, "Fairness").

@@ -257,9 +257,14 @@ class ServerChooser:
             return self._ro_down_since is None
 
     def current_rw(self):
-        """The replica-conf server in use, or None without replica-conf."""
-        with self._lock:
-            return None if self.rw is None else self.rw.servers[self.rw.index]
+        """The replica-conf server in use, or None without replica-conf.
+        Without the lock: messages made under it describe the server (a
+        review finding: the lock, not reentrant, hung every connection)."""
+        if self.rw is None:
+            return None
+        servers, index = self.rw.servers, self.rw.index
+        # (A file re-read meanwhile may have shortened the list.)
+        return servers[index] if index < len(servers) else servers[0]
 
     def _describe_rw(self):
         if self.rw is None:

@@ -28,8 +28,8 @@ class BlobMode:
         """Refuse, with an error that says which setting to change, a
         database and a blob-dir that do not go with this mode."""
 
-    #: Whether blob-dir is the only copy of the blobs (SharedBlobs).
-    shared = False
+    #: Whether blob-dir holds the only copy of the blobs (SharedBlobs).
+    only_copy = False
 
     def __init__(self, blob_dir, options):
         self.blob_dir = blob_dir
@@ -37,7 +37,7 @@ class BlobMode:
         # ZODB's bushy layout for a new directory, so that a shared
         # directory (or a cache) is laid out as ZODB's own blob storages
         # lay it out; an existing one keeps the layout it has.
-        self.fshelper = FilesystemHelper(blob_dir, choose_layout(blob_dir, self.shared))
+        self.fshelper = FilesystemHelper(blob_dir, choose_layout(blob_dir, self.only_copy))
         self.fshelper.create()
 
     def temporary_directory(self):
@@ -152,10 +152,12 @@ def choose_layout(blob_dir, shared):
 
 
 def _is_lawn(blob_dir):
+    # (Any of them: an emptied one says nothing.)
     for name in os.listdir(blob_dir):
         path = os.path.join(blob_dir, name)
-        if _OID_DIR.match(name) and os.path.isdir(path):
-            return any(entry.endswith('.blob') for entry in os.listdir(path))
+        if (_OID_DIR.match(name) and os.path.isdir(path)
+                and any(entry.endswith('.blob') for entry in os.listdir(path))):
+            return True
     return False
 
 

@@ -18,7 +18,7 @@ from .common import database_holds_blobs
 class SharedBlobs(BlobMode):
 
     in_database = False
-    shared = True
+    only_copy = True
 
     def check_database(self, adapter):
         """Refuse a database that holds blob bytes: its blob-dir is a cache

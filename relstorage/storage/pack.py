@@ -38,6 +38,7 @@ import threading
 import time
 from io import BytesIO
 from itertools import repeat
+from struct import error as StructError
 from struct import unpack
 
 from persistent.TimeStamp import TimeStamp
@@ -127,8 +128,13 @@ class PackReport:
 
     def summary(self):
         if self.up_to_date:
-            return ('nothing to remove: no transaction was committed since the last '
+            text = ('nothing to remove: no transaction was committed since the last '
                     'completed pack (%.1fs)' % self.seconds)
+            if self.blobs_removed:
+                # (The files of replaced revisions a shared blob directory
+                # still had: see sweep_blob_files.)
+                text += '; removed %d blob files of replaced revisions' % self.blobs_removed
+            return text
         if self.prepack_only:
             objects, revisions, size, blobs = self.candidates
             return ('pre-pack only: would remove %d objects, %d revisions (%d bytes), '
@@ -212,7 +218,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             report.candidates = adapter.pack_candidate_stats(conn)
             if prepack_only and shared_blobs:
                 # The blob files are the count there, not blob_chunk rows.
-                files, _ = sweep_blob_files(adapter, blobs, pack_tid_for(t),
+                files, _ = sweep_blob_files(adapter, blobs, report.pack_tid,
                                             remove=False, pack_conn=conn)
                 report.candidates = report.candidates[:3] + (files,)
         conn.rollback()
@@ -222,8 +228,10 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                 _delete(adapter, conn, options, referencesf, blobs, report, progress)
                 report.phases['deletion'] = time.monotonic() - phase_start
             if shared_blobs:
+                # (The pack time of the rows: the analysis's, that of the
+                # --prepack it goes on from, or, up to date, the one asked.)
                 removed, report.orphan_blob_files = sweep_blob_files(
-                    adapter, blobs, pack_tid_for(t))
+                    adapter, blobs, report.pack_tid or pack_tid_for(t))
                 report.blobs_removed += removed
     except BaseException:
         if conn is not None:
@@ -1141,11 +1149,15 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
     the files of the revisions and objects it found to remove are
     counted as well.
 
-    ``orphans`` lists the files that no row describes otherwise (an object
-    that no longer exists, a revision newer than its object's current
-    one): left alone, and reported.  A commit in flight has not committed
-    its files' tid yet, which the snapshot compared with is past: they
-    count as neither."""
+    A file of a revision replaced after ``pack_tid`` stays, and counts as
+    neither.  So does the file of a commit in flight: it has not committed
+    its tid yet, which the snapshot compared with is past.  ``orphans``
+    lists the other files that no row describes (an object that no longer
+    exists): left alone, and reported.
+
+    A shared blob directory belongs to one database: another database's
+    files there (a staging copy pointed at production's directory) look
+    like this one's old revisions or garbage, and its packs remove them."""
     found = {}
     for dirpath, _dirnames, filenames in os.walk(blobs.blob_dir):
         for name in filenames:
@@ -1154,7 +1166,7 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
             try:
                 oid = u64(blobs.fshelper.getOIDForPath(dirpath))
                 tid = int(name[:-5].replace('0x', ''), 16)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, StructError):
                 continue      # not a blob revision (temporary files)
             found.setdefault(oid, []).append((tid, os.path.join(dirpath, name)))
     if not found:
@@ -1185,10 +1197,10 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
                 if tid == now or (adapter.keep_history and tid < (now or 0)
                                   and adapter.load_revision(conn, oid, tid)[0]):
                     continue        # its row is there
-                if now is not None and tid < now <= pack_tid:
-                    files += 1
-                    if remove:
-                        _remove_file(path)
+                if now is not None and tid < now:
+                    # Replaced: removed by a pack to the time it was.
+                    if now <= pack_tid and (not remove or _remove_file(path)):
+                        files += 1
                     continue
                 orphans.append(path)
     finally:
@@ -1198,8 +1210,14 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
 
 
 def _remove_file(path):
+    """Whether ``path`` is gone now; a file that cannot be removed is
+    logged, not an error that stops the pack (its rows are gone)."""
     try:
         os.remove(path)
     except FileNotFoundError:
         pass
+    except OSError:
+        log.warning("Could not remove the blob file %s", path, exc_info=True)
+        return False
+    return True
 

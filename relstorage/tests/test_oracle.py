@@ -415,6 +415,8 @@ NOT_DRIVEN = {
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
     'open_primary_load',        # open_load's connection, on the primary (no SQL)
+    'described_server',         # no SQL
+    'check_commit_room',        # no SQL where the server has written everything
     'claim_fresh_oids',         # no SQL
     'pack_write_lock_target',   # no SQL
     'pair_pack_tables',         # no SQL where the pack's tables live with the data

@@ -391,6 +391,24 @@ class _ReplicaCase(_PrivateCase):
         self.assertIn('trying the read-only replicas again', '\n'.join(logs.output))
         self.assertIn('commit_lock', self.replica_text_since(offset))
 
+    def test_a_primary_only_connection_stays_off_the_replicas(self):
+        # A review finding: a connection of open_primary_load (the pack's
+        # reads) that followed a switch (a replica file edited) was
+        # reopened as any load connection, on a replica.
+        storage = self.replica_storage()
+        adapter = storage._adapter
+        conn = adapter.open_primary_load()
+        self.addCleanup(conn.close)
+        self.assertFalse(conn.replica)
+        self.server_file('ro.conf', self.address(self.replica), '# edited')
+        adapter.follow_server(conn)
+        self.assertFalse(conn.replica)
+        self.assertFalse(conn.replicas_allowed)
+        # (An ordinary load connection goes to the replica.)
+        load = adapter.open_load()
+        self.addCleanup(load.close)
+        self.assertTrue(load.replica)
+
     def test_pack_reads_the_primary_not_a_lagging_replica(self):
         # A helper agent's check: with ro-replica-conf, a pack to now read
         # its snapshot on the replica and packed to the replica's last

@@ -421,6 +421,8 @@ class SqliteConfigTests(unittest.TestCase):
         # So is one of before the marker.
         unmarked = os.path.join(self.tmp, 'unmarked')
         write(os.path.join(unmarked, '0x07', '0x03ab.blob'), 'old')
+        for name in ('0x00', '0x05', '0x09'):       # emptied ones say nothing
+            os.makedirs(os.path.join(unmarked, name))
         blob_round_trip(zconfig(os.path.join(self.tmp, 'data4'),
                                 'blob-dir %s\nshared-blob-dir true' % unmarked),
                         b'next to an unmarked lawn')

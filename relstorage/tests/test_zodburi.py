@@ -84,6 +84,8 @@ class TestResolvers(unittest.TestCase):
             # exist (a helper agent's check: the URI created every level).
             'sqlite://%s/typo/a/b' % self.tmp: 'data-dir: The directory named as part of',
             'sqlite://?data_dir=%s/typo/a/b' % self.tmp: 'does not exist',
+            'sqlite://%s?demostorage=1&demostorage=0' % self.tmp:
+                "'demostorage' is given more than once",
         }
         for uri, message in cases.items():
             with self.subTest(uri=uri):

@@ -49,11 +49,11 @@ def connect_error_is_transient(driver, exc):
     if state is not None:
         # 25006, or 0A000 "cannot set transaction read-write mode during
         # recovery" (the read-write transaction a store connection begins
-        # to set itself up): a standby still in recovery, which may be
+        # to set itself up; matched by its code, the text depends on the
+        # server's language): a standby still in recovery, which may be
         # promoted in a moment (failover in progress).
         return (state.startswith('08') or state in DISCONNECT_STATES
-                or state in ('53300', READ_ONLY_TRANSACTION)
-                or (state == FEATURE_NOT_SUPPORTED and 'during recovery' in str(exc)))
+                or state in ('53300', READ_ONLY_TRANSACTION, FEATURE_NOT_SUPPORTED))
     if not isinstance(exc, driver.OperationalError):
         return False
     text = str(exc)
