@@ -35,7 +35,7 @@ from ..cache.shared import MAX_VALUE
 from ..interfaces import RelStorageError
 from .common import BlobMode
 from .common import database_holds_blobs
-from .common import _remove
+from .common import remove_file
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class CachedBlobs(BlobMode):
                 self._note_added(size)
             except OSError:
                 log.debug("Could not cache committed blob %s", path, exc_info=True)
-                _remove(path)
+                remove_file(path)
         btxn.pending.clear()
 
     # --- reading --------------------------------------------------------------
@@ -151,7 +151,7 @@ class CachedBlobs(BlobMode):
             os.chmod(temp, 0o444)
             os.rename(temp, path)
         except BaseException:
-            _remove(temp)
+            remove_file(temp)
             raise
         self._note_added(size)
         return path
@@ -266,7 +266,7 @@ def prune(blob_dir, limit, wait=False):
                 for _, size, path in files:
                     if total <= target:
                         break
-                    _remove(path)
+                    remove_file(path)
                     total -= size
                     removed += 1
             log.debug("Pruned %d blob files from %s; %d bytes remain", removed, blob_dir, total)

@@ -77,7 +77,7 @@ class BlobMode:
                     except ValueError:
                         continue
                     if tid_int < keep_tid:
-                        _remove(os.path.join(path, name))
+                        remove_file(os.path.join(path, name))
                         count += 1
         return count
 
@@ -171,7 +171,7 @@ def _empty_zeo_cache(blob_dir):
             removed += sum(1 for entry in os.listdir(path) if entry.endswith('.blob'))
             shutil.rmtree(path, ignore_errors=True)
     for name in ('check_size.lock', LAYOUT_MARKER):
-        _remove(os.path.join(blob_dir, name))
+        remove_file(os.path.join(blob_dir, name))
     log.warning("blob-dir %s held a blob cache in the %r layout (ZEO's, or an earlier "
                 "RelStorage's): its %d blob files were removed, and the cache starts again "
                 "in the bushy layout (the database holds every blob)",
@@ -204,32 +204,36 @@ class BlobTransaction:
     def add(self, oid_int, path):
         old = self.pending.pop(oid_int, None)
         if old:
-            _remove(old)
+            remove_file(old)
         self.copies.pop(oid_int, None)
         self.pending[oid_int] = self.mode.take_file(oid_int, path)
 
     def copy(self, oid_int, from_tid):
         old = self.pending.pop(oid_int, None)
         if old:
-            _remove(old)
+            remove_file(old)
         self.copies[oid_int] = from_tid
 
     def discard(self):
         for path in self.pending.values():
-            _remove(path)
+            remove_file(path)
         self.pending.clear()
         self.copies.clear()
 
     def unplace(self):
         for path in self.placed:
-            _remove(path)
+            remove_file(path)
         self.placed = []
 
 
-def _remove(path):
+def remove_file(path):
+    """Whether ``path`` is gone now; one that cannot be removed is logged,
+    not an error."""
     try:
         os.remove(path)
     except FileNotFoundError:
         pass
     except OSError:
         log.warning("Could not remove %s", path, exc_info=True)
+        return False
+    return True

@@ -47,6 +47,7 @@ from ZODB.serialize import referencesf as zodb_referencesf
 from ZODB.utils import u64
 
 from ..adapters.base import chunks
+from ..blobs.common import remove_file as remove_blob_file
 from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
@@ -1199,7 +1200,9 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
                     continue        # its row is there
                 if now is not None and tid < now:
                     # Replaced: removed by a pack to the time it was.
-                    if now <= pack_tid and (not remove or _remove_file(path)):
+                    # (One that cannot be removed is logged, not an error
+                    # that stops the pack: its rows are gone.)
+                    if now <= pack_tid and (not remove or remove_blob_file(path)):
                         files += 1
                     continue
                 orphans.append(path)
@@ -1208,16 +1211,4 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
         conn.close()
     return files, orphans
 
-
-def _remove_file(path):
-    """Whether ``path`` is gone now; a file that cannot be removed is
-    logged, not an error that stops the pack (its rows are gone)."""
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        log.warning("Could not remove the blob file %s", path, exc_info=True)
-        return False
-    return True
 
