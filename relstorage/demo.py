@@ -135,8 +135,10 @@ def main(argv=None):
         pack_conf = os.path.join(workdir, 'pack.conf')
         with open(pack_conf, 'w') as f:
             f.write(STORAGE % data_dir)
-        print('$ zodbpack %s' % pack_conf, flush=True)
-        if zodbpack.main(['-q', pack_conf]):
+        # (-d 0: to now; without it zodbpack keeps a day of history, and
+        # everything here is seconds old.)
+        print('$ zodbpack -d 0 %s' % pack_conf, flush=True)
+        if zodbpack.main(['-q', '-d', '0', pack_conf]):
             return 1
         dest = ZODB.config.storageFromString(STORAGE % data_dir)
         db = ZODB.DB(dest)
