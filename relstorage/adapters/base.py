@@ -585,15 +585,24 @@ class Adapter(PackVerbs):
     def get_last_tid(self, conn):
         return conn.query_value(self.q(self.sql.GET_LAST_TID)) or 0
 
-    def snapshot_marks(self, conn):
-        """(last tid, pack mark) in the snapshot: one query for both."""
+    def snapshot_marks(self, conn, witness=None):
+        """(last tid, pack mark, tid of object ``witness``) in the snapshot:
+        one query for all (the last None without ``witness``, or when that
+        object does not exist)."""
         last = mark = 0
-        for row_id, tid in conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS)):
+        witness_tid = None
+        if witness is None:
+            rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS))
+        else:
+            rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS_WITNESS), (witness,))
+        for row_id, tid in rows:
             if row_id == 0:
                 last = tid or 0
-            else:
+            elif row_id == 1:
                 mark = tid or 0
-        return last, mark
+            else:
+                witness_tid = tid
+        return last, mark, witness_tid
 
     def bump_pack_mark(self, conn):
         """Increment the pack mark, inside the pack's store transaction

@@ -126,6 +126,18 @@ class Statements:
     #: Whether an idle session still answers (sessions.py).
     PING = "SELECT 1"
     GET_SNAPSHOT_MARKS = "SELECT id, tid FROM commit_lock WHERE id IN (0, 1)"
+    #: The same, and (2, tid) of one object (a witness: see
+    #: RelStorage._poll_invalidations), in the same round trip.
+    GET_SNAPSHOT_MARKS_WITNESS = """
+        SELECT id, tid FROM commit_lock WHERE id IN (0, 1)
+        UNION ALL
+        SELECT 2, tid FROM current_object WHERE zoid = %s
+    """
+    GET_SNAPSHOT_MARKS_WITNESS_HF = """
+        SELECT id, tid FROM commit_lock WHERE id IN (0, 1)
+        UNION ALL
+        SELECT 2, tid FROM object_state WHERE zoid = %s
+    """
     GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
     SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"
     INSERT_PACK_MARK = "INSERT INTO commit_lock (id, tid) VALUES (1, %s)"

@@ -34,6 +34,7 @@ import logging
 import struct
 import threading
 import weakref
+from operator import itemgetter
 
 import zope.interface
 from ZODB import POSException
@@ -166,6 +167,11 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = False
         self._snapshot_tid = 0
         self._poll_tid = None          # what the ZODB connection has been told
+        # (oid, tid) of the newest change a poll reported, checked by the
+        # next snapshot (see _poll_invalidations); whether that check
+        # found the object older than that.
+        self._witness = None
+        self._history_diverged = False
         self._snapshot_pack_mark = 0    # the pack mark in our snapshot
         self._poll_pack_mark = None     # ... when the ZODB connection last polled
         self._last_commit_tid = 0
@@ -262,7 +268,9 @@ class RelStorage(ConflictResolvingStorage):
             conn = self._get_load_conn()
             try:
                 self._adapter.begin_snapshot(conn)
-                tid, pack_mark = self._adapter.snapshot_marks(conn)
+                witness = self._witness
+                tid, pack_mark, witness_tid = self._adapter.snapshot_marks(
+                    conn, witness[0] if witness is not None and polling else None)
                 break
             except DisconnectedError:
                 # The server restarted or dropped us since the last
@@ -274,6 +282,14 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = True
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
+        # The witness's object older than the revision a poll reported,
+        # in a snapshot that has that revision's transaction: this is not
+        # the history the witness came from (a restored backup, committed
+        # to since, so that the last tid did not go back).  (A replica
+        # behind it does not have that transaction; an object gone was
+        # removed by a pack.)
+        self._history_diverged = (polling and witness_tid is not None
+                                  and witness_tid < witness[1] <= tid)
         if conn.replica and tid < self._high_water():
             self._replica_behind(tid, polling)
         else:
@@ -389,6 +405,7 @@ class RelStorage(ConflictResolvingStorage):
             self._own_tids = set()
             # After zap_all our commits are history that is gone.
             self._last_commit_tid = 0
+            self._witness = None
             self._cache.poll(self._adapter, conn, None, current)
             return None
         if previous is None or current == previous:
@@ -403,10 +420,25 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's last transaction went backwards "
                         "(from %x to %x); invalidating all caches.", previous, current)
             self._cache.rolled_back(current, previous)
+            self._witness = None
+            return None
+        if self._history_diverged:
+            # Restored from a backup, then committed to: the last tid
+            # moved forward, but over another history than ours (a helper
+            # agent's check: the poll read the new commits only, and the
+            # transactions the restore removed stayed in every cache).
+            log.warning("The database's history changed under transaction %x (object "
+                        "%x is older than there; restored from a backup?); invalidating "
+                        "all caches.", self._witness[1], self._witness[0])
+            self._cache.rolled_back(current, current)
+            self._witness = None
             return None
         # One query at most, often none: the change log shared by all
         # instances may already hold (previous, current].
         changes = self._cache.poll(self._adapter, conn, previous, current)
+        if changes:
+            # (The newest; its object is checked by the next poll.)
+            self._witness = max(changes, key=itemgetter(1))
         own = self._own_tids
         self._own_tids = set()
         # What this instance committed itself is already in its ZODB

@@ -1411,6 +1411,60 @@ class OwnCommitPollTests(FactoryCase):
             conn.close()
 
 
+    def test_a_restore_committed_to_since_is_noticed(self):
+        # A helper agent's check: the database restored from a backup
+        # while a process ran, then committed to before that process's
+        # next poll: the last tid had moved forward, the poll read the new
+        # commit's changes only, and the process went on serving the
+        # states the restore removed.
+        reader, writer = ZODB.DB(self.storage()), ZODB.DB(self.storage())
+        self.addCleanup(reader.close)
+        self.addCleanup(writer.close)
+        tm_r, tm_w = transaction.TransactionManager(), transaction.TransactionManager()
+        c_w = writer.open(tm_w)
+        c_w.root()['items'] = PersistentMapping({i: PersistentMapping(v=0) for i in range(5)})
+        tm_w.commit()
+        c_r = reader.open(tm_r)
+        self.assertEqual([c_r.root()['items'][i]['v'] for i in range(5)], [0] * 5)
+        tm_r.abort()
+        # The backup, as a dump and restore of the tables would make it.
+        tables = ['commit_lock', 'object_state']
+        if self.keep_history:
+            tables += ['current_object', 'transaction_log']
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        self.addCleanup(adapter.close)
+        conn = adapter.open_store()
+        self.addCleanup(conn.close)
+        for table in tables:
+            conn.execute('CREATE TABLE bk_%s AS SELECT * FROM %s' % (table, table))
+        conn.commit()
+        tm_w.begin()
+        for i in range(5):
+            c_w.root()['items'][i]['v'] = 1
+        tm_w.commit()
+        tm_r.begin()
+        self.assertEqual([c_r.root()['items'][i]['v'] for i in range(5)], [1] * 5)
+        tm_r.abort()
+        for table in tables:
+            conn.execute('DELETE FROM %s' % table)
+            conn.execute('INSERT INTO %s SELECT * FROM bk_%s' % (table, table))
+            conn.execute('DROP TABLE bk_%s' % table)
+        conn.commit()
+        # A process started after the restore commits before the reader
+        # polls again.
+        later = ZODB.DB(self.storage())
+        self.addCleanup(later.close)
+        with later.transaction() as c_l:
+            self.assertEqual(c_l.root()['items'][3]['v'], 0)
+            c_l.root()['after'] = 1
+        with self.assertLogs('relstorage', logging.WARNING) as logged:
+            tm_r.begin()
+        self.assertIn('history changed', '\n'.join(logged.output))
+        self.assertEqual([c_r.root()['items'][i]['v'] for i in range(5)], [0] * 5)
+        self.assertEqual(c_r.root()['after'], 1)
+        tm_r.abort()
+
+
 class PrefetchTests(FactoryCase):
     """A prefetch reads a run of neighbouring OIDs as one range (the
     objects not asked for in it are left out) and the others one by one;
