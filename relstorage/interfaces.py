@@ -160,8 +160,10 @@ class IRelStorageAdapter(Interface):
     def begin_snapshot(conn):
         """Start one consistent read-only snapshot; it lasts until rollback."""
 
-    def snapshot_marks(conn):
-        """(last committed tid, pack mark) as seen by the snapshot."""
+    def snapshot_marks(conn, witnesses=()):
+        """(last committed tid, pack mark, {oid: tid}) as seen by the
+        snapshot: the last, the current tid of each of the objects
+        ``witnesses`` that exists."""
 
     def get_last_tid(conn):
         """The last committed tid the connection sees (0 when none)."""

@@ -585,24 +585,27 @@ class Adapter(PackVerbs):
     def get_last_tid(self, conn):
         return conn.query_value(self.q(self.sql.GET_LAST_TID)) or 0
 
-    def snapshot_marks(self, conn, witness=None):
-        """(last tid, pack mark, tid of object ``witness``) in the snapshot:
-        one query for all (the last None without ``witness``, or when that
-        object does not exist)."""
-        last = mark = 0
-        witness_tid = None
-        if witness is None:
-            rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS))
+    def snapshot_marks(self, conn, witnesses=()):
+        """(last tid, pack mark, {oid: tid} of the objects ``witnesses``
+        that exist) in the snapshot, in one query (at most
+        ``sql.WITNESSES`` of them)."""
+        if not witnesses:
+            rows = [row + (None,) for row in
+                    conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS))]
         else:
-            rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS_WITNESS), (witness,))
-        for row_id, tid in rows:
+            oids = list(witnesses)[:self.sql.WITNESSES]
+            oids += oids[:1] * (self.sql.WITNESSES - len(oids))
+            rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS_WITNESS), oids)
+        last = mark = 0
+        found = {}
+        for row_id, tid, oid in rows:
             if row_id == 0:
                 last = tid or 0
             elif row_id == 1:
                 mark = tid or 0
             else:
-                witness_tid = tid
-        return last, mark, witness_tid
+                found[oid] = tid
+        return last, mark, found
 
     def bump_pack_mark(self, conn):
         """Increment the pack mark, inside the pack's store transaction

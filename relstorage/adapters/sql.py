@@ -126,18 +126,19 @@ class Statements:
     #: Whether an idle session still answers (sessions.py).
     PING = "SELECT 1"
     GET_SNAPSHOT_MARKS = "SELECT id, tid FROM commit_lock WHERE id IN (0, 1)"
-    #: The same, and (2, tid) of one object (a witness: see
+    #: The same, and (2, tid, oid) of WITNESSES objects (see
     #: RelStorage._poll_invalidations), in the same round trip.
     GET_SNAPSHOT_MARKS_WITNESS = """
-        SELECT id, tid FROM commit_lock WHERE id IN (0, 1)
+        SELECT id, tid, NULL FROM commit_lock WHERE id IN (0, 1)
         UNION ALL
-        SELECT 2, tid FROM current_object WHERE zoid = %s
+        SELECT 2, tid, zoid FROM current_object WHERE zoid IN (%s, %s, %s, %s)
     """
     GET_SNAPSHOT_MARKS_WITNESS_HF = """
-        SELECT id, tid FROM commit_lock WHERE id IN (0, 1)
+        SELECT id, tid, NULL FROM commit_lock WHERE id IN (0, 1)
         UNION ALL
-        SELECT 2, tid FROM object_state WHERE zoid = %s
+        SELECT 2, tid, zoid FROM object_state WHERE zoid IN (%s, %s, %s, %s)
     """
+    WITNESSES = 4
     GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
     SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"
     INSERT_PACK_MARK = "INSERT INTO commit_lock (id, tid) VALUES (1, %s)"

@@ -155,6 +155,10 @@ class ChangeIndex:
             if old_max > new_last:
                 self._poisoned.append((new_last, old_max))
 
+    def abandoned(self, snapshot):
+        with self._lock:
+            return self._is_poisoned(snapshot)
+
     def _is_poisoned(self, snapshot):
         for low, high in self._poisoned:
             if low < snapshot <= high:

@@ -348,6 +348,11 @@ class StorageCache:
         log.debug("Warmed the local cache with %d states from %s", len(warmed),
                   self.shared.kind)
 
+    def abandoned(self, snapshot):
+        """Whether ``snapshot`` belongs to a history the database left
+        (see rolled_back)."""
+        return self.index.abandoned(snapshot)
+
     def rolled_back(self, new_last, old_last):
         """The database went back in time: forget every tid we knew."""
         self.index.rolled_back(new_last, old_last)

@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 
 #: Sequential read-ahead (see RelStorage._read_ahead).
 READ_AHEAD_AFTER = 3
+#: Objects of the newest changes of the last polls that each polling
+#: snapshot checks against the database's history (_poll_invalidations).
+WITNESSES = 4
 READ_AHEAD = 128
 #: Loads whose OIDs go forward by at most this much count as a run too:
 #: every other object of a range (a container's items, each created with
@@ -167,11 +170,12 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = False
         self._snapshot_tid = 0
         self._poll_tid = None          # what the ZODB connection has been told
-        # (oid, tid) of the newest change a poll reported, checked by the
-        # next snapshot (see _poll_invalidations); whether that check
-        # found the object older than that.
-        self._witness = None
-        self._history_diverged = False
+        # (oid, tid) of the newest changes of the last few polls that
+        # reported any, newest first, checked by the next polling snapshot
+        # (see _poll_invalidations); what that check found: None, or the
+        # oldest tid a witness's object has there, older than its change.
+        self._witnesses = []
+        self._diverged_at = None
         self._snapshot_pack_mark = 0    # the pack mark in our snapshot
         self._poll_pack_mark = None     # ... when the ZODB connection last polled
         self._last_commit_tid = 0
@@ -268,9 +272,9 @@ class RelStorage(ConflictResolvingStorage):
             conn = self._get_load_conn()
             try:
                 self._adapter.begin_snapshot(conn)
-                witness = self._witness
-                tid, pack_mark, witness_tid = self._adapter.snapshot_marks(
-                    conn, witness[0] if witness is not None and polling else None)
+                witnesses = self._witnesses if polling else ()
+                tid, pack_mark, found = self._adapter.snapshot_marks(
+                    conn, [oid for oid, _ in witnesses])
                 break
             except DisconnectedError:
                 # The server restarted or dropped us since the last
@@ -282,14 +286,15 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = True
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
-        # The witness's object older than the revision a poll reported,
-        # in a snapshot that has that revision's transaction: this is not
-        # the history the witness came from (a restored backup, committed
-        # to since, so that the last tid did not go back).  (A replica
-        # behind it does not have that transaction; an object gone was
-        # removed by a pack.)
-        self._history_diverged = (polling and witness_tid is not None
-                                  and witness_tid < witness[1] <= tid)
+        # A witness's object older than the revision a poll reported, in
+        # a snapshot that has that revision's transaction: this is not the
+        # history the witness came from (a restored backup, committed to
+        # since, so that the last tid did not go back).  (A replica behind
+        # does not have that transaction; an object gone was removed by a
+        # pack; undo, deleteObject and copies write newer tids.)
+        older = [found[oid] for oid, seen in witnesses
+                 if found.get(oid) is not None and found[oid] < seen <= tid]
+        self._diverged_at = min(older) if older else None
         if conn.replica and tid < self._high_water():
             self._replica_behind(tid, polling)
         else:
@@ -391,6 +396,23 @@ class RelStorage(ConflictResolvingStorage):
             self._own_tids = set()
             return None
         mark, self._poll_pack_mark = self._poll_pack_mark, self._snapshot_pack_mark
+        if previous is not None and self._cache.abandoned(previous):
+            # Another instance of this process found that the database's
+            # history changed under the snapshot we polled last (see
+            # below): what our ZODB connection caches is from it.
+            self._forget_history()
+            return None
+        if (previous is not None and mark is not None
+                and self._snapshot_pack_mark < mark and not conn.replica):
+            # The pack mark only moves on (packs, zap_all): it went back
+            # with a restored backup, whatever the last tid did.  (A
+            # read-only replica may not have replayed a pack's batches yet.)
+            log.warning("The database's pack mark went backwards (from %d to %d; restored "
+                        "from a backup?); invalidating all caches.",
+                        mark, self._snapshot_pack_mark)
+            self._cache.rolled_back(0, max(previous, current))
+            self._forget_history()
+            return None
         removed = []
         if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
             # Pack batches since our last poll: the objects they removed
@@ -405,7 +427,7 @@ class RelStorage(ConflictResolvingStorage):
             self._own_tids = set()
             # After zap_all our commits are history that is gone.
             self._last_commit_tid = 0
-            self._witness = None
+            self._witnesses = []
             self._cache.poll(self._adapter, conn, None, current)
             return None
         if previous is None or current == previous:
@@ -420,30 +442,41 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's last transaction went backwards "
                         "(from %x to %x); invalidating all caches.", previous, current)
             self._cache.rolled_back(current, previous)
-            self._witness = None
+            self._forget_history()
             return None
-        if self._history_diverged:
+        if self._diverged_at is not None:
             # Restored from a backup, then committed to: the last tid
             # moved forward, but over another history than ours (a helper
             # agent's check: the poll read the new commits only, and the
             # transactions the restore removed stayed in every cache).
-            log.warning("The database's history changed under transaction %x (object "
-                        "%x is older than there; restored from a backup?); invalidating "
-                        "all caches.", self._witness[1], self._witness[0])
-            self._cache.rolled_back(current, current)
-            self._witness = None
+            # Snapshots after the oldest state a witness found belong to
+            # the abandoned history (the other instances of this process
+            # learn it from the cache: see abandoned above).
+            log.warning("The database's history changed after transaction %x (objects "
+                        "older than this connection saw them; restored from a backup?); "
+                        "invalidating all caches.", self._diverged_at)
+            self._cache.rolled_back(self._diverged_at, previous)
+            self._forget_history()
             return None
         # One query at most, often none: the change log shared by all
         # instances may already hold (previous, current].
         changes = self._cache.poll(self._adapter, conn, previous, current)
         if changes:
-            # (The newest; its object is checked by the next poll.)
-            self._witness = max(changes, key=itemgetter(1))
+            # (The newest change; its object is checked by the next polls.)
+            newest = max(changes, key=itemgetter(1))
+            if not self._witnesses or newest[1] > self._witnesses[0][1]:
+                self._witnesses = [newest] + self._witnesses[:WITNESSES - 1]
         own = self._own_tids
         self._own_tids = set()
         # What this instance committed itself is already in its ZODB
         # connection's cache: invalidating it would only cost reloads.
         return [_oid_bytes(oid) for oid, tid in changes if tid not in own] + removed
+
+    def _forget_history(self):
+        """After a restored backup: what this instance knew of the
+        history it polled is gone with it."""
+        self._own_tids = set()
+        self._witnesses = []
 
     def _pack_removals(self, conn, after_mark, upto_mark):
         """OIDs (bytes) the pack batches of marks (after_mark, upto_mark]
