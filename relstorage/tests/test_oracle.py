@@ -282,7 +282,7 @@ def drive_every_verb(adapter, recorder):
     adapter.begin_snapshot(load)
     adapter.get_last_tid(load)
     adapter.snapshot_marks(load)
-    adapter.snapshot_marks(load, 1)
+    adapter.snapshot_marks(load, [1, 2])
     adapter.poll_changes(load, 1, 2)
     adapter.poll_changes(load, 1, 5, {3: [7, 8]})      # around a known commit
     adapter.recent_changes(load, 2, 10)
