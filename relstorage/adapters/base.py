@@ -585,16 +585,22 @@ class Adapter(PackVerbs):
     def get_last_tid(self, conn):
         return conn.query_value(self.q(self.sql.GET_LAST_TID)) or 0
 
+    @property
+    def snapshot_witnesses(self):
+        """How many objects snapshot_marks can check (see its statement)."""
+        return self.sql.WITNESSES
+
     def snapshot_marks(self, conn, witnesses=()):
         """(last tid, pack mark, {oid: tid} of the objects ``witnesses``
         that exist) in the snapshot, in one query (at most
-        ``sql.WITNESSES`` of them)."""
+        ``snapshot_witnesses`` of them)."""
         if not witnesses:
             rows = [row + (None,) for row in
                     conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS))]
         else:
-            oids = list(witnesses)[:self.sql.WITNESSES]
-            oids += oids[:1] * (self.sql.WITNESSES - len(oids))
+            count = self.snapshot_witnesses
+            oids = list(witnesses)[:count]
+            oids += oids[:1] * (count - len(oids))
             rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS_WITNESS), oids)
         last = mark = 0
         found = {}

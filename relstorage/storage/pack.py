@@ -1175,17 +1175,15 @@ def sweep_blob_files(adapter, blobs, pack_tid, remove=True, pack_conn=None):
     oids = sorted(found)
     candidates = {}
     if pack_conn is not None:
-        for chunk in chunks(oids, 1000):
-            candidates.update((oid, (keep_tid, garbage)) for oid, keep_tid, garbage
-                              in adapter.pack_candidates_of(pack_conn, chunk))
+        # (Both verbs split long lists as the vendor needs.)
+        candidates = {oid: (keep_tid, garbage) for oid, keep_tid, garbage
+                      in adapter.pack_candidates_of(pack_conn, oids)}
     files, orphans = 0, []
     conn = adapter.open_primary_load()
     try:
         adapter.begin_snapshot(conn)
         last = adapter.get_last_tid(conn)
-        current = {}
-        for chunk in chunks(oids, 1000):
-            current.update(adapter.current_tids(conn, chunk))
+        current = adapter.current_tids(conn, oids)
         for oid in oids:
             now = current.get(oid)
             keep_tid, garbage = candidates.get(oid, (None, 0))

@@ -70,9 +70,6 @@ log = logging.getLogger(__name__)
 
 #: Sequential read-ahead (see RelStorage._read_ahead).
 READ_AHEAD_AFTER = 3
-#: Objects of the newest changes of the last polls that each polling
-#: snapshot checks against the database's history (_poll_invalidations).
-WITNESSES = 4
 READ_AHEAD = 128
 #: Loads whose OIDs go forward by at most this much count as a run too:
 #: every other object of a range (a container's items, each created with
@@ -424,10 +421,9 @@ class RelStorage(ConflictResolvingStorage):
             # our ZODB connection caches may be gone, so it must drop
             # everything.  The shared change log restarts at this
             # (post-pack) snapshot.
-            self._own_tids = set()
+            self._forget_history()
             # After zap_all our commits are history that is gone.
             self._last_commit_tid = 0
-            self._witnesses = []
             self._cache.poll(self._adapter, conn, None, current)
             return None
         if previous is None or current == previous:
@@ -465,7 +461,8 @@ class RelStorage(ConflictResolvingStorage):
             # (The newest change; its object is checked by the next polls.)
             newest = max(changes, key=itemgetter(1))
             if not self._witnesses or newest[1] > self._witnesses[0][1]:
-                self._witnesses = [newest] + self._witnesses[:WITNESSES - 1]
+                keep = self._adapter.snapshot_witnesses - 1
+                self._witnesses = [newest] + self._witnesses[:keep]
         own = self._own_tids
         self._own_tids = set()
         # What this instance committed itself is already in its ZODB
