@@ -189,10 +189,9 @@ class RelStorageFactory(BaseConfig):
             raise ZConfig.ConfigurationError(str(e)) from None
 
     def open(self, database_name='unnamed', databases=None):
-        from relstorage.storage import RelStorage
+        from relstorage.storage.earlier import open_storage
         options = self.options
-        adapter = self.config.adapter.create(options)
-        return RelStorage(adapter, name=options.name, options=options)
+        return open_storage(self.config.adapter.create(options), options)
 
 
 class AdapterFactory:

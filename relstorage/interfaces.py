@@ -83,6 +83,29 @@ class SchemaMismatchError(RelStorageError):
     """The database holds a schema other than the one configured."""
 
 
+class EarlierSchemaError(SchemaMismatchError):
+    """The database holds the schema of RelStorage 3.x or 4.x.
+
+    This release reads it only when the storage is read-only (a
+    zodbconvert source); ``keep_history`` says which history mode the
+    schema has.
+    """
+
+    def __init__(self, where, tables, keep_history):
+        self.keep_history = keep_history
+        SchemaMismatchError.__init__(
+            self,
+            "The database at %s holds the %s schema of an earlier RelStorage "
+            "release (3.x or 4.x: it has %s), which this release does not write "
+            "to; nothing was changed. Copy it into a new database with "
+            "zodbconvert: this storage section can be its source as it stands "
+            "(zodbconvert opens the source read-only, and read-only, this release "
+            "reads that schema). See \"From an earlier RelStorage release\" in "
+            "docs/zodbconvert.rst."
+            % (where, 'history-preserving' if keep_history else 'history-free',
+               ', '.join(tables)))
+
+
 class StateTooLargeError(RelStorageError):
     """A pickle is larger than the database server accepts in one packet."""
 

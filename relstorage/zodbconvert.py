@@ -191,7 +191,7 @@ def open_storage(factory, role, read_only=False):
 def _name(storage):
     try:
         name = storage.getName()
-        if copy.is_relstorage(storage):
+        if copy.reads_relstorage(storage):
             name = '%s (%s, %s)' % (name, storage.adapter.describe(),
                                     'history-preserving' if storage.adapter.keep_history
                                     else 'history-free')
@@ -551,7 +551,7 @@ class Converter:
 def _check_not_same(source, dest):
     """Refuse a destination that is the source itself (--clear would
     empty it before anything is read)."""
-    if not (copy.is_relstorage(source) and copy.is_relstorage(dest)):
+    if not (copy.reads_relstorage(source) and copy.is_relstorage(dest)):
         return
     from .adapters.base import same_database
     if same_database(source.adapter.database_identity(), dest.adapter.database_identity()):

@@ -113,9 +113,8 @@ class Resolver:
         options = self._options(option_values, adapter_factory.driver)
 
         def factory():
-            from relstorage.storage import RelStorage
-            adapter = adapter_factory.create(options)
-            storage = RelStorage(adapter, name=options.name, options=options)
+            from relstorage.storage.earlier import open_storage
+            storage = open_storage(adapter_factory.create(options), options)
             if demo:
                 from ZODB.DemoStorage import DemoStorage
                 return DemoStorage(base=storage)

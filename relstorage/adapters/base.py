@@ -16,6 +16,7 @@ import zope.interface
 from ..interfaces import IRelStorageAdapter
 from ..interfaces import NewObjectExistsError
 from ..interfaces import RelStorageError
+from ..interfaces import EarlierSchemaError
 from ..interfaces import SchemaMismatchError
 from ..interfaces import UnableToAcquireCommitLockError
 from ..interfaces import UnableToLockRowsError
@@ -26,6 +27,7 @@ from .connections import as_bytes as _bytes
 from .servers import ServerChooser
 from .sessions import SessionPool
 from .packing import PackVerbs
+from .sql import EarlierReleaseReads
 from .sql import Statements
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,20 @@ def same_database(one, other):
     if one[-1] is None or other[-1] is None:
         return one[-1] is None and other[-1] is None
     return abs(one[-1] - other[-1]) <= 2
+
+
+
+#: Tables of the schema RelStorage 3.x and 4.x created that ours never has.
+EARLIER_RELEASE_TABLES = frozenset(['commit_row_lock', 'transaction', 'object_refs_added',
+                                    'pack_state', 'pack_state_tid'])
+
+
+def earlier_release_schema(tables):
+    """The earlier release's tables among ``tables`` (sorted) when they
+    hold the schema RelStorage 3.x or 4.x created, else None."""
+    if 'object_state' not in tables or 'commit_lock' in tables:
+        return None
+    return sorted(EARLIER_RELEASE_TABLES & tables) or None
 
 
 @zope.interface.implementer(IRelStorageAdapter)
@@ -157,6 +173,10 @@ class Adapter(PackVerbs):
     #: (IF NOT EXISTS); None where the schema holds them (Oracle's global
     #: temporary tables).
     temp_table_statements = (None, None)
+    #: The statements reading the schema of RelStorage 3.x and 4.x (a
+    #: mixin over ``statements_class``, see read_earlier_schema); None
+    #: where that is not supported.
+    earlier_release_reads = EarlierReleaseReads
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and
@@ -443,6 +463,10 @@ class Adapter(PackVerbs):
         conn = self.open_connection('store')
         try:
             tables = self.list_tables(conn)
+            earlier = earlier_release_schema(tables)
+            if earlier is not None:
+                raise EarlierSchemaError(self.describe(), earlier,
+                                         'current_object' in tables)
             if 'object_state' in tables:
                 is_hp = 'current_object' in tables
                 if is_hp != self.keep_history:
@@ -474,6 +498,25 @@ class Adapter(PackVerbs):
             conn.rollback()
         finally:
             conn.close()
+
+    def read_earlier_schema(self, keep_history):
+        """From now on, read the schema of RelStorage 3.x / 4.x that
+        prepare_schema found (``EarlierSchemaError``), in its history mode:
+        for a read-only storage that zodbconvert copies from (see
+        storage/earlier.py).  Nothing this adapter writes works after it."""
+        if self.earlier_release_reads is None:
+            raise RelStorageError(
+                "Reading the schema of an earlier RelStorage release is not "
+                "supported on %s; copy that database with the earlier release's "
+                "zodbconvert (into a FileStorage, for example), then from there."
+                % self.display_name)
+        self.keep_history = keep_history
+        vendor = type(self.sql)
+        reads = type('EarlierRelease' + vendor.__name__,
+                     (self.earlier_release_reads, vendor), {})
+        self.sql = reads(keep_history)
+        self._q_cache = {}
+        self.has_blob_chunk = True
 
     def required_tables(self):
         names = {'commit_lock', 'object_state'}

@@ -904,3 +904,50 @@ class Statements:
         WHERE t.zoid IS NULL
         ORDER BY r.zoid, r.to_zoid
     """
+
+
+class EarlierReleaseReads:
+    """Mixin over a vendor's ``Statements``: the reads, and only the reads,
+    over the schema that RelStorage 3.x and 4.x created (see
+    storage/earlier.py), so that such a database can be zodbconvert's
+    source.  Its ``object_state``, ``current_object`` and ``blob_chunk``
+    have the columns ours read (``object_state`` has an ``md5`` more, and a
+    history-free ``blob_chunk`` is keyed by ``zoid`` alone but has
+    ``tid``); what differs is named here:
+
+    - the transaction metadata is in ``transaction`` (a keyword, quoted as
+      the vendor quotes identifiers: ``TRANSACTION_TABLE``), which also
+      holds a row of tid 0 that is no transaction;
+    - the last transaction is the highest tid in the data: nothing records
+      it apart (``commit_row_lock`` is only locked).
+
+    A vendor whose blob chunks differ (PostgreSQL's are large objects)
+    overrides the blob statements in its own mixin.
+    """
+
+    TRANSACTION_TABLE = '"transaction"'
+
+    GET_LAST_TID = "SELECT MAX(tid) FROM {transaction}"
+    GET_LAST_TID_HF = "SELECT MAX(tid) FROM object_state"
+
+    HISTORY = """
+        SELECT s.tid, s.state_size, t.username, t.description, t.extension
+        FROM object_state s
+        JOIN {transaction} t ON t.tid = s.tid
+        WHERE s.zoid = %s
+        ORDER BY s.tid DESC
+        LIMIT %s
+    """
+
+    ALL_TRANSACTIONS_IN_RANGE = """
+        SELECT tid, username, description, extension, packed
+        FROM {transaction}
+        WHERE tid >= %s AND tid <= %s AND tid > 0
+        ORDER BY tid
+    """
+
+    def __init__(self, keep_history):
+        super().__init__(keep_history)
+        for name in ('GET_LAST_TID', 'HISTORY', 'ALL_TRANSACTIONS_IN_RANGE'):
+            value = getattr(self, name)
+            setattr(self, name, value.replace('{transaction}', self.TRANSACTION_TABLE))

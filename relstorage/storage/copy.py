@@ -524,9 +524,16 @@ def is_relstorage(storage):
     return isinstance(storage, RelStorage)
 
 
+def reads_relstorage(storage):
+    """A RelStorage, or a database of an earlier release read through
+    storage/earlier.py: either has an ``adapter`` that answers for it."""
+    from .earlier import EarlierReleaseStorage
+    return is_relstorage(storage) or isinstance(storage, EarlierReleaseStorage)
+
+
 def is_history_free(storage):
     """True for a history-free RelStorage (the only kind we can tell)."""
-    return is_relstorage(storage) and not storage.adapter.keep_history
+    return reads_relstorage(storage) and not storage.adapter.keep_history
 
 
 # ----------------------------------------------------------------------
@@ -582,7 +589,7 @@ def estimate_history(source, samples=None):
       not counted apart, so the estimate is a little high for sources made of
       many tiny transactions.
     """
-    if is_relstorage(source):
+    if reads_relstorage(source):
         return _relstorage_history(source)
     if not hasattr(source, 'record_iternext'):
         return None
@@ -689,7 +696,7 @@ def _sample_state_sizes(source, samples):
 
 def source_kind(source):
     """'relstorage', 'zeo' or 'file' (FileStorage and anything else)."""
-    if is_relstorage(source):
+    if reads_relstorage(source):
         return 'relstorage'
     if type(source).__module__.split('.')[0] == 'ZEO':
         return 'zeo'
@@ -945,6 +952,7 @@ def _one_line(exc):
 
 __all__ = ['CopyError', 'VerifyError', 'Stats', 'Txn', 'history_txns', 'current_txns',
            'current_tids', 'copy_transactions', 'copy_current', 'verify_history',
-           'verify_current', 'make_writer', 'is_relstorage', 'is_history_free', 'z64',
+           'verify_current', 'make_writer', 'is_relstorage', 'reads_relstorage',
+           'is_history_free', 'z64',
            'HistoryEstimate', 'estimate_history', 'choose_strategy', 'REPLAY', 'CURRENT',
            'fast_path_threshold', 'source_kind']

@@ -426,6 +426,8 @@ NOT_DRIVEN = {
     'writers_waiting',          # no SQL (a file lock, where the commit lock is the write lock)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
+    # The schema of earlier releases is not read on Oracle (no SQL: it refuses).
+    'earlier_release_reads', 'read_earlier_schema',
     # Oracle cannot bound an idle transaction (holds_locks_for_retry is
     # false): a conflict always rolls back.
     'lock_hold_seconds', 'hold_locks', 'end_hold',

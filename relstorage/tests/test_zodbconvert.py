@@ -16,6 +16,7 @@ import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.blob import Blob
+from ZODB.blob import is_blob_record
 from ZODB.Connection import TransactionMetaData
 from ZODB.FileStorage import FileStorage
 from ZODB.utils import p64
@@ -1191,6 +1192,154 @@ class TestBlobs(ConvertTestCase):
             self.convert(fs_section('source', src, blobs), dest, '--verify'), rc=1)
         self.assertIn('blob of object', err)
         self.assertIn('differs', err)
+
+
+def to_earlier_release(db, keep_history):
+    """Turn the schema of ``db`` (ours, filled) into the one RelStorage 3.x
+    and 4.x create, as seen in their databases: the transaction metadata
+    in ``transaction`` with a row of tid 0, ``commit_row_lock`` instead of
+    ``commit_lock``, an ``md5`` column, their pack's tables and, on
+    PostgreSQL, blob chunks in large objects."""
+    statements = ['DROP TABLE commit_lock',
+                  'CREATE TABLE commit_row_lock (tid BIGINT NOT NULL PRIMARY KEY)',
+                  'INSERT INTO commit_row_lock (tid) VALUES (0)',
+                  'CREATE TABLE object_refs_added (tid BIGINT NOT NULL PRIMARY KEY)',
+                  'ALTER TABLE object_state ADD md5 CHAR(32)']
+    if keep_history:
+        if db.name == 'mysql':
+            statements.append('RENAME TABLE transaction_log TO `transaction`')
+            quoted = '`transaction`'
+        else:
+            statements.append('ALTER TABLE transaction_log RENAME TO "transaction"')
+            quoted = '"transaction"'
+        statements += [
+            'CREATE TABLE pack_state (tid BIGINT NOT NULL, zoid BIGINT NOT NULL, '
+            'PRIMARY KEY (tid, zoid))',
+            "INSERT INTO %s (tid, packed, is_empty, username, description) "
+            "VALUES (0, %s, %s, 'system', 'special transaction for object creation')"
+            % (quoted, 'FALSE' if db.name == 'postgresql' else '0',
+               'FALSE' if db.name == 'postgresql' else '0')]
+    if db.name == 'postgresql':
+        statements.append('ALTER TABLE blob_chunk ALTER COLUMN chunk TYPE oid '
+                          'USING lo_from_bytea(0, chunk)')
+    if db.name == 'sqlite':
+        import sqlite3
+        conn = sqlite3.connect(os.path.join(db.dir, 'main.sqlite3'))
+        try:
+            for stmt in statements:
+                conn.execute(stmt)
+            conn.commit()
+        finally:
+            conn.close()
+    elif db.name == 'postgresql':
+        import psycopg
+        with psycopg.connect(servers.pg_dsn() + ' dbname=' + db.dbname) as conn:
+            for stmt in statements:
+                conn.execute(stmt)
+    else:
+        import MySQLdb
+        conn = MySQLdb.connect(db=db.dbname, **servers.mysql_params())
+        try:
+            for stmt in statements:
+                conn.cursor().execute(stmt)
+            conn.commit()
+        finally:
+            conn.close()
+
+
+class TestEarlierRelease(ConvertTestCase):
+    """A database RelStorage 3.x / 4.x created: refused read-write, read
+    read-only, so that the section a site has can be zodbconvert's source."""
+
+    def _earlier(self, db_class, keep_history):
+        src, blobs = self.path('%s-%s.fs' % (db_class.name, keep_history)), self.path(
+            '%s-%s-blobs' % (db_class.name, keep_history))
+        make_source(src, blob_dir=blobs)
+        db = self.database(db_class)
+
+        def cache(n):
+            return self.path('cache-%d-%s-%s' % (n, db_class.name, keep_history))
+        self.assertConverted(self.convert(
+            fs_section('source', src, blobs),
+            rs_section('destination', db, keep_history, blob_dir=cache(1))))
+        to_earlier_release(db, keep_history)
+        return src, blobs, db
+
+    def _check(self, db_class, keep_history):
+        import ZODB.config
+        from relstorage.interfaces import EarlierSchemaError
+        src, blobs, db = self._earlier(db_class, keep_history)
+
+        def cache(n):
+            return self.path('cache-%d-%s-%s' % (n, db_class.name, keep_history))
+        mode = 'history-preserving' if keep_history else 'history-free'
+        # Read-write: refused, whatever keep-history says, naming the way out.
+        for configured in (keep_history, not keep_history):
+            with self.assertRaises(EarlierSchemaError) as caught:
+                self.open_rs(db, configured, blob_dir=cache(2))
+            message = str(caught.exception)
+            self.assertIn('%s schema of an earlier RelStorage release' % mode, message)
+            self.assertIn('commit_row_lock', message)
+            self.assertIn('zodbconvert', message)
+        # ... also as zodbconvert's destination.
+        _, err = self.assertConverted(self.convert(
+            fs_section('source', src, blobs), rs_section('destination', db, keep_history)),
+            rc=1)
+        self.assertIn('earlier RelStorage release', err)
+        # Read-only, through ZODB.DB: the objects and blobs are there.
+        storage = self.open_rs(db, keep_history, blob_dir=cache(3),
+                               read_only=True)
+        database = ZODB.DB(storage)
+        try:
+            root = database.open().root()
+            self.assertEqual(root['obj3']['v'], 7)     # 11, undone
+            with root['blob10'].open() as f:
+                self.assertEqual(f.read(), b'blob 10 ' * 1000)
+        finally:
+            database.close()
+        # zodbconvert copies it, with the section as it is, into a FileStorage.
+        tag = '%s-%s' % (db_class.name, mode)
+        back, back_blobs = self.path('back-%s.fs' % tag), self.path('back-blobs-%s' % tag)
+        out, _ = self.assertConverted(self.convert(
+            rs_section('source', db, keep_history, blob_dir=cache(4)),
+            fs_section('destination', back, back_blobs), '--verify'))
+        self.assertIn('Verified', out)
+        self.assertIn('3 blobs', out)
+        original = FileStorage(src, blob_dir=blobs, read_only=True)
+        copied = FileStorage(back, blob_dir=back_blobs, read_only=True)
+        try:
+            if keep_history:
+                # Transaction by transaction, metadata included (tid 0 is none).
+                expected, actual = transactions_of(original), transactions_of(copied)
+                self.assertEqual(len(expected), 16)
+                self.assertEqual(actual, expected)
+            else:
+                expected, actual = current_objects(original), current_objects(copied)
+                self.assertEqual(actual, expected)
+            blob_oids = [oid for oid, (_, data) in current_objects(original).items()
+                         if is_blob_record(data)]
+            self.assertEqual(len(blob_oids), 3)
+            for oid in blob_oids:
+                serial = original.load(oid)[1]
+                self.assertEqual(file_digest(copied.loadBlob(oid, serial)),
+                                 file_digest(original.loadBlob(oid, serial)))
+        finally:
+            original.close()
+            copied.close()
+
+    def test_earlier_release_history_preserving(self):
+        for db_class in configured():
+            if db_class.name == 'oracle':
+                continue
+            with self.subTest(db_class.name):
+                self._check(db_class, True)
+
+    def test_earlier_release_history_free(self):
+        for db_class in configured():
+            if db_class.name == 'oracle':
+                continue
+            with self.subTest(db_class.name):
+                self._check(db_class, False)
 
 
 class TestCommandLine(ConvertTestCase):

@@ -105,6 +105,7 @@ class MySQLAdapter(Adapter):
     #: max_allowed_packet as well).
     upload_batch = 1000
     statements_class = sql.MySQLStatements
+    earlier_release_reads = sql.MySQLEarlierReleaseReads
     temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
     # InnoDB never purges the rows deleted from a TEMPORARY table while its
     # session lives: every later DELETE or INSERT ... SELECT over the table

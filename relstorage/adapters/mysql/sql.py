@@ -12,6 +12,7 @@ Differences from the ANSI statements in ``..sql``:
   ``LOCK IN SHARE MODE`` on MariaDB (which has no ``FOR SHARE``) and
   ``FOR SHARE`` on MySQL 8.
 """
+from ..sql import EarlierReleaseReads
 from ..sql import Statements
 
 
@@ -321,3 +322,8 @@ HISTORY_FREE_SCHEMA = _COMMON + (
     ) ENGINE = InnoDB""",
     _BLOB_CHUNK,
 )
+
+
+class MySQLEarlierReleaseReads(EarlierReleaseReads):
+    # Without ANSI_QUOTES, MySQL quotes identifiers with backticks.
+    TRANSACTION_TABLE = '`transaction`'

@@ -69,6 +69,8 @@ class OracleAdapter(Adapter):
     max_in_list = 1000
     upload_batch = 1000
     statements_class = sql.OracleStatements
+    # The schema earlier releases created on Oracle is not known here.
+    earlier_release_reads = None
     temp_rows_survive_commit = False
     has_host = True
     # A server list names whole DSNs (Easy Connect strings, TNS aliases,

@@ -60,6 +60,7 @@ class PostgreSQLAdapter(Adapter):
     max_in_list = 1000
     upload_batch = 1000
     statements_class = sql.PostgreSQLStatements
+    earlier_release_reads = sql.PostgreSQLEarlierReleaseReads
     temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
     # idle_in_transaction_session_timeout ends a held transaction.
     holds_locks_for_retry = True

@@ -4,6 +4,7 @@ Integers are BIGINT (OIDs and TIDs are 64-bit; ZODB never uses the sign
 bit), pickles BYTEA.  Upserts use ``INSERT ... ON CONFLICT``.  Row locks
 are taken with ``SELECT ... FOR UPDATE / FOR SHARE`` in OID order.
 """
+from ..sql import EarlierReleaseReads
 from ..sql import Statements
 
 #: OIDs handed out per nextval(): the sequence counts in steps of this size
@@ -332,3 +333,11 @@ DROP_ALL = (
     "pack_seed CASCADE",
     "DROP SEQUENCE IF EXISTS zoid_seq",
 )
+
+
+class PostgreSQLEarlierReleaseReads(EarlierReleaseReads):
+    # The earlier releases kept each blob chunk in a large object; its
+    # column holds the large object's oid.
+    LOAD_BLOB_CHUNK = """
+        SELECT lo_get(chunk) FROM blob_chunk WHERE zoid = %s AND tid = %s AND chunk_num = %s
+    """
