@@ -86,6 +86,9 @@ def same_database(one, other):
 
 
 
+#: Bytes per statement reading a blob chunk in parts (stream_blob_chunk).
+BLOB_PART = 16 << 20
+
 #: Tables of the schema RelStorage 3.x and 4.x created that ours never has.
 EARLIER_RELEASE_TABLES = frozenset(['commit_row_lock', 'transaction', 'object_refs_added',
                                     'pack_state', 'pack_state_tid'])
@@ -1047,6 +1050,25 @@ class Adapter(PackVerbs):
 
     def load_blob_chunk(self, conn, oid, tid, chunk_num):
         return _bytes(conn.query_value(self.q(self.sql.LOAD_BLOB_CHUNK), (oid, tid, chunk_num)))
+
+    def stream_blob_chunk(self, conn, oid, tid, chunk_num, write):
+        """Write blob chunk ``chunk_num`` to ``write``; return its size.
+        Where one chunk may be too large to read as one value (the large
+        objects of earlier releases on PostgreSQL, which hold a whole blob:
+        ``sql.LOAD_BLOB_CHUNK_PART``), it is read in parts of BLOB_PART."""
+        part_sql = self.sql.LOAD_BLOB_CHUNK_PART
+        if part_sql is None:
+            data = self.load_blob_chunk(conn, oid, tid, chunk_num)
+            write(data)
+            return len(data)
+        size = 0
+        while True:
+            data = _bytes(conn.query_value(self.q(part_sql),
+                                           (size, BLOB_PART, oid, tid, chunk_num)))
+            write(data)
+            size += len(data)
+            if len(data) < BLOB_PART:
+                return size
 
     # ------------------------------------------------------------------
     # History.

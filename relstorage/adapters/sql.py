@@ -418,6 +418,9 @@ class Statements:
     LOAD_BLOB_CHUNK = """
         SELECT chunk FROM blob_chunk WHERE zoid = %s AND tid = %s AND chunk_num = %s
     """
+    #: (offset, length, zoid, tid, chunk_num): a part of a chunk, where a
+    #: chunk may be too large for one value (Adapter.stream_blob_chunk).
+    LOAD_BLOB_CHUNK_PART = None
 
     DELETE_BLOBS_OF_OBJECT = "DELETE FROM blob_chunk WHERE zoid = %s"
 

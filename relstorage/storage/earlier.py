@@ -180,7 +180,7 @@ class EarlierReleaseStorage:
                     raise POSException.POSKeyError("No blob for object %r at %r"
                                                    % (oid, serial))
                 for chunk_num in range(count):
-                    f.write(self.adapter.load_blob_chunk(conn, oid_int, tid_int, chunk_num))
+                    self.adapter.stream_blob_chunk(conn, oid_int, tid_int, chunk_num, f.write)
             os.rename(temp, path)
         except BaseException:
             os.remove(temp)

@@ -909,12 +909,9 @@ class RelStorage(ConflictResolvingStorage):
                 return self._copy_blob_chunks(fresh, oid_int, tid_int, count, write)
 
     def _copy_blob_chunks(self, conn, oid_int, tid_int, count, write):
-        size = 0
-        for num in range(count):
-            data = self._adapter.load_blob_chunk(conn, oid_int, tid_int, num)
-            write(data)
-            size += len(data)
-        return size
+        adapter = self._adapter
+        return sum(adapter.stream_blob_chunk(conn, oid_int, tid_int, num, write)
+                   for num in range(count))
 
     def new_oid(self):
         if self._is_read_only:

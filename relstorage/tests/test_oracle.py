@@ -302,6 +302,7 @@ def drive_every_verb(adapter, recorder):
     adapter.blob_chunk_count(load, 1, 2)
     adapter.any_blob_chunk(load)
     adapter.load_blob_chunk(load, 1, 2, 0)
+    adapter.stream_blob_chunk(load, 1, 2, 0, lambda data: None)
     adapter.session_alive(load)
     if hp:
         adapter.undo_log(load, 2)

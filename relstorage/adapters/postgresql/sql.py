@@ -336,8 +336,13 @@ DROP_ALL = (
 
 
 class PostgreSQLEarlierReleaseReads(EarlierReleaseReads):
-    # The earlier releases kept each blob chunk in a large object; its
-    # column holds the large object's oid.
+    # The earlier releases kept each blob chunk in a large object (its
+    # column holds the large object's oid), a whole blob in one: read in
+    # parts, as one value (bytea) cannot pass 1 GB.
     LOAD_BLOB_CHUNK = """
         SELECT lo_get(chunk) FROM blob_chunk WHERE zoid = %s AND tid = %s AND chunk_num = %s
+    """
+    LOAD_BLOB_CHUNK_PART = """
+        SELECT lo_get(chunk, %s, %s)
+        FROM blob_chunk WHERE zoid = %s AND tid = %s AND chunk_num = %s
     """
