@@ -111,7 +111,7 @@ OPTIONS = (
     Option('blob-dir', None, 'existing-dirpath',
            'Directory for blob files, created if missing (its parent must '
            'exist); blobs are disabled when unset.', active=True),
-    Option('shared-blob-dir', True, 'boolean',
+    Option('shared-blob-dir', False, 'boolean',
            'True if blob-dir is the only blob store (shared by all clients); '
            'false if it is a local cache of blobs kept in the database.', active=True),
     Option('blob-cache-size', None, 'byte-size',
@@ -361,7 +361,7 @@ class Options:
             given = [option.name for option in self.OPTIONS
                      if option.name.startswith('blob-') and option.name != 'blob-dir'
                      and getattr(self, option.attribute) != option.default]
-            if not self.shared_blob_dir:
+            if self.shared_blob_dir:
                 given.insert(0, 'shared-blob-dir')
             if given:
                 logger.warning('%s set without blob-dir: this storage keeps no blobs '

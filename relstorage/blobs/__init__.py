@@ -2,12 +2,13 @@
 
 Two modes, chosen by ``shared-blob-dir``:
 
-- ``cached.CachedBlobs`` (shared-blob-dir false): the bytes live in the
-  database (``blob_chunk`` rows, committed with the object that owns
-  them); ``blob-dir`` is only a local cache, bounded by ``blob-cache-size``.
-- ``shared.SharedBlobs`` (shared-blob-dir true, the default as in earlier
-  releases): ``blob-dir`` (often NFS) is the only copy, in ZODB's bushy
-  layout; the database keeps no blob bytes.
+- ``cached.CachedBlobs`` (shared-blob-dir false, the default, as in
+  RelStorage 4.3): the bytes live in the database (``blob_chunk`` rows,
+  committed with the object that owns them); ``blob-dir`` is only a local
+  cache, bounded by ``blob-cache-size``.
+- ``shared.SharedBlobs`` (shared-blob-dir true): ``blob-dir`` (often NFS)
+  is the only copy, in ZODB's bushy layout; the database keeps no blob
+  bytes.
 
 Each storage instance gets its own ``BlobTransaction`` from the mode object
 for the transaction being committed.

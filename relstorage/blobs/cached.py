@@ -64,9 +64,9 @@ class CachedBlobs(BlobMode):
         no blob bytes at all, unless it is marked as a cache
         (CACHE_MARKER): the only copies of those blobs, as a shared blob
         directory keeps them, which this mode would take for a cache and
-        prune (a helper agent's check: a configuration of RelStorage 4.3,
-        whose shared-blob-dir default is true, lost its blobs that way
-        while ours was false).  A cache is marked when first opened, so
+        prune (a configuration that relied on shared-blob-dir being true
+        by default, as it was in development builds of this release, would
+        lose its blobs that way).  A cache is marked when first opened, so
         that one left with files after zap_all, drop_all or a pack that
         removed the last blob is still known for what it is."""
         marker = os.path.join(self.blob_dir, CACHE_MARKER)

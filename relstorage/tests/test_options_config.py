@@ -150,7 +150,7 @@ class TestOptions(unittest.TestCase):
         options = Options()
         expected = {
             'name': None, 'read_only': False, 'keep_history': True,
-            'create_schema': True, 'blob_dir': None, 'shared_blob_dir': True,
+            'create_schema': True, 'blob_dir': None, 'shared_blob_dir': False,
             'blob_cache_size': None, 'blob_cache_size_check': 10,
             'blob_cache_size_check_external': False,
             'blob_chunk_size': 1048576, 'replica_conf': None,
@@ -295,7 +295,7 @@ class TestOptions(unittest.TestCase):
         # Without blob-dir the storage keeps no blobs; the first blob
         # committed failed with ZODB's words, which name no option.
         logger = logging.getLogger('relstorage.tests.blobs')
-        options = Options(shared_blob_dir=False, blob_cache_size=100 * 2 ** 20)
+        options = Options(shared_blob_dir=True, blob_cache_size=100 * 2 ** 20)
         with self.assertLogs(logger, logging.WARNING) as logs:
             options.log_notices(logger)
         self.assertEqual(logs.output, [
@@ -831,16 +831,17 @@ class TestCreateAndOpen(_ParsingTests):
         factory = self.load('name main\npoll-interval 5')
         adapter_class, adapter_calls = self._fake_module(
             'relstorage.adapters.sqlite.adapter', 'Sqlite3Adapter')
-        storage_class, storage_calls = self._fake_module(
-            'relstorage.storage', 'RelStorage')
+        # (open_storage makes the RelStorage, or reads an earlier
+        # release's schema: see storage/earlier.py.)
+        opened, open_calls = self._fake_module('relstorage.storage.earlier', 'open_storage')
         storage = factory.open()
-        self.assertIsInstance(storage, storage_class)
+        self.assertIsInstance(storage, opened)
         self.assertEqual(len(adapter_calls), 1)
-        (args, kwargs), = storage_calls
-        self.assertEqual(len(args), 1)
+        (args, kwargs), = open_calls
+        self.assertEqual(len(args), 2)
         self.assertIsInstance(args[0], adapter_class)
-        self.assertEqual(kwargs, {'name': 'main',
-                                  'options': factory.options})
+        self.assertIs(args[1], factory.options)
+        self.assertEqual(factory.options.name, 'main')
 
 
 class TestDocs(unittest.TestCase):

@@ -430,13 +430,38 @@ class SqliteConfigTests(unittest.TestCase):
         # A layout nobody knows is named.
         self.assertIn("'sideways'", refused(os.path.join(self.tmp, 'odd'), 'sideways', 'data5'))
 
+    def test_blob_dir_without_the_shared_line_is_a_cache(self):
+        # RelStorage 4.3's meaning of a section with blob-dir and no
+        # shared-blob-dir line (seen by running it): the blobs are kept in
+        # the database, blob-dir caches them.  Read as a shared directory,
+        # each application server wrote the blobs it committed to its own
+        # directory only, and the others could not read them.
+        from ZODB.blob import Blob
+        data_dir = os.path.join(self.tmp, 'data')
+        servers = [zconfig(data_dir, 'blob-dir %s' % os.path.join(self.tmp, name))
+                   for name in ('server-a-blobs', 'server-b-blobs')]
+        db = ZODB.config.databaseFromString(servers[0])
+        try:
+            with db.transaction() as conn:
+                conn.root()['file'] = Blob(b'committed on server a' * 100)
+            self.assertFalse(db.storage._options.shared_blob_dir)
+        finally:
+            db.close()
+        db = ZODB.config.databaseFromString(servers[1])
+        try:
+            with db.transaction() as conn:
+                with conn.root()['file'].open() as f:
+                    self.assertEqual(f.read(), b'committed on server a' * 100)
+        finally:
+            db.close()
+
     def test_shared_blob_dir_is_not_taken_for_a_cache(self):
-        # A helper agent's check: blobs written to a shared blob directory
-        # (RelStorage 4.3's default mode), then the same configuration
-        # without its shared-blob-dir line (then meaning false here) and
-        # with a small blob-cache-size: the cache pruned the files, which
-        # were the only copies (POSKeyError).  The line's absence now
-        # means true, as it did, and a cache never takes such a directory.
+        # A helper agent's check: blobs written to a shared blob directory,
+        # then the same configuration without its shared-blob-dir line
+        # (meaning false, as in RelStorage 4.3) and with a small
+        # blob-cache-size: the cache pruned the files, which were the only
+        # copies (POSKeyError).  A cache never takes such a directory: it
+        # is refused, naming the setting.
         from ZODB.blob import Blob
         from relstorage.interfaces import RelStorageError
         data_dir = os.path.join(self.tmp, 'data')
@@ -450,11 +475,12 @@ class SqliteConfigTests(unittest.TestCase):
             db.close()
         as_cache = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir false\n'
                                      'blob-cache-size 1kb' % blob_dir)
-        with self.assertRaises(RelStorageError) as raised:
-            ZODB.config.databaseFromString(as_cache)
-        self.assertIn('shared-blob-dir true', str(raised.exception))
-        # Without the line: shared, the directory the only copy.
-        for text in (shared, zconfig(data_dir, 'blob-dir %s' % blob_dir)):
+        without_line = zconfig(data_dir, 'blob-dir %s' % blob_dir)
+        for text in (as_cache, without_line):
+            with self.assertRaises(RelStorageError) as raised:
+                ZODB.config.databaseFromString(text)
+            self.assertIn('shared-blob-dir true', str(raised.exception))
+        for text in (shared,):
             db = ZODB.config.databaseFromString(text)
             try:
                 with db.transaction() as conn:
@@ -478,7 +504,8 @@ class SqliteConfigTests(unittest.TestCase):
         # be found there, and new ones would reach no other process.
         with self.assertRaises(RelStorageError) as raised:
             ZODB.config.databaseFromString(
-                zconfig(data2, 'blob-dir %s' % os.path.join(self.tmp, 'cache')))
+                zconfig(data2, 'blob-dir %s\nshared-blob-dir true'
+                        % os.path.join(self.tmp, 'cache')))
         self.assertIn('shared-blob-dir false', str(raised.exception))
         # A cache left with files while its database holds no blob (after
         # zap_all here, or drop_all, or a pack elsewhere) is still one: it
@@ -499,7 +526,8 @@ class SqliteConfigTests(unittest.TestCase):
         # what the shared mode writes there, the only copies).
         with self.assertRaises(RelStorageError) as raised:
             ZODB.config.databaseFromString(
-                zconfig(data2, 'blob-dir %s' % os.path.join(self.tmp, 'cache')))
+                zconfig(data2, 'blob-dir %s\nshared-blob-dir true'
+                        % os.path.join(self.tmp, 'cache')))
         self.assertIn('marked as a cache', str(raised.exception))
 
     def test_missing_cache_local_dir_is_created(self):
