@@ -124,6 +124,7 @@ class Commit:
         self.fresh = None               # new OIDs nobody else can hold (_claim_fresh)
         self.new_count = 0              # objects stored as new (prev_tid 0), idem
         self.restoring = False          # restore(): copy history verbatim
+        self.undone = set()             # oid_ints restored without a state
         self.btxn = blobs.begin() if blobs is not None else None
         self.copied = []                # CopiedTransaction (copy.py's batches)
         self.tid = None                 # chosen in vote
@@ -142,6 +143,10 @@ class Commit:
     def restore(self, oid_int, tid_int, state):
         self.restoring = True
         self.tstore.store(oid_int, tid_int, state)
+        if state is None:
+            self.undone.add(oid_int)
+        else:
+            self.undone.discard(oid_int)
 
     def add_blob(self, oid_int, path):
         self.btxn.add(oid_int, path)
@@ -255,6 +260,14 @@ class Commit:
             raise
         if self.btxn is not None:
             self.blobs.finish(adapter, conn, self.btxn, self.tid, has_data=in_temp > 0)
+        if self.undone and not adapter.keep_history:
+            # As in _vote_copied: a history-free database has no revision
+            # to say that an object stopped existing (a restored record
+            # without a state: an undone creation), so the object goes;
+            # copies through restore() (zodbconvert's transactions holding
+            # blobs, copyTransactionsFrom) and through batches then give
+            # the same database.
+            adapter.pack_delete(conn, sorted(self.undone), [], self.tid)
         if tstore.max_oid >= 0:
             adapter.note_oids_used(tstore.max_oid)
         if writes_data:

@@ -687,9 +687,17 @@ def _sample_state_sizes(source, samples):
         return []
     step = max(1, (top + 1) // samples)
     sizes = []
+    last = -1
     for start in range(0, top + 1, step):
+        if start <= last:
+            continue            # the record found last is at or after it
         found = _at_or_after(source, start)
-        if found is not None and found[2] is not None:
+        if found is None:
+            continue
+        # (After a gap of OIDs, the next record answers for every start
+        # in the gap: it is counted once.)
+        last = u64(found[0])
+        if found[2] is not None:
             sizes.append(len(found[2]))
     return sizes
 

@@ -441,7 +441,9 @@ class PackBehaviourTests(PackCase):
         # restore with no data) leaves a record without a state: it
         # did not exist at the pack time, with or without GC.  (History-
         # free, the candidates read that from the work table since the
-        # pack stopped joining object_state there.)
+        # pack stopped joining object_state there.)  History-free, the
+        # row goes at once (as from zodbconvert's batches, which give the
+        # same database): nothing is left for the pack.
         for gc in (True, False):
             with self.subTest(gc=gc):
                 db = self.db(pack_gc=gc)
@@ -455,7 +457,7 @@ class PackBehaviourTests(PackCase):
                 storage.restore(oid, tid, None, '', None, txn)
                 storage.tpc_vote(txn)
                 storage.tpc_finish(txn)
-                self.assertEqual(self.rows_of(oid), 1)
+                self.assertEqual(self.rows_of(oid), 1 if storage.supportsUndo() else 0)
                 db.pack(time.time() + 1)
                 self.assertEqual(self.rows_of(oid), 0)
                 self.assert_reachable_objects_load()
