@@ -91,19 +91,24 @@ class EarlierSchemaError(SchemaMismatchError):
     schema has.
     """
 
-    def __init__(self, where, tables, keep_history):
+    def __init__(self, where, tables, keep_history, readable=True):
         self.keep_history = keep_history
+        if readable:
+            how = ("Copy it into a new database with zodbconvert: this storage "
+                   "section can be its source as it stands (zodbconvert opens the "
+                   "source read-only, and read-only, this release reads that schema).")
+        else:
+            how = ("This release cannot read it here either: copy it with the "
+                   "earlier release's zodbconvert (into a FileStorage, for example), "
+                   "then from there.")
         SchemaMismatchError.__init__(
             self,
             "The database at %s holds the %s schema of an earlier RelStorage "
             "release (3.x or 4.x: it has %s), which this release does not write "
-            "to; nothing was changed. Copy it into a new database with "
-            "zodbconvert: this storage section can be its source as it stands "
-            "(zodbconvert opens the source read-only, and read-only, this release "
-            "reads that schema). See \"From an earlier RelStorage release\" in "
-            "docs/zodbconvert.rst."
+            "to; nothing was changed. %s See \"From an earlier RelStorage "
+            "release\" in docs/zodbconvert.rst."
             % (where, 'history-preserving' if keep_history else 'history-free',
-               ', '.join(tables)))
+               ', '.join(tables), how))
 
 
 class StateTooLargeError(RelStorageError):

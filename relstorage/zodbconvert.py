@@ -389,12 +389,20 @@ class Converter:
             raise UsageError('--dry-run: the destination storage type cannot be opened '
                              'read-only, so a dry run could write to it')
         try:
-            return factory.open()
+            dest = factory.open()
         except Exception as exc:  # pylint:disable=broad-except
             # Typically it does not exist yet (no file, no schema).
             self.say('Dry run: the destination cannot be opened read-only (%s); '
                      'treating it as empty.' % redact_secrets(_one_line(exc)))
             return None
+        from .storage.earlier import EarlierReleaseStorage
+        if isinstance(dest, EarlierReleaseStorage):
+            # Read-only, it opens; for the copy it would be refused.
+            _close(dest)
+            raise Failure('the destination %s holds the schema of an earlier RelStorage '
+                          'release, which this release does not write to; copy into a '
+                          'new database' % redact_secrets(dest.adapter.describe()))
+        return dest
 
     def _clear(self, factory, dest):
         if not copy.is_relstorage(dest):

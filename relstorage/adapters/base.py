@@ -96,8 +96,10 @@ EARLIER_RELEASE_TABLES = frozenset(['commit_row_lock', 'transaction', 'object_re
 
 def earlier_release_schema(tables):
     """The earlier release's tables among ``tables`` (sorted) when they
-    hold the schema RelStorage 3.x or 4.x created, else None."""
-    if 'object_state' not in tables or 'commit_lock' in tables:
+    hold the schema RelStorage 3.x or 4.x created, else None.  (Whether
+    or not they also have a ``commit_lock``: releases before 3.0 made one,
+    without our columns, and a database upgraded since may keep it.)"""
+    if 'object_state' not in tables:
         return None
     return sorted(EARLIER_RELEASE_TABLES & tables) or None
 
@@ -469,7 +471,8 @@ class Adapter(PackVerbs):
             earlier = earlier_release_schema(tables)
             if earlier is not None:
                 raise EarlierSchemaError(self.describe(), earlier,
-                                         'current_object' in tables)
+                                         'current_object' in tables,
+                                         self.earlier_release_reads is not None)
             if 'object_state' in tables:
                 is_hp = 'current_object' in tables
                 if is_hp != self.keep_history:

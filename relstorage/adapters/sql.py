@@ -949,6 +949,11 @@ class EarlierReleaseReads:
         ORDER BY tid
     """
 
+    # Reads of ours that the earlier schema cannot answer, and which a
+    # read-only storage never sends: None, so that a use fails loudly.
+    POLL_CHANGES_AROUND = UNDO_LOG = TRANSACTION_EXISTS = TRANSACTIONS_IN_RANGE = None
+    GET_SNAPSHOT_MARKS = GET_SNAPSHOT_MARKS_WITNESS = GET_SNAPSHOT_MARKS_WITNESS_HF = None
+
     def __init__(self, keep_history):
         super().__init__(keep_history)
         for name in ('GET_LAST_TID', 'HISTORY', 'ALL_TRANSACTIONS_IN_RANGE'):

@@ -139,6 +139,8 @@ class Commit:
 
     def store(self, oid_int, prev_tid_int, state):
         self.tstore.store(oid_int, prev_tid_int, state)
+        if self.undone:
+            self.undone.discard(oid_int)
 
     def restore(self, oid_int, tid_int, state):
         self.restoring = True
@@ -266,8 +268,10 @@ class Commit:
             # without a state: an undone creation), so the object goes;
             # copies through restore() (zodbconvert's transactions holding
             # blobs, copyTransactionsFrom) and through batches then give
-            # the same database.
+            # the same database.  No poll would see the rows go: the pack
+            # mark tells other processes that objects may be gone.
             adapter.pack_delete(conn, sorted(self.undone), [], self.tid)
+            adapter.bump_pack_mark(conn)
         if tstore.max_oid >= 0:
             adapter.note_oids_used(tstore.max_oid)
         if writes_data:
@@ -418,6 +422,7 @@ class Commit:
         adapter.advance_tid(conn, None, copied[0].tid)
         fault_point('vote.commit_locked')
         keep_history = adapter.keep_history
+        removed_any = False
         for c in copied:
             if keep_history:
                 rows = [(oid, 0, state) for oid, state in c.rows]
@@ -440,6 +445,11 @@ class Commit:
                                     c.extension, packed=c.packed)
             if deleted:
                 adapter.pack_delete(conn, deleted, [], c.tid)
+                removed_any = True
+        if removed_any:
+            # No poll would see the rows go: the pack mark tells other
+            # processes that objects may be gone.
+            adapter.bump_pack_mark(conn)
         self.tid = copied[-1].tid
         if len(copied) > 1:
             adapter.set_last_tid(conn, self.tid)

@@ -21,6 +21,7 @@ directory of this storage's own: a blob-dir configured as a cache
 (``shared-blob-dir false``) is the earlier release's, possibly in use by
 its processes, and is not touched.
 """
+import collections
 import contextlib
 import logging
 import os
@@ -44,6 +45,11 @@ from ..interfaces import RelStorageError
 from . import history
 
 log = logging.getLogger(__name__)
+
+#: Bytes of downloaded blob files kept (beyond the newest one): a copy uses
+#: each file once, right after loadBlob, and a reader opens it at once (a
+#: file removed while open stays readable until closed).
+DOWNLOADS_KEPT_BYTES = 256 << 20
 
 
 def open_storage(adapter, options):
@@ -83,6 +89,7 @@ class EarlierReleaseStorage:
         self._conn = None
         self._fshelper = None
         self._downloads = None
+        self._downloaded = collections.OrderedDict()      # path -> size, oldest first
         if options.blob_dir:
             if options.shared_blob_dir:
                 if not os.path.isdir(options.blob_dir):
@@ -124,10 +131,18 @@ class EarlierReleaseStorage:
         return bytes(row[0]), p64(row[1])
 
     def loadBefore(self, oid, tid):
+        oid_int = u64(oid)
         with self._read() as conn:
-            found = self.adapter.load_before(conn, u64(oid), u64(tid))
-        if found is None or found[0] is None:
+            found = self.adapter.load_before(conn, oid_int, u64(tid))
+            exists = found is not None or self.adapter.load_current(conn, oid_int) is not None
+        if found is None:
+            if not exists:
+                raise POSException.POSKeyError(oid)
             return None
+        if found[0] is None:
+            # The revision in force then says the object did not exist
+            # (an undone creation), as RelStorage.loadBefore says it.
+            raise POSException.POSKeyError(oid)
         state, start, end = found
         return state, p64(start), (p64(end) if end else None)
 
@@ -169,8 +184,10 @@ class EarlierReleaseStorage:
         if self._downloads is None:
             raise POSException.Unsupported("No blob-dir is configured")
         path = os.path.join(self._downloads, '%016x-%016x.blob' % (u64(oid), u64(serial)))
-        if os.path.exists(path):
-            return path
+        with self._lock:
+            if path in self._downloaded and os.path.exists(path):
+                self._downloaded.move_to_end(path)
+                return path
         oid_int, tid_int = u64(oid), u64(serial)
         fd, temp = tempfile.mkstemp(suffix='.tmp', dir=self._downloads)
         try:
@@ -185,11 +202,34 @@ class EarlierReleaseStorage:
         except BaseException:
             os.remove(temp)
             raise
+        self._keep(path)
         return path
 
+    def _keep(self, path):
+        """Remember a download; remove the oldest ones past
+        DOWNLOADS_KEPT_BYTES, so that a copy of a database's every blob
+        does not fill the temporary directory."""
+        with self._lock:
+            self._downloaded[path] = os.path.getsize(path)
+            self._downloaded.move_to_end(path)
+            total = sum(self._downloaded.values())
+            while total > DOWNLOADS_KEPT_BYTES and len(self._downloaded) > 1:
+                old, size = self._downloaded.popitem(last=False)
+                total -= size
+                try:
+                    os.remove(old)
+                except OSError:
+                    pass
+
     def openCommittedBlobFile(self, oid, serial, blob=None):
-        path = self.loadBlob(oid, serial)
-        return open(path, 'rb') if blob is None else BlobFile(path, 'r', blob)
+        for attempt in range(3):
+            path = self.loadBlob(oid, serial)
+            try:
+                return open(path, 'rb') if blob is None else BlobFile(path, 'r', blob)
+            except FileNotFoundError:
+                # Removed by another thread's download (_keep) meanwhile.
+                if attempt == 2:
+                    raise
 
     def temporaryDirectory(self):
         if self._fshelper is not None:

@@ -1344,7 +1344,12 @@ class TestEarlierRelease(ConvertTestCase):
             self._check_parts(db_class, keep_history)
 
     def _check_parts(self, db_class, keep_history):
+        from unittest import mock
+
+        from ZODB.POSException import POSKeyError
+
         from relstorage.interfaces import EarlierSchemaError
+        from relstorage.storage import earlier
         src, blobs, db = self._earlier(db_class, keep_history)
 
         def cache(n):
@@ -1363,6 +1368,11 @@ class TestEarlierRelease(ConvertTestCase):
             fs_section('source', src, blobs), rs_section('destination', db, keep_history)),
             rc=1)
         self.assertIn('earlier RelStorage release', err)
+        # ... nor is a dry run into it.
+        _, err = self.assertConverted(self.convert(
+            fs_section('source', src, blobs), rs_section('destination', db, keep_history),
+            '--dry-run'), rc=1)
+        self.assertIn('schema of an earlier RelStorage release', err)
         # Read-only, through ZODB.DB: the objects and blobs are there.
         storage = self.open_rs(db, keep_history, blob_dir=cache(3),
                                read_only=True)
@@ -1372,6 +1382,15 @@ class TestEarlierRelease(ConvertTestCase):
             self.assertEqual(root['obj3']['v'], 7)     # 11, undone
             with root['blob10'].open() as f:
                 self.assertEqual(f.read(), b'blob 10 ' * 1000)
+            # As ZODB's storages answer for an object that never was.
+            with self.assertRaises(POSKeyError):
+                storage.loadBefore(p64(123456), storage.lastTransaction())
+            # The downloaded blobs do not pile up in the temporary directory.
+            with mock.patch.object(earlier, 'DOWNLOADS_KEPT_BYTES', 10000):
+                for name in ('blob0', 'blob5', 'blob10'):
+                    with root[name].open() as f:
+                        self.assertEqual(f.read(), b'blob %s ' % name[4:].encode() * 1000)
+            self.assertLessEqual(len(os.listdir(storage.temporaryDirectory())), 2)
         finally:
             database.close()
         # zodbconvert copies it, with the section as it is, into a FileStorage.
@@ -1410,6 +1429,33 @@ class TestEarlierRelease(ConvertTestCase):
                 continue
             with self.subTest(db_class.name):
                 self._check(db_class, True)
+
+    def test_earlier_release_shared_blob_dir(self):
+        # With shared-blob-dir true, the earlier release's blob-dir holds
+        # the only copy: it is read as it is, and must exist.
+        src, blobs = self.path('shared.fs'), self.path('shared-blobs')
+        make_source(src, blob_dir=blobs)
+        db = self.database()
+        shared_dir = self.path('the-shared-dir')
+        section = rs_section('', db, True).replace(
+            'keep-history true', 'keep-history true\n blob-dir %s\n shared-blob-dir true'
+            % shared_dir)
+        self.assertConverted(self.convert(fs_section('source', src, blobs),
+                                          section.replace('<relstorage >',
+                                                          '<relstorage destination>')))
+        to_earlier_release(db, True)
+        before = tree_state(shared_dir)
+        back, back_blobs = self.path('shared-back.fs'), self.path('shared-back-blobs')
+        out, _ = self.assertConverted(self.convert(
+            section.replace('<relstorage >', '<relstorage source>'),
+            fs_section('destination', back, back_blobs), '--verify'))
+        self.assertIn('3 blobs', out)
+        self.assertEqual(tree_state(shared_dir), before)
+        shutil.move(shared_dir, shared_dir + '-moved')
+        _, err = self.assertConverted(self.convert(
+            section.replace('<relstorage >', '<relstorage source>'),
+            fs_section('destination', self.path('other.fs'))), rc=1)
+        self.assertIn('does not exist', err)
 
     def test_earlier_release_history_free(self):
         for db_class in configured():

@@ -38,6 +38,7 @@ from ...interfaces import SchemaMismatchError
 from ...interfaces import StateTooLargeError
 from ..base import Adapter
 from ..base import _one_line
+from ..base import earlier_release_schema
 from ..servers import with_server
 from . import drivers
 from . import sql
@@ -278,15 +279,21 @@ class MySQLAdapter(Adapter):
 
     def list_tables(self, conn):
         names = set()
+        other_engines = []
         for name, engine in conn.query_all(self.sql.LIST_TABLES):
             name = _text(name).lower()
             names.add(name)
             engine = _text(engine) if engine is not None else None
             if name in sql.ALL_TABLES and engine and engine.lower() != 'innodb':
-                raise SchemaMismatchError(
-                    "Table %s at %s uses the %s storage engine; RelStorage needs "
-                    "InnoDB (transactions and row locks). Convert it with "
-                    "ALTER TABLE %s ENGINE = InnoDB." % (name, self.describe(), engine, name))
+                other_engines.append((name, engine))
+        # (An earlier release's schema is only read, and never changed:
+        # prepare_schema says what it is.)
+        if other_engines and earlier_release_schema(names) is None:
+            name, engine = other_engines[0]
+            raise SchemaMismatchError(
+                "Table %s at %s uses the %s storage engine; RelStorage needs "
+                "InnoDB (transactions and row locks). Convert it with "
+                "ALTER TABLE %s ENGINE = InnoDB." % (name, self.describe(), engine, name))
         return names
 
     def drop_all(self):
