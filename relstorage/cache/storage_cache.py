@@ -60,6 +60,18 @@ def safe_prefix(text, length=60):
     return '%s-%s' % (cleaned[:length], digest)
 
 
+def shared_namespace(prefix, identity):
+    """The shared cache's key prefix for a database: ``cache-prefix`` and
+    a digest of the database's identity as its server names it (without
+    the server's start time, see Adapter.database_identity).  Two
+    databases given the same cache-prefix on one memcached or Redis (a
+    Plone recipe's ``cache-prefix plone`` on every site) then never meet:
+    a helper agent's check found a fresh process of one database taking
+    the other's hot list for its own, and serving the other's objects."""
+    digest = hashlib.sha1(repr(tuple(identity[:-1])).encode('utf-8')).hexdigest()[:8]
+    return '%s:%s' % (prefix, digest)
+
+
 class StorageCache:
 
     def __init__(self, options, adapter=None, prefix=None):
@@ -72,12 +84,17 @@ class StorageCache:
             prefix = options.cache_prefix or (adapter.describe() if adapter else 'relstorage')
         self.prefix = safe_prefix(prefix)
         self.shared = None
+        # The shared cache's keys: the prefix and the database's identity
+        # (see shared_namespace).
+        self.shared_prefix = self.prefix
         self._to_shared = {}        # states read from the database, sent in batches
         self._hints_to_shared = {}  # and which tid was current: {oid: (tid, as_of)}
         self._to_shared_lock = threading.Lock()
         if options.cache_servers:
+            if adapter is not None:
+                self.shared_prefix = shared_namespace(self.prefix, adapter.database_identity())
             self.shared = open_shared_cache(options.cache_servers,
-                                            options.cache_module_name, self.prefix)
+                                            options.cache_module_name, self.shared_prefix)
         self.db_loads = 0
         self.hinted = 0             # tids learned from shared-cache hints
         self._mark_lock = threading.Lock()
@@ -464,7 +481,8 @@ class StorageCache:
                     self.forget_removed(removed)
                     return
             if self.shared is not None:
-                self.shared.prefix = self.prefix if not mark else '%s:p%x' % (self.prefix, mark)
+                base = self.shared_prefix
+                self.shared.prefix = base if not mark else '%s:p%x' % (base, mark)
             if first:
                 return
             # Hints must describe post-pack snapshots: an instance still

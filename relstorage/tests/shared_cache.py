@@ -206,6 +206,31 @@ class SharedCacheTests(SqliteCacheCase):
         self.assertGreaterEqual(stats['tids_from_hints'], 27)
         self.assertEqual(stats['index_mismatches'], 0)
 
+    def test_two_databases_with_one_prefix_never_meet(self):
+        # A helper agent's check: two databases given the same
+        # cache-prefix on one server (a Plone recipe writes cache-prefix
+        # plone for every site).  A fresh process of one, whose change log
+        # did not reach back to its objects, took the other's hot list
+        # for its own and served the other's objects.
+        tids = {}
+        for name in ('a', 'b'):
+            plain = self.storage(data=name, cache_servers=None)
+            oids = [plain.new_oid() for _ in range(30)]     # the same in both
+            others = [plain.new_oid() for _ in range(250)]
+            tids[name] = self.commit(plain, {oid: '%s%d' % (name, i)
+                                             for i, oid in enumerate(oids)})
+            self.commit(plain, {other: 'x' for other in others})
+        reader = self.storage(data='b')
+        self.assertEqual([value for value, _ in self.read_all(reader, oids)],
+                         ['b%d' % i for i in range(30)])
+        reader.close()              # sends what it read, and its hot list
+        self.wait_for_hint(self.storage(data='b'), oids[-1])
+        fresh = self.storage(data='a', cache_delta_size_limit=400)
+        self.assertEqual(self.read_all(fresh, oids),
+                         [('a%d' % i, tids['a']) for i in range(30)])
+        self.assertNotEqual(fresh._cache.shared.prefix,
+                            self.storage(data='b')._cache.shared.prefix)
+
     def test_fresh_process_after_pack_ignores_what_the_shared_cache_knew(self):
         # Objects removed by a pack leave no change for the change log to
         # see; a fresh process must not take them from the shared cache (hot list,
