@@ -225,6 +225,9 @@ class SharedCacheTests(SqliteCacheCase):
                          ['b%d' % i for i in range(30)])
         reader.close()              # sends what it read, and its hot list
         self.wait_for_hint(self.storage(data='b'), oids[-1])
+        # A commits again: its snapshots are newer than b's tids.
+        plain = self.storage(data='a', cache_servers=None)
+        self.commit(plain, {plain.new_oid(): 'later'})
         fresh = self.storage(data='a', cache_delta_size_limit=400)
         self.assertEqual(self.read_all(fresh, oids),
                          [('a%d' % i, tids['a']) for i in range(30)])
