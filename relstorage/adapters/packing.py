@@ -6,6 +6,7 @@ in ``object_ref``, reachability in temporary tables expanded by
 The client holds one batch of rows at a time.
 """
 import logging
+import re
 import struct
 import time
 
@@ -176,14 +177,47 @@ class PackVerbs:
 
     def open_pack(self):
         """A store connection with the pack tables (created on demand, so
-        databases made before them get them) and its work tables."""
+        databases made before them get them) and its work tables.
+
+        Only the missing tables are created: ``CREATE ... IF NOT EXISTS``
+        still needs the privilege to create (PostgreSQL checks it, and
+        the table's ownership for an index, before it sees the table;
+        MySQL asks for CREATE), so an application user without it could
+        never pack, even once the first pack had made every table (a
+        helper agent's check)."""
         conn = self.open_store()
-        for stmt in self.pack_schema():
-            conn.execute(stmt)
-        for stmt in self.pack_temp_tables().values():
-            conn.execute(stmt)
-        conn.commit()
+        try:
+            existing = self.list_tables(conn)
+            made = set()
+            for stmt in self.pack_schema():
+                table = _ddl_table(stmt)
+                if table in existing and table not in made:
+                    continue
+                self._pack_ddl(conn, stmt, table)
+                made.add(table)
+            for name, stmt in self.pack_temp_tables().items():
+                self._pack_ddl(conn, stmt, name, temporary=True)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    def _pack_ddl(self, conn, stmt, table, temporary=False):
+        try:
+            conn.execute(stmt)
+        except self.driver.Error as exc:
+            if temporary:
+                need = ("the privilege to create temporary tables (PostgreSQL: TEMP "
+                        "on the database; MySQL: CREATE TEMPORARY TABLES)")
+            else:
+                need = ("a user that may create tables (the schema's owner) for the first "
+                        "pack, which makes the pack's tables; later packs need only "
+                        "SELECT, INSERT, UPDATE and DELETE on them")
+            raise RelStorageError(
+                "The pack cannot create its %stable %s at %s (%s): it needs %s."
+                % ('work ' if temporary else '', table, self.describe(),
+                   _one_line(exc), need)) from exc
 
     def clear_pack_temp(self, conn, name):
         conn.execute('DELETE FROM %s' % name)
@@ -928,3 +962,15 @@ def _chunks(seq, size):
     seq = list(seq)
     for i in range(0, len(seq), size):
         yield seq[i:i + size]
+
+
+def _ddl_table(stmt):
+    """The table a pack schema statement creates, or indexes."""
+    found = (re.search(r'\bON\s+(\w+)', stmt) if re.match(r'\s*CREATE\s+(UNIQUE\s+)?INDEX', stmt, re.I)
+             else re.search(r'TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)', stmt, re.I))
+    return found.group(1).lower() if found else None
+
+
+def _one_line(exc):
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -876,9 +876,84 @@ class OidBlockTests(MySQLTestCase):
             raw.close()
 
 
+class PrivilegeTests(unittest.TestCase):
+    """An application user allowed rows and temporary tables, not CREATE
+    (a helper agent's check): the pack ran CREATE TABLE IF NOT EXISTS for
+    its tables at every run, which MySQL refuses without CREATE, so such a
+    user could never pack, even once the first pack had made them."""
+    factory = None
+    PASSWORD = 'app-Pw-0'
+
+    def setUp(self):
+        import uuid
+        self.dbname = 'relstoragetest_priv_%s' % uuid.uuid4().hex[:8]
+        self.user = 'rstest_app_%s' % uuid.uuid4().hex[:6]
+        self.factory.admin_query('CREATE DATABASE %s' % self.dbname)
+        self.factory.admin_query("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'"
+                                 % (self.user, self.PASSWORD))
+
+    def tearDown(self):
+        transaction.abort()
+        self.factory.admin_query('DROP DATABASE IF EXISTS %s' % self.dbname)
+        self.factory.admin_query("DROP USER IF EXISTS '%s'@'%%'" % self.user)
+
+    def db(self, owner):
+        import ZODB.config
+        params = server_params()
+        user, password = ((params['user'], params['passwd']) if owner
+                          else (self.user, self.PASSWORD))
+        text = ("%%import relstorage\n<zodb>\n<relstorage>\n keep-history false\n"
+                " create-schema %s\n <mysql>\n  driver %s\n  host %s\n  port %d\n"
+                "  db %s\n  user %s\n" % ('true' if owner else 'false', self.factory.driver,
+                                          params['host'], params['port'], self.dbname, user))
+        if password:
+            text += '  passwd %s\n' % password
+        return ZODB.config.databaseFromString(text + " </mysql>\n</relstorage>\n</zodb>\n")
+
+    def grant(self):
+        self.factory.admin_query(
+            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE TEMPORARY TABLES ON %s.* "
+            "TO '%s'@'%%'" % (self.dbname, self.user))
+
+    def garbage_and_pack(self, db):
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=1)
+        with db.transaction() as conn:
+            del conn.root()['x']
+        db.pack(time.time() + 1)
+
+    def test_pack_by_an_application_user(self):
+        owner = self.db(True)
+        try:
+            self.garbage_and_pack(owner)
+        finally:
+            owner.close()
+        self.grant()
+        app = self.db(False)
+        try:
+            before = len(app.storage)
+            self.garbage_and_pack(app)
+            self.assertEqual(len(app.storage), before)
+        finally:
+            app.close()
+
+    def test_first_pack_by_an_application_user_says_what_it_needs(self):
+        self.db(True).close()
+        self.grant()
+        app = self.db(False)
+        try:
+            with self.assertRaises(RelStorageError) as raised:
+                self.garbage_and_pack(app)
+            message = str(raised.exception)
+            self.assertIn('cannot create its table object_ref', message)
+            self.assertIn("the schema's owner", message)
+        finally:
+            app.close()
+
+
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
                DisconnectTests, LargeStateTests, ConnectionSettingsTests,
-               OidBlockTests)
+               OidBlockTests, PrivilegeTests)
 
 
 # ----------------------------------------------------------------------

@@ -935,6 +935,89 @@ class UnloggedPackTablesTests(PGCase):
         self.assertGreater(self._query(db, 'SELECT count(*) FROM object_ref')[0][0], 0)
 
 
+class PrivilegeTests(unittest.TestCase):
+    """An application user allowed rows but not the schema (a helper
+    agent's check): the pack created its tables at every run (CREATE ...
+    IF NOT EXISTS, which PostgreSQL refuses without the privilege to
+    create, and CREATE INDEX without the table's ownership), so such a user
+    could never pack, even once the tables existed."""
+    factory = None
+
+    def setUp(self):
+        import uuid
+        self.dbname = 'relstoragetest_priv_%s' % uuid.uuid4().hex[:8]
+        self.role = 'relstoragetest_app_%s' % uuid.uuid4().hex[:8]
+        ADMIN.ensure_database(self.dbname)
+        ADMIN.execute('CREATE ROLE %s LOGIN' % self.role)
+
+    def tearDown(self):
+        transaction.abort()
+        ADMIN.execute('DROP DATABASE IF EXISTS "%s" WITH (FORCE)' % self.dbname)
+        ADMIN.execute('DROP ROLE IF EXISTS %s' % self.role)
+
+    def db(self, user, create):
+        import ZODB.config
+        dsn = _dsn_with(base_dsn(), dbname=self.dbname, user=user)
+        return ZODB.config.databaseFromString(
+            "%%import relstorage\n<zodb>\n<relstorage>\n keep-history false\n"
+            " create-schema %s\n <postgresql>\n  driver %s\n  dsn %s\n </postgresql>\n"
+            "</relstorage>\n</zodb>\n" % ('true' if create else 'false',
+                                          self.factory.driver, dsn))
+
+    def grant(self):
+        conn = ADMIN.conn()
+        driver = drivers.select_driver('auto')
+        own = driver.connect(_dsn_with(base_dsn(), dbname=self.dbname), 'oid')
+        try:
+            cur = own.cursor()
+            cur.execute('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public '
+                        'TO %s' % self.role)
+            cur.execute('GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public '
+                        'TO %s' % self.role)
+            cur.close()
+        finally:
+            own.close()
+        return conn
+
+    def garbage_and_pack(self, db):
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=1)
+        with db.transaction() as conn:
+            del conn.root()['x']
+        db.pack(time.time() + 1)
+
+    def test_pack_by_an_application_user(self):
+        # The owner made the schema and its first pack made the pack's
+        # tables: the application user packs with rights on rows only.
+        owner = self.db('postgres', True)
+        try:
+            self.garbage_and_pack(owner)
+        finally:
+            owner.close()
+        self.grant()
+        app = self.db(self.role, False)
+        try:
+            before = len(app.storage)
+            self.garbage_and_pack(app)
+            self.assertEqual(len(app.storage), before)
+        finally:
+            app.close()
+
+    def test_first_pack_by_an_application_user_says_what_it_needs(self):
+        owner = self.db('postgres', True)
+        owner.close()
+        self.grant()
+        app = self.db(self.role, False)
+        try:
+            with self.assertRaises(RelStorageError) as raised:
+                self.garbage_and_pack(app)
+            message = str(raised.exception)
+            self.assertIn('cannot create its table object_ref', message)
+            self.assertIn("the schema's owner", message)
+        finally:
+            app.close()
+
+
 PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeoutTestsHF,
             ConcurrentIncrementTests,
             KilledClientTests, KilledClientTestsHF,
@@ -942,7 +1025,7 @@ PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeou
             ConnectionErrorTests, ReadOnlySnapshotTests, ByteaOutputTests,
             OidAllocationTests,
             TempTableTests, TempTableTestsHF,
-            UnloggedPackTablesTests)
+            UnloggedPackTablesTests, PrivilegeTests)
 
 
 def _big_blob_wanted():
