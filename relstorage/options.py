@@ -168,7 +168,7 @@ OPTIONS = (
     Option('cache-servers', None, 'string',
            'Shared cache servers: memcached host:port entries, or Redis URLs '
            'redis://[:password@]host:port/db (rediss:// for TLS), separated '
-           'by spaces.', active=True),
+           'by spaces (memcached entries by commas too).', active=True),
     Option('cache-module-name', None, 'string',
            'Client of the shared cache: for memcached pymemcache (when unset) or '
            'pylibmc; redis (or unset) with redis:// URLs in cache-servers. The '

@@ -15,7 +15,8 @@ def parse_servers(items):
     """'h1:11211 h2:11212' (or a list of such entries) -> [('h1', 11211),
     ('h2', 11212)]."""
     if isinstance(items, str):
-        items = items.split()
+        from .shared import split_servers
+        items = split_servers(items)
     servers = []
     for item in items or ():
         host, sep, port = item.rpartition(':')
@@ -26,6 +27,9 @@ def parse_servers(items):
             servers.append((host, int(port)))
         except ValueError:
             raise ValueError('cache-servers: %r is not host:port' % (item,)) from None
+        if not host or (':' in host and not item.startswith('[')):
+            raise ValueError('cache-servers: %r is not host:port (an IPv6 address '
+                             'goes in brackets: [::1]:11211)' % (item,))
     return servers
 
 

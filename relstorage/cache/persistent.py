@@ -90,9 +90,36 @@ def read_file(path):
     return last_tid, entries
 
 
+def _temp_prefix(path):
+    """Names of the temporary files a save of ``path`` writes: of this
+    cache file only, so that a save (which holds that file's lock) may
+    remove the ones a killed process left, and never another file's."""
+    return '.tmp-%s-' % os.path.basename(path)
+
+
+def _remove_leftovers(path):
+    """Remove the temporary files of ``path`` a process killed while
+    saving left (each as large as the cache file).  Only under the file's
+    lock: no other save of it is writing one."""
+    directory = os.path.dirname(path) or '.'
+    start = _temp_prefix(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(start) and name.endswith(SUFFIX):
+            try:
+                os.unlink(os.path.join(directory, name))
+                log.info("Removed %s, left by a process that stopped while saving "
+                         "its cache", name)
+            except OSError:
+                pass
+
+
 def _write_file(path, last_tid, entries):
     directory = os.path.dirname(path) or '.'
-    fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix=SUFFIX, dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, 'wb') as f:
             crc = 0
@@ -141,6 +168,7 @@ def save(path, last_tid, entries, limit_bytes):
     Returns the number of entries written.
     """
     with _Locked(path):
+        _remove_leftovers(path)
         try:
             existing = read_file(path)
         except CacheFileError as exc:

@@ -47,11 +47,26 @@ def is_redis_url(text):
     return text.lower().startswith(('redis://', 'rediss://'))
 
 
+def split_servers(text):
+    """The entries of ``cache-servers``: separated by spaces, and memcached
+    ``host:port`` entries by commas too (as some configurations write
+    them: ``h1:11211,h2:11211`` was taken for one host named
+    ``h1:11211,h2`` and the cache silently unused).  Not a Redis URL,
+    whose password may hold a comma."""
+    items = []
+    for item in (text or '').split():
+        if is_redis_url(item):
+            items.append(item)
+        else:
+            items.extend(part for part in item.split(',') if part)
+    return items
+
+
 def open_shared_cache(servers, module_name=None, prefix='relstorage'):
     """The shared cache that ``cache-servers`` (and ``cache-module-name``)
     describe: Redis for ``redis://`` / ``rediss://`` URLs, memcached for
     ``host:port`` entries."""
-    items = (servers or '').split()
+    items = split_servers(servers)
     if not items:
         raise ValueError('cache-servers names no server')
     redis = [item for item in items if is_redis_url(item)]

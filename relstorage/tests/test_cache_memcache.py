@@ -60,6 +60,19 @@ class MemcacheTests(SharedCacheTests):
             parse_servers('a:b')
         with self.assertRaisesRegex(ValueError, 'cache-module-name'):
             open_shared_cache('a:1', 'memcache_client_of_the_future')
+        # A helper agent's check: entries separated by a comma were taken
+        # for one host named 'a:1,b', and the cache silently not used.
+        self.assertEqual(parse_servers('a:1,b:2, c:3'), [('a', 1), ('b', 2), ('c', 3)])
+        with self.assertRaisesRegex(ValueError, "'a:1:2' is not host:port"):
+            parse_servers('a:1:2')
+
+    def test_servers_separated_by_commas(self):
+        storage = self.storage(cache_servers='%s,%s' % (self.servers, self.servers))
+        oid = storage.new_oid()
+        tid = self.commit(storage, {oid: 'shared'})
+        other = self.storage()
+        self.assertEqual(self.read_all(other, [oid]), [('shared', tid)])
+        self.assertEqual(other.cache_stats()['db_loads'], 0)
 
     def test_pylibmc_not_installed(self):
         # Regression: a bare ModuleNotFoundError when the storage opened.

@@ -211,6 +211,41 @@ class PersistentCacheTests(unittest.TestCase):
         self.assertEqual(last_tid, 1000 + 3 * 10 + 9)
         self.assertEqual({oid for oid, _, _ in entries}, set(range(4 * 100)))
 
+    def test_save_killed_leaves_nothing_behind(self):
+        # A helper agent's check: a process killed while saving left its
+        # temporary file (as large as the cache) for good.  The next save
+        # of the same file removes it; another cache file's is kept.
+        import signal
+        import time
+        path = self.cache_file()
+        other = os.path.join(self.cache_dir, '.tmp-other.rscache-x.rscache')
+        with open(other, 'wb') as f:
+            f.write(b'being written by the save of another cache file')
+        ctx = multiprocessing.get_context('fork')
+        proc = ctx.Process(target=_big_writer, args=(path,))
+        proc.start()
+
+        def temporary():
+            return [n for n in os.listdir(self.cache_dir)
+                    if n.startswith('.tmp') and n != os.path.basename(other)]
+        deadline = time.time() + 30
+        while not temporary() and time.time() < deadline:
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        self.assertEqual(len(temporary()), 1)
+        db = self.open_db()
+        self.fill(db)
+        db.close()
+        self.assertEqual(sorted(n for n in os.listdir(self.cache_dir) if n.startswith('.tmp')),
+                         ['.tmp-other.rscache-x.rscache'])
+        self.assertIsNotNone(persistent.read_file(path))
+
+
+def _big_writer(path):
+    state = b'x' * (1 << 20)
+    persistent.save(path, 1000, [(oid, 1000, state) for oid in range(400)], 1 << 30)
+
 
 def _writer(path, n):
     for round_ in range(10):
