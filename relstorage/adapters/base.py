@@ -774,7 +774,9 @@ class Adapter(PackVerbs):
                 conn.query_value(self.q(self.sql.COUNT_OBJECTS)) or 0)
 
     def database_size(self, conn):
-        return conn.query_value(self.q(self.sql.SIZE_OF_STATES)) or 0
+        # (MySQL's SUM is a DECIMAL: Zope's control panel divides it by a
+        # float.)
+        return int(conn.query_value(self.q(self.sql.SIZE_OF_STATES)) or 0)
 
     # ------------------------------------------------------------------
     # Commit (store connection).

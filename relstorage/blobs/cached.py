@@ -134,11 +134,29 @@ class CachedBlobs(BlobMode):
             return path
         return self.download(read_chunks, oid_int, tid_int)
 
-    def download(self, read_chunks, oid_int, tid_int):
+    def open_file(self, read_chunks, oid_int, tid_int, opener):
+        """``opener(path)`` of blob (oid, tid) in the cache, downloaded
+        first when it is not there.  A file once open stays readable when
+        a prune removes it; opening the path ``load`` returns may come too
+        late, as a cache smaller than the blobs read at once prunes every
+        file as soon as it is added (a helper agent's check: readers got
+        FileNotFoundError, retries included)."""
+        path = self.filename(oid_int, tid_int)
+        try:
+            opened = opener(path)
+        except FileNotFoundError:
+            return self.download(read_chunks, oid_int, tid_int, opener)
+        _touch(path)
+        return opened
+
+    def download(self, read_chunks, oid_int, tid_int, opener=None):
+        """Fetch blob (oid, tid) into the cache; its path, or, with an
+        ``opener``, ``opener(path)`` called before anything can prune it."""
         path = self.filename(oid_int, tid_int)
         self.fshelper.createPathForOID(oid_int)
         fd, temp = tempfile.mkstemp(prefix='download-', suffix='.tmp',
                                     dir=self.fshelper.temp_dir)
+        opened = None
         try:
             with os.fdopen(fd, 'wb') as f:
                 size = self._read(read_chunks, oid_int, tid_int, f.write)
@@ -149,12 +167,16 @@ class CachedBlobs(BlobMode):
             # Read-only before it gets its final name: once renamed, a
             # concurrent prune may remove it at any moment.
             os.chmod(temp, 0o444)
+            if opener is not None:
+                opened = opener(temp)
             os.rename(temp, path)
         except BaseException:
+            if opened is not None:
+                opened.close()
             remove_file(temp)
             raise
         self._note_added(size)
-        return path
+        return path if opener is None else opened
 
     def _read(self, read_chunks, oid_int, tid_int, write):
         """Stream the blob to ``write``, from the shared cache when it has

@@ -65,3 +65,9 @@ class SharedBlobs(BlobMode):
         if not os.path.exists(path):
             raise self.missing(oid_int, tid_int)
         return path
+
+    def open_file(self, read_chunks, oid_int, tid_int, opener):
+        try:
+            return opener(self.filename(oid_int, tid_int))
+        except FileNotFoundError:
+            raise self.missing(oid_int, tid_int) from None

@@ -868,15 +868,16 @@ class RelStorage(ConflictResolvingStorage):
         return self._blobs.load(self._read_blob_chunks, u64(oid), u64(serial))
 
     def openCommittedBlobFile(self, oid, serial, blob=None):
-        attempts = 5 if self._blobs is not None and self._blobs.in_database else 1
-        for attempt in range(attempts):
-            path = self.loadBlob(oid, serial)
-            try:
-                return open(path, 'rb') if blob is None else BlobFile(path, 'r', blob)
-            except FileNotFoundError:
-                # Pruned from the cache between lookup and open: fetch again.
-                if attempt == attempts - 1:
-                    raise
+        if self._blobs is None:
+            raise POSException.Unsupported("No blob-dir is configured")
+        if blob is None:
+            def opener(path):
+                return open(path, 'rb')
+        else:
+            def opener(path):
+                return BlobFile(path, 'r', blob)
+        # (Opened before a prune of the cache can remove it: see open_file.)
+        return self._blobs.open_file(self._read_blob_chunks, u64(oid), u64(serial), opener)
 
     def temporaryDirectory(self):
         return self._blobs.temporary_directory()

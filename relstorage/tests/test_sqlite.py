@@ -430,6 +430,39 @@ class SqliteConfigTests(unittest.TestCase):
         # A layout nobody knows is named.
         self.assertIn("'sideways'", refused(os.path.join(self.tmp, 'odd'), 'sideways', 'data5'))
 
+    def test_blob_read_while_the_cache_prunes_it(self):
+        # A helper agent's check: with a cache smaller than the blobs read
+        # at once, a prune (another process's, or the background thread's)
+        # removed a downloaded file between loadBlob and its opening, at
+        # every retry: the reader got FileNotFoundError.  Here every
+        # download is followed at once by a prune that empties the cache.
+        from unittest import mock
+        from ZODB.blob import Blob
+        from relstorage.blobs import cached
+        data_dir = os.path.join(self.tmp, 'data')
+        text = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir false\nblob-cache-size 1kb'
+                       % os.path.join(self.tmp, 'writer-cache'))
+        db = ZODB.config.databaseFromString(text)
+        try:
+            with db.transaction() as conn:
+                conn.root()['b'] = Blob(b'x' * 100000)
+        finally:
+            db.close()
+
+        def note_added(mode, size):
+            cached.prune(mode.blob_dir, 1, wait=True)
+        reader = text.replace('writer-cache', 'reader-cache')
+        with mock.patch.object(cached.CachedBlobs, '_note_added', note_added):
+            db = ZODB.config.databaseFromString(reader)
+            try:
+                for _ in range(2):
+                    with db.transaction() as conn:
+                        with conn.root()['b'].open() as f:
+                            self.assertEqual(f.read(), b'x' * 100000)
+                        conn.cacheMinimize()
+            finally:
+                db.close()
+
     def test_blob_dir_without_the_shared_line_is_a_cache(self):
         # RelStorage 4.3's meaning of a section with blob-dir and no
         # shared-blob-dir line (seen by running it): the blobs are kept in
