@@ -757,7 +757,15 @@ class RelStorage(ConflictResolvingStorage):
     def deleteObject(self, oid, oldserial, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        self._check_txn(txn).store(u64(oid), u64(oldserial) if oldserial else 0, None)
+        pending = self._check_txn(txn)
+        oid_int = u64(oid)
+        # An object that never existed cannot be deleted, as FileStorage
+        # says (a helper agent's check: a row without a state was written
+        # for it); that oldserial is still current is checked at vote.
+        with self._read() as conn:
+            if self._adapter.load_current(conn, oid_int) is None:
+                raise POSException.POSKeyError(oid)
+        pending.store(oid_int, u64(oldserial) if oldserial else 0, None)
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):
         # Called once per object read with readCurrent (a catalog query

@@ -1231,6 +1231,20 @@ class RootStorageTests(FactoryCase):
         self.addCleanup(db.close)
         return db
 
+    def test_delete_of_an_object_that_never_existed(self):
+        # A helper agent's check: deleteObject (IExternalGC) of an OID
+        # never stored was accepted and wrote a row without a state (len()
+        # counted it); FileStorage raises POSKeyError.
+        db = self.db()
+        storage = db.storage
+        before = len(storage)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        with self.assertRaises(POSKeyError):
+            storage.deleteObject(p64(10 ** 9), p64(1), txn)
+        storage.tpc_abort(txn)
+        self.assertEqual(len(storage), before)
+
     def test_last_transaction_after_each_commit(self):
         db = self.db()
         tm = transaction.TransactionManager()
