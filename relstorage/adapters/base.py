@@ -8,6 +8,7 @@ such as ``temp_rows_survive_commit``.  There is no ``if vendor ==`` anywhere.
 """
 import itertools
 import logging
+import random
 import threading
 
 
@@ -417,6 +418,33 @@ class Adapter(PackVerbs):
         started = row[-1]
         return ((self.vendor,) + tuple(str(value) for value in row[:-1])
                 + (None if started is None else float(started),))
+
+    def database_key(self, create=True):
+        """A random number this database keeps for its life (commit_lock
+        row 3), written by the first storage that opens it able to write
+        (``create``); None where none is written yet and ``create`` is
+        false or the user may not write.  What tells this database's
+        entries in a shared cache from every other's (StorageCache): its
+        replicas share it, a copy made by zodbconvert or a new database at
+        the same place does not."""
+        conn = self.open_connection('store')
+        try:
+            key = conn.query_value(self.q(self.sql.GET_DATABASE_KEY))
+            if key is None and create:
+                candidate = random.SystemRandom().getrandbits(62) + 1
+                try:
+                    conn.execute(self.q(self.sql.INSERT_DATABASE_KEY), (candidate,))
+                    conn.commit()
+                    return candidate
+                except Exception:  # pylint:disable=broad-except
+                    # Another process wrote it first, or no right to write.
+                    log.debug("Could not write the database key", exc_info=True)
+                    conn.rollback()
+                    key = conn.query_value(self.q(self.sql.GET_DATABASE_KEY))
+            conn.rollback()
+            return key
+        finally:
+            conn.close()
 
     def open_store(self):
         # Its temporary tables come with its first transaction that

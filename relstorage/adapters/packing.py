@@ -207,13 +207,17 @@ class PackVerbs:
         try:
             conn.execute(stmt)
         except self.driver.Error as exc:
+            # (Only a refusal: a lock wait or a deadlock is what it is.)
+            if self.classify_error(exc) != 'permission':
+                raise
             if temporary:
                 need = ("the privilege to create temporary tables (PostgreSQL: TEMP "
                         "on the database; MySQL: CREATE TEMPORARY TABLES)")
             else:
                 need = ("a user that may create tables (the schema's owner) for the first "
                         "pack, which makes the pack's tables; later packs need only "
-                        "SELECT, INSERT, UPDATE and DELETE on them")
+                        "SELECT, INSERT, UPDATE and DELETE on them (on MySQL, a table "
+                        "this user has no right on looks missing: grant them)")
             raise RelStorageError(
                 "The pack cannot create its %stable %s at %s (%s): it needs %s."
                 % ('work ' if temporary else '', table, self.describe(),

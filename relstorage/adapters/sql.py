@@ -139,6 +139,10 @@ class Statements:
         SELECT 2, tid, zoid FROM object_state WHERE zoid IN (%s, %s, %s, %s)
     """
     WITNESSES = 4
+    #: Row 3 (row 2 is Oracle's pack lock): the database's key, a random
+    #: number written once (see Adapter.database_key).
+    GET_DATABASE_KEY = "SELECT tid FROM commit_lock WHERE id = 3"
+    INSERT_DATABASE_KEY = "INSERT INTO commit_lock (id, tid) VALUES (3, %s)"
     GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
     SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"
     INSERT_PACK_MARK = "INSERT INTO commit_lock (id, tid) VALUES (1, %s)"

@@ -169,13 +169,14 @@ class CachedBlobs(BlobMode):
             os.chmod(temp, 0o444)
             if opener is not None:
                 opened = opener(temp)
+                _rename(opened, path)
             os.rename(temp, path)
+            self._note_added(size)
         except BaseException:
             if opened is not None:
                 opened.close()
             remove_file(temp)
             raise
-        self._note_added(size)
         return path if opener is None else opened
 
     def _read(self, read_chunks, oid_int, tid_int, write):
@@ -243,6 +244,16 @@ def _first_blob_file(blob_dir):
             if name.endswith('.blob'):
                 return os.path.join(dirpath, name)
     return None
+
+
+def _rename(opened, path):
+    """Give the file object opened on a download's temporary file the
+    name it is about to have, as a file opened in the cache has."""
+    target = getattr(opened, 'raw', opened)     # open(..., 'rb'): its FileIO
+    try:
+        target.name = path
+    except AttributeError:
+        pass
 
 
 def _touch(path):

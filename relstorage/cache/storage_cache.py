@@ -62,13 +62,13 @@ def safe_prefix(text, length=60):
 
 def shared_namespace(prefix, identity):
     """The shared cache's key prefix for a database: ``cache-prefix`` and
-    a digest of the database's identity as its server names it (without
-    the server's start time, see Adapter.database_identity).  Two
+    a digest of ``identity``, the database's key (Adapter.database_key)
+    or, before it has one, its names as its server gives them.  Two
     databases given the same cache-prefix on one memcached or Redis (a
     Plone recipe's ``cache-prefix plone`` on every site) then never meet:
     a helper agent's check found a fresh process of one database taking
     the other's hot list for its own, and serving the other's objects."""
-    digest = hashlib.sha1(repr(tuple(identity[:-1])).encode('utf-8')).hexdigest()[:8]
+    digest = hashlib.sha1(repr(tuple(identity)).encode('utf-8')).hexdigest()[:8]
     return '%s:%s' % (prefix, digest)
 
 
@@ -92,7 +92,12 @@ class StorageCache:
         self._to_shared_lock = threading.Lock()
         if options.cache_servers:
             if adapter is not None:
-                self.shared_prefix = shared_namespace(self.prefix, adapter.database_identity())
+                key = adapter.database_key(create=not options.read_only)
+                # (Without a key yet, a read-only storage goes by what the
+                # server names the database.)
+                identity = (('key', key) if key is not None
+                            else tuple(adapter.database_identity()[:-1]))
+                self.shared_prefix = shared_namespace(self.prefix, identity)
             self.shared = open_shared_cache(options.cache_servers,
                                             options.cache_module_name, self.shared_prefix)
         self.db_loads = 0

@@ -56,6 +56,7 @@ from ZODB.utils import u64
 from ..blobs import make_blobs
 from ..cache.storage_cache import StorageCache
 from ..interfaces import DisconnectedError
+from ..interfaces import EarlierSchemaError
 from ..interfaces import RelStorageError as StorageError
 from ..options import Options
 from . import commit
@@ -111,9 +112,18 @@ class RelStorage(ConflictResolvingStorage):
             options.log_notices()
             if create is None:
                 create = options.create_schema
-            adapter.prepare_schema(create=create, read_only=self._is_read_only)
-            # Shared by every instance; loads its persistent file, if any.
-            self._cache = StorageCache(options, adapter)
+            try:
+                adapter.prepare_schema(create=create, read_only=self._is_read_only)
+                # Shared by every instance; loads its persistent file, if any.
+                self._cache = StorageCache(options, adapter)
+            except EarlierSchemaError:
+                raise           # (open_storage may read it with this adapter)
+            except BaseException:
+                try:
+                    adapter.close()
+                except Exception:  # pylint:disable=broad-except
+                    log.debug("Closing after a failed open failed", exc_info=True)
+                raise
             try:
                 self._blobs = make_blobs(options, adapter, self._cache.shared)
                 if self._blobs is not None and self._blobs.in_database \

@@ -234,6 +234,21 @@ class SharedCacheTests(SqliteCacheCase):
         self.assertNotEqual(fresh._cache.shared.prefix,
                             self.storage(data='b')._cache.shared.prefix)
 
+    def test_namespace_is_the_database_s_own(self):
+        # Every process of one database shares the namespace; a database
+        # made again at the same place (its file may even get the same
+        # inode) has another, as the key it keeps is new.
+        import shutil
+        first = self.storage(data='c')
+        self.assertEqual(self.storage(data='c')._cache.shared.prefix,
+                         first._cache.shared.prefix)
+        self.assertTrue(first._cache.shared.prefix.startswith(self.prefix + ':'))
+        old = first._cache.shared.prefix
+        for storage in list(self._closables):
+            storage.close()
+        shutil.rmtree(os.path.join(self.tmp, 'c'))
+        self.assertNotEqual(self.storage(data='c')._cache.shared.prefix, old)
+
     def test_fresh_process_after_pack_ignores_what_the_shared_cache_knew(self):
         # Objects removed by a pack leave no change for the change log to
         # see; a fresh process must not take them from the shared cache (hot list,

@@ -173,6 +173,8 @@ class Recorder:
             return [(self.sequence + sql.OID_BLOCK,)]
         if stmt == adapter.q(s.GET_PACK_MARK):
             return [] if self.pack_mark is None else [(self.pack_mark,)]
+        if stmt == adapter.q(s.GET_DATABASE_KEY):
+            return []           # a database without a key yet: one is written
         if stmt == adapter.q(s.PACK_DOM_HAS_ROOT):
             return []           # (else the incremental reachability stops at once)
         if stmt == adapter.q(s.PACK_INFO_GET) and self.pack_info is not None:
@@ -303,6 +305,7 @@ def drive_every_verb(adapter, recorder):
     adapter.any_blob_chunk(load)
     adapter.load_blob_chunk(load, 1, 2, 0)
     adapter.stream_blob_chunk(load, 1, 2, 0, lambda data: None)
+    adapter.database_key()
     adapter.session_alive(load)
     if hp:
         adapter.undo_log(load, 2)

@@ -949,6 +949,10 @@ class PrivilegeTests(unittest.TestCase):
         self.role = 'relstoragetest_app_%s' % uuid.uuid4().hex[:8]
         ADMIN.ensure_database(self.dbname)
         ADMIN.execute('CREATE ROLE %s LOGIN' % self.role)
+        # (PostgreSQL 15's default; before it, every role could create
+        # in the public schema.)
+        self.as_owner('REVOKE CREATE ON SCHEMA public FROM PUBLIC')
+        self.owner = drivers.select_driver('auto').parse_dsn(base_dsn()).get('user')
 
     def tearDown(self):
         transaction.abort()
@@ -957,27 +961,33 @@ class PrivilegeTests(unittest.TestCase):
 
     def db(self, user, create):
         import ZODB.config
-        dsn = _dsn_with(base_dsn(), dbname=self.dbname, user=user)
+        params = {'dbname': self.dbname}
+        if user:                # (None: the owner as RS_PG_DSN names it, or not)
+            params['user'] = user
+        dsn = _dsn_with(base_dsn(), **params)
         return ZODB.config.databaseFromString(
             "%%import relstorage\n<zodb>\n<relstorage>\n keep-history false\n"
             " create-schema %s\n <postgresql>\n  driver %s\n  dsn %s\n </postgresql>\n"
             "</relstorage>\n</zodb>\n" % ('true' if create else 'false',
                                           self.factory.driver, dsn))
 
-    def grant(self):
-        conn = ADMIN.conn()
+    def as_owner(self, *statements):
         driver = drivers.select_driver('auto')
         own = driver.connect(_dsn_with(base_dsn(), dbname=self.dbname), 'oid')
         try:
             cur = own.cursor()
-            cur.execute('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public '
-                        'TO %s' % self.role)
-            cur.execute('GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public '
-                        'TO %s' % self.role)
+            for stmt in statements:
+                cur.execute(stmt)
             cur.close()
+            own.commit()
         finally:
             own.close()
-        return conn
+
+    def grant(self):
+        self.as_owner('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public '
+                      'TO %s' % self.role,
+                      'GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public '
+                      'TO %s' % self.role)
 
     def garbage_and_pack(self, db):
         with db.transaction() as conn:
@@ -989,7 +999,7 @@ class PrivilegeTests(unittest.TestCase):
     def test_pack_by_an_application_user(self):
         # The owner made the schema and its first pack made the pack's
         # tables: the application user packs with rights on rows only.
-        owner = self.db('postgres', True)
+        owner = self.db(self.owner, True)
         try:
             self.garbage_and_pack(owner)
         finally:
@@ -1004,7 +1014,7 @@ class PrivilegeTests(unittest.TestCase):
             app.close()
 
     def test_first_pack_by_an_application_user_says_what_it_needs(self):
-        owner = self.db('postgres', True)
+        owner = self.db(self.owner, True)
         owner.close()
         self.grant()
         app = self.db(self.role, False)

@@ -30,6 +30,9 @@ LOCK_ERRORS = frozenset((
     1213,   # ER_LOCK_DEADLOCK
     3572,   # ER_LOCK_NOWAIT (MySQL 8)
 ))
+#: Access denied: to a database (1044), for a command on a table (1142),
+#: for lack of a global privilege (1227).
+PERMISSION_ERRORS = frozenset((1044, 1142, 1227))
 DUPLICATE_ERRORS = frozenset((
     1062,   # ER_DUP_ENTRY
     1586,   # ER_DUP_ENTRY_WITH_KEY_NAME
@@ -171,8 +174,8 @@ def select_driver(name='auto'):
 
 
 def classify_error(driver, exc):
-    """'lock', 'disconnect', 'duplicate' or None for an exception raised by
-    ``driver``."""
+    """'lock', 'disconnect', 'duplicate', 'permission' or None for an
+    exception raised by ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     errno = driver.errno(exc)
@@ -180,6 +183,8 @@ def classify_error(driver, exc):
         return 'lock'
     if errno in DUPLICATE_ERRORS:
         return 'duplicate'
+    if errno in PERMISSION_ERRORS:
+        return 'permission'
     if errno in DISCONNECT_ERRORS or driver.is_closed_error(exc):
         return 'disconnect'
     return None

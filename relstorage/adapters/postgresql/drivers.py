@@ -21,6 +21,7 @@ READ_ONLY_TRANSACTION = '25006'
 FEATURE_NOT_SUPPORTED = '0A000'
 LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 UNIQUE_VIOLATION = '23505'
+INSUFFICIENT_PRIVILEGE = '42501'
 #: admin_shutdown, crash_shutdown, cannot_connect_now,
 #: idle_in_transaction_session_timeout (the server ended the session: see
 #: hold_locks); class 08 is added below.
@@ -108,7 +109,7 @@ class Driver:
         raise NotImplementedError
 
     def classify_error(self, exc):
-        """'lock', 'disconnect', 'duplicate' or None."""
+        """'lock', 'disconnect', 'duplicate', 'permission' or None."""
         if not isinstance(exc, self.Error):
             return None
         state = self.sqlstate(exc)
@@ -116,6 +117,8 @@ class Driver:
             return 'lock'
         if state == UNIQUE_VIOLATION:
             return 'duplicate'
+        if state == INSUFFICIENT_PRIVILEGE:
+            return 'permission'
         if state is not None:
             if state.startswith('08') or state in DISCONNECT_STATES:
                 return 'disconnect'
