@@ -15,7 +15,9 @@ Tables (both modes):
                      counter every pack deletion batch (and zap_all)
                      increments, so that other processes learn, with the
                      same query, that cached revisions and objects may be
-                     gone; ``pack_removed_list`` says which.
+                     gone; ``pack_removed_list`` says which.  Row 3: the
+                     database's key (Adapter.database_key).  Row 2 is
+                     Oracle's pack lock.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
