@@ -430,6 +430,34 @@ class SqliteConfigTests(unittest.TestCase):
         # A layout nobody knows is named.
         self.assertIn("'sideways'", refused(os.path.join(self.tmp, 'odd'), 'sideways', 'data5'))
 
+    def test_storage_built_in_python_as_earlier_releases_documented(self):
+        # Sites that build their storage in Python import the adapter
+        # from its package (from relstorage.adapters.postgresql import
+        # PostgreSQLAdapter): that failed with ImportError.
+        from relstorage.adapters.base import Adapter
+        from relstorage.adapters.mysql import MySQLAdapter
+        from relstorage.adapters.oracle import OracleAdapter
+        from relstorage.adapters.postgresql import PostgreSQLAdapter
+        from relstorage.adapters.sqlite import Sqlite3Adapter
+        from relstorage.options import Options
+        from relstorage.storage import RelStorage
+        for cls in (MySQLAdapter, OracleAdapter, PostgreSQLAdapter, Sqlite3Adapter):
+            self.assertTrue(issubclass(cls, Adapter), cls)     # (relstorage.adapters.base)
+        options = Options(keep_history=False)
+        storage = RelStorage(Sqlite3Adapter(os.path.join(self.tmp, 'py'), {}, options=options),
+                             options=options)
+        db = ZODB.DB(storage)
+        try:
+            with db.transaction() as conn:
+                conn.root()['built'] = 'in Python'
+            with db.transaction() as conn:
+                self.assertEqual(conn.root()['built'], 'in Python')
+        finally:
+            db.close()
+        with self.assertRaises(AttributeError):
+            import relstorage.adapters.sqlite as package
+            package.NoSuchAdapter
+
     def test_blob_read_while_the_cache_prunes_it(self):
         # A helper agent's check: with a cache smaller than the blobs read
         # at once, a prune (another process's, or the background thread's)
