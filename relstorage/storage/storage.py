@@ -648,6 +648,22 @@ class RelStorage(ConflictResolvingStorage):
         with self._read():
             return p64(max(self._snapshot_tid, self._last_commit_tid))
 
+    def lastTransactionInt(self):
+        """lastTransaction() as an int (earlier releases had it; tools call it)."""
+        return u64(self.lastTransaction())
+
+    # ZODB 3's API, which earlier releases kept for old tools: no versions.
+
+    def supportsVersions(self):
+        return False
+
+    def modifiedInVersion(self, oid):
+        return ''
+
+    def loadEx(self, oid, version=''):
+        state, serial = self.load(oid, version)
+        return state, serial, ''
+
     # ------------------------------------------------------------------
     # Two-phase commit
 
@@ -942,6 +958,11 @@ class RelStorage(ConflictResolvingStorage):
     # History, undo, iteration
 
     def supportsUndo(self):
+        return self._adapter.keep_history
+
+    @property
+    def keep_history(self):
+        """Whether the database keeps history (earlier releases had it)."""
         return self._adapter.keep_history
 
     def history(self, oid, size=1):

@@ -1347,6 +1347,12 @@ class RootStorageTests(FactoryCase):
         db.history(oid, 5)
         db.undoLog(0, 10)
         len(storage)
+        # What earlier releases had beside ZODB's API, for old tools.
+        self.assertEqual(storage.lastTransactionInt(), u64(storage.lastTransaction()))
+        self.assertEqual(storage.loadEx(z64)[:2], storage.load(z64))
+        self.assertFalse(storage.supportsVersions())
+        self.assertEqual(storage.modifiedInVersion(z64), '')
+        self.assertEqual(storage.keep_history, storage.supportsUndo())
         # An int, as ZODB's storages answer (a helper agent's check: a
         # Decimal on MariaDB, which Zope's control panel cannot divide).
         self.assertIs(type(storage.getSize()), int)
