@@ -939,21 +939,10 @@ class EarlierReleaseReads:
     GET_LAST_TID = "SELECT MAX(tid) FROM {transaction}"
     GET_LAST_TID_HF = "SELECT MAX(tid) FROM object_state"
 
-    HISTORY = """
-        SELECT s.tid, s.state_size, t.username, t.description, t.extension
-        FROM object_state s
-        JOIN {transaction} t ON t.tid = s.tid
-        WHERE s.zoid = %s
-        ORDER BY s.tid DESC
-        LIMIT %s
-    """
-
-    ALL_TRANSACTIONS_IN_RANGE = """
-        SELECT tid, username, description, extension, packed
-        FROM {transaction}
-        WHERE tid >= %s AND tid <= %s AND tid > 0
-        ORDER BY tid
-    """
+    # Ours, on the other table; the row of tid 0 is no transaction.
+    HISTORY = Statements.HISTORY.replace('transaction_log', '{transaction}')
+    ALL_TRANSACTIONS_IN_RANGE = Statements.ALL_TRANSACTIONS_IN_RANGE.replace(
+        'transaction_log', '{transaction}').replace('AND tid <= %s', 'AND tid <= %s AND tid > 0')
 
     # Reads of ours that the earlier schema cannot answer, and which a
     # read-only storage never sends: None, so that a use fails loudly.

@@ -190,12 +190,16 @@ def history_txns(source, start=None, stop=None, stats=None):
 SCAN_MEMORY = 256 * MB
 
 
-def current_tids(source, as_of, keep=None, keep_bytes=0):
+def current_tids(source, as_of, keep=None, keep_bytes=0, later=None):
     """(oids, tids): parallel ``array('Q')`` of every object existing in the
     source as of tid ``as_of`` (an int) and its current tid then, oid order.
 
     Uses ``record_iternext`` (IStorageCurrentRecordIteration).  Objects
     changed after ``as_of`` (a live source) are looked up with ``loadBefore``.
+    A history-free source has no earlier revision to find: such an object
+    is appended to the list ``later``, or, without one, raises CopyError
+    (it was silently left out: a helper agent's check copied a live site
+    with ``--strategy current`` and lost the objects changed meanwhile).
     With a dict ``keep``, up to ``keep_bytes`` of states are kept there
     (oid int -> state) so the caller need not load them again.
     """
@@ -225,6 +229,14 @@ def current_tids(source, as_of, keep=None, keep_bytes=0):
             found = source.loadBefore(oid, p64(as_of + 1))
             tid_int = u64(found[1]) if found else None
             _data = None
+            if found is None and is_history_free(source):
+                if later is None:
+                    raise CopyError(
+                        "Object %s changed in the source after transaction %s, and a "
+                        "history-free source keeps no earlier revision of it: stop the "
+                        "writes to the source, or copy with --strategy replay (one "
+                        "snapshot of the source)." % (oid_repr(oid), tid_repr(p64(as_of))))
+                later.append(u64(oid))
         if tid_int is not None:
             oids.append(u64(oid))
             tids.append(tid_int)
@@ -921,12 +933,20 @@ def verify_current(source, dest, as_of, progress=None):
     ``MAX_DIFFERENCES``)."""
     stats = Stats()
     differences = _Differences()
-    soids, stids = current_tids(source, as_of)
+    later = []
+    soids, stids = current_tids(source, as_of, later=later)
     doids, dtids = current_tids(dest, as_of)
     source_map = dict(zip(soids, stids))
     dest_map = dict(zip(doids, dtids))
-    for oid_int in sorted(set(source_map) | set(dest_map)):
+    later = set(later)
+    for oid_int in sorted(set(source_map) | set(dest_map) | later):
         oid = p64(oid_int)
+        if oid_int in later:
+            # (A history-free source: its state as of as_of is gone.)
+            differences.add("Object %s changed in the source after the destination's last "
+                            "transaction %s: the destination is behind (--incremental "
+                            "copies it)" % (oid_repr(oid), tid_repr(p64(as_of))))
+            continue
         if oid_int not in dest_map:
             differences.add("Object %s is missing from the destination" % oid_repr(oid))
             continue

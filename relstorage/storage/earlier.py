@@ -37,7 +37,9 @@ from ZODB.interfaces import IBlobStorage
 from ZODB.interfaces import IStorage
 from ZODB.interfaces import IStorageCurrentRecordIteration
 from ZODB.interfaces import IStorageIteration
+from ZODB.utils import oid_repr
 from ZODB.utils import p64
+from ZODB.utils import tid_repr
 from ZODB.utils import u64
 
 from ..interfaces import EarlierSchemaError
@@ -90,6 +92,7 @@ class EarlierReleaseStorage:
         self._fshelper = None
         self._downloads = None
         self._downloaded = collections.OrderedDict()      # path -> size, oldest first
+        self._iterators = history.IteratorSnapshots()      # see loadBlob
         if options.blob_dir:
             if options.shared_blob_dir:
                 if not os.path.isdir(options.blob_dir):
@@ -131,18 +134,10 @@ class EarlierReleaseStorage:
         return bytes(row[0]), p64(row[1])
 
     def loadBefore(self, oid, tid):
-        oid_int = u64(oid)
         with self._read() as conn:
-            found = self.adapter.load_before(conn, oid_int, u64(tid))
-            exists = found is not None or self.adapter.load_current(conn, oid_int) is not None
+            found = history.revision_before(self.adapter, conn, oid, u64(tid))
         if found is None:
-            if not exists:
-                raise POSException.POSKeyError(oid)
             return None
-        if found[0] is None:
-            # The revision in force then says the object did not exist
-            # (an undone creation), as RelStorage.loadBefore says it.
-            raise POSException.POSKeyError(oid)
         state, start, end = found
         return state, p64(start), (p64(end) if end else None)
 
@@ -158,7 +153,7 @@ class EarlierReleaseStorage:
             return history.object_history(self.adapter, conn, oid, size)
 
     def iterator(self, start=None, stop=None):
-        return history.TransactionIterator(self.adapter, start, stop)
+        return self._iterators.add(history.TransactionIterator(self.adapter, start, stop))
 
     def record_iternext(self, next=None):
         with self._read() as conn:
@@ -189,15 +184,24 @@ class EarlierReleaseStorage:
                 self._downloaded.move_to_end(path)
                 return path
         oid_int, tid_int = u64(oid), u64(serial)
+        adapter = self.adapter
         fd, temp = tempfile.mkstemp(suffix='.tmp', dir=self._downloads)
+
+        def copy_from(conn):
+            count = adapter.blob_chunk_count(conn, oid_int, tid_int)
+            for chunk_num in range(count):
+                adapter.stream_blob_chunk(conn, oid_int, tid_int, chunk_num, f.write)
+            return count or None
         try:
-            with os.fdopen(fd, 'wb') as f, self._read() as conn:
-                count = self.adapter.blob_chunk_count(conn, oid_int, tid_int)
-                if not count:
-                    raise POSException.POSKeyError("No blob for object %r at %r"
-                                                   % (oid, serial))
-                for chunk_num in range(count):
-                    self.adapter.stream_blob_chunk(conn, oid_int, tid_int, chunk_num, f.write)
+            with os.fdopen(fd, 'wb') as f:
+                with self._read() as conn:
+                    found = copy_from(conn)
+                # Packed away since an open iterator's snapshot began?
+                # (zodbconvert reads each blob while it iterates.)
+                if not found and not self._iterators.read(copy_from):
+                    raise POSException.POSKeyError(
+                        "No blob for object %s at transaction %s"
+                        % (oid_repr(oid), tid_repr(serial)))
             os.rename(temp, path)
         except BaseException:
             os.remove(temp)

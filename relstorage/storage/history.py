@@ -1,6 +1,8 @@
 """History, undo and iteration: the read side of the transaction log."""
 import logging
 import pickle
+import threading
+import weakref
 
 from persistent.TimeStamp import TimeStamp
 from ZODB import POSException
@@ -54,6 +56,23 @@ def object_history(adapter, conn, oid, size):
             'version': '',
         })
         result.append(entry)
+    return result
+
+
+def revision_before(adapter, conn, oid, tid):
+    """(state, start, end) of the revision of ``oid`` current just before
+    ``tid`` (ints), as ``loadBefore`` answers: None when the object has
+    revisions but none before ``tid``; POSKeyError when it has none, or
+    when the revision then says it did not exist (creation undone, or
+    deleted by external GC)."""
+    oid_int = u64(oid)
+    result = adapter.load_before(conn, oid_int, tid)
+    if result is None:
+        if adapter.load_current(conn, oid_int) is None:
+            raise POSException.POSKeyError(oid)
+        return None
+    if result[0] is None:
+        raise POSException.POSKeyError(oid)
     return result
 
 
@@ -149,6 +168,40 @@ def record_iternext(adapter, conn, next_oid):
     return p64(oid), p64(tid), bytes(state), following
 
 
+class IteratorSnapshots:
+    """The snapshots of a storage's open transaction iterators.
+
+    zodbconvert reads each blob (``loadBlob``) while it iterates, in a
+    snapshot of the call's own: a pack that ran since may have removed
+    that revision (history-preserving), or the object (history-free),
+    and the copy failed with "No blob" where the iterator's snapshot still
+    has the rows (a helper agent's check, copying while RelStorage 4.3's
+    zodbpack ran).  ``read`` asks those snapshots too.  Only iterators of
+    the calling thread: between its ``next()`` calls an iterator's
+    connection runs nothing, but another thread's may be in one.
+    """
+
+    def __init__(self):
+        self._open = weakref.WeakSet()
+
+    def add(self, iterator):
+        iterator.thread = threading.get_ident()
+        self._open.add(iterator)
+        return iterator
+
+    def read(self, func):
+        """The first result of ``func(conn)`` that is not None, over the
+        snapshots of the calling thread's open iterators, or None."""
+        me = threading.get_ident()
+        for iterator in list(self._open):
+            conn = iterator.snapshot_conn
+            if conn is not None and iterator.thread == me:
+                result = func(conn)
+                if result is not None:
+                    return result
+        return None
+
+
 class TransactionIterator:
     """Iterates transactions in [start, stop] over one snapshot.
 
@@ -162,6 +215,12 @@ class TransactionIterator:
 
     _conn = None
     _txns = None
+    thread = None
+
+    @property
+    def snapshot_conn(self):
+        """The connection of its snapshot, once opened and until closed."""
+        return self._conn if self._txns is not None else None
 
     def __init__(self, adapter, start, stop):
         self._adapter = adapter

@@ -211,6 +211,7 @@ class RelStorage(ConflictResolvingStorage):
         self._reads = 0                 # read calls in progress (see _Read)
         self._closed = False
         self._instances = weakref.WeakSet()
+        self._iterators = history.IteratorSnapshots()    # see loadBlob
         self._commit = None             # commit.Commit from tpc_begin to its end
 
     # ------------------------------------------------------------------
@@ -590,21 +591,12 @@ class RelStorage(ConflictResolvingStorage):
                 self._adapter, conn, range(oid_int, oid_int + READ_AHEAD), self._snapshot_tid))
 
     def loadBefore(self, oid, tid):
-        oid_int = u64(oid)
         with self._read() as conn:
-            result = self._adapter.load_before(conn, oid_int, u64(tid))
-            # Whether the object has any revision in the snapshot.
-            exists = result is not None or self._adapter.load_current(conn, oid_int) is not None
+            result = history.revision_before(self._adapter, conn, oid, u64(tid))
         if result is None:
-            if not exists:
-                raise POSException.POSKeyError(oid)
             return None
-        if result[0] is None:
-            # The revision in force then says the object did not exist
-            # (creation undone, or deleted by external GC).
-            raise POSException.POSKeyError(oid)
         state, start, end = result
-        self._cache.put(oid_int, start, state)
+        self._cache.put(u64(oid), start, state)
         return state, p64(start), (p64(end) if end is not None else None)
 
     def getTid(self, oid):
@@ -939,9 +931,14 @@ class RelStorage(ConflictResolvingStorage):
             # so the latest committed data is as good.
             with self._fresh_read() as fresh:
                 count = adapter.blob_chunk_count(fresh, oid_int, tid_int)
-                if not count:
-                    return None
-                return self._copy_blob_chunks(fresh, oid_int, tid_int, count, write)
+                if count:
+                    return self._copy_blob_chunks(fresh, oid_int, tid_int, count, write)
+        # Packed away since an open iterator's snapshot began? (zodbconvert)
+
+        def in_snapshot(conn):
+            count = adapter.blob_chunk_count(conn, oid_int, tid_int)
+            return self._copy_blob_chunks(conn, oid_int, tid_int, count, write) if count else None
+        return self._iterators.read(in_snapshot)
 
     def _copy_blob_chunks(self, conn, oid_int, tid_int, count, write):
         adapter = self._adapter
@@ -996,7 +993,7 @@ class RelStorage(ConflictResolvingStorage):
         return None, [p64(oid) for oid in oids]
 
     def iterator(self, start=None, stop=None):
-        return history.TransactionIterator(self._adapter, start, stop)
+        return self._iterators.add(history.TransactionIterator(self._adapter, start, stop))
 
     def record_iternext(self, next=None):
         with self._read() as conn:

@@ -49,6 +49,7 @@ from relstorage.storage import RelStorage
 from . import suite
 from .core_cases import record_calls
 from .core_cases import vote_behind
+from .privilege_cases import PackPrivilegeCases
 
 DRIVERS = ('MySQLdb', 'PyMySQL')
 
@@ -876,11 +877,9 @@ class OidBlockTests(MySQLTestCase):
             raw.close()
 
 
-class PrivilegeTests(unittest.TestCase):
-    """An application user allowed rows and temporary tables, not CREATE
-    (a helper agent's check): the pack ran CREATE TABLE IF NOT EXISTS for
-    its tables at every run, which MySQL refuses without CREATE, so such a
-    user could never pack, even once the first pack had made them."""
+class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
+    """PackPrivilegeCases on MySQL: a user of its own, with the rows and
+    temporary tables of a database, not CREATE."""
     factory = None
     PASSWORD = 'app-Pw-0'
 
@@ -914,41 +913,6 @@ class PrivilegeTests(unittest.TestCase):
         self.factory.admin_query(
             "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE TEMPORARY TABLES ON %s.* "
             "TO '%s'@'%%'" % (self.dbname, self.user))
-
-    def garbage_and_pack(self, db):
-        with db.transaction() as conn:
-            conn.root()['x'] = PersistentMapping(v=1)
-        with db.transaction() as conn:
-            del conn.root()['x']
-        db.pack(time.time() + 1)
-
-    def test_pack_by_an_application_user(self):
-        owner = self.db(True)
-        try:
-            self.garbage_and_pack(owner)
-        finally:
-            owner.close()
-        self.grant()
-        app = self.db(False)
-        try:
-            before = len(app.storage)
-            self.garbage_and_pack(app)
-            self.assertEqual(len(app.storage), before)
-        finally:
-            app.close()
-
-    def test_first_pack_by_an_application_user_says_what_it_needs(self):
-        self.db(True).close()
-        self.grant()
-        app = self.db(False)
-        try:
-            with self.assertRaises(RelStorageError) as raised:
-                self.garbage_and_pack(app)
-            message = str(raised.exception)
-            self.assertIn('cannot create its table object_ref', message)
-            self.assertIn("the schema's owner", message)
-        finally:
-            app.close()
 
 
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,

@@ -45,6 +45,7 @@ from .core_cases import FactoryCase
 from .core_cases import begin_store
 from .core_cases import make_objects
 from .core_cases import vote_behind
+from .privilege_cases import PackPrivilegeCases
 
 DRIVERS = ('psycopg', 'psycopg2')
 
@@ -935,12 +936,9 @@ class UnloggedPackTablesTests(PGCase):
         self.assertGreater(self._query(db, 'SELECT count(*) FROM object_ref')[0][0], 0)
 
 
-class PrivilegeTests(unittest.TestCase):
-    """An application user allowed rows but not the schema (a helper
-    agent's check): the pack created its tables at every run (CREATE ...
-    IF NOT EXISTS, which PostgreSQL refuses without the privilege to
-    create, and CREATE INDEX without the table's ownership), so such a user
-    could never pack, even once the tables existed."""
+class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
+    """PackPrivilegeCases on PostgreSQL: a role of its own, with the rows
+    and sequences of a database it does not own."""
     factory = None
 
     def setUp(self):
@@ -959,16 +957,17 @@ class PrivilegeTests(unittest.TestCase):
         ADMIN.execute('DROP DATABASE IF EXISTS "%s" WITH (FORCE)' % self.dbname)
         ADMIN.execute('DROP ROLE IF EXISTS %s' % self.role)
 
-    def db(self, user, create):
+    def db(self, owner):
         import ZODB.config
         params = {'dbname': self.dbname}
+        user = self.owner if owner else self.role
         if user:                # (None: the owner as RS_PG_DSN names it, or not)
             params['user'] = user
         dsn = _dsn_with(base_dsn(), **params)
         return ZODB.config.databaseFromString(
             "%%import relstorage\n<zodb>\n<relstorage>\n keep-history false\n"
             " create-schema %s\n <postgresql>\n  driver %s\n  dsn %s\n </postgresql>\n"
-            "</relstorage>\n</zodb>\n" % ('true' if create else 'false',
+            "</relstorage>\n</zodb>\n" % ('true' if owner else 'false',
                                           self.factory.driver, dsn))
 
     def as_owner(self, *statements):
@@ -988,44 +987,6 @@ class PrivilegeTests(unittest.TestCase):
                       'TO %s' % self.role,
                       'GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public '
                       'TO %s' % self.role)
-
-    def garbage_and_pack(self, db):
-        with db.transaction() as conn:
-            conn.root()['x'] = PersistentMapping(v=1)
-        with db.transaction() as conn:
-            del conn.root()['x']
-        db.pack(time.time() + 1)
-
-    def test_pack_by_an_application_user(self):
-        # The owner made the schema and its first pack made the pack's
-        # tables: the application user packs with rights on rows only.
-        owner = self.db(self.owner, True)
-        try:
-            self.garbage_and_pack(owner)
-        finally:
-            owner.close()
-        self.grant()
-        app = self.db(self.role, False)
-        try:
-            before = len(app.storage)
-            self.garbage_and_pack(app)
-            self.assertEqual(len(app.storage), before)
-        finally:
-            app.close()
-
-    def test_first_pack_by_an_application_user_says_what_it_needs(self):
-        owner = self.db(self.owner, True)
-        owner.close()
-        self.grant()
-        app = self.db(self.role, False)
-        try:
-            with self.assertRaises(RelStorageError) as raised:
-                self.garbage_and_pack(app)
-            message = str(raised.exception)
-            self.assertIn('cannot create its table object_ref', message)
-            self.assertIn("the schema's owner", message)
-        finally:
-            app.close()
 
 
 PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeoutTestsHF,

@@ -102,6 +102,18 @@ def zconfig(data_dir, storage_options='', adapter_options=''):
         """) % (storage_options, data_dir, adapter_options)
 
 
+def commit_blob(text, key, data):
+    """Commit a Blob of ``data`` under the root's ``key`` through a
+    database opened from ZConfig ``text``, then close it."""
+    from ZODB.blob import Blob
+    db = ZODB.config.databaseFromString(text)
+    try:
+        with db.transaction() as conn:
+            conn.root()[key] = Blob(data)
+    finally:
+        db.close()
+
+
 class SqliteConfigTests(unittest.TestCase):
     """End to end through ZConfig and ZODB.DB, as zope.conf users do."""
 
@@ -465,17 +477,11 @@ class SqliteConfigTests(unittest.TestCase):
         # every retry: the reader got FileNotFoundError.  Here every
         # download is followed at once by a prune that empties the cache.
         from unittest import mock
-        from ZODB.blob import Blob
         from relstorage.blobs import cached
         data_dir = os.path.join(self.tmp, 'data')
         text = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir false\nblob-cache-size 1kb'
                        % os.path.join(self.tmp, 'writer-cache'))
-        db = ZODB.config.databaseFromString(text)
-        try:
-            with db.transaction() as conn:
-                conn.root()['b'] = Blob(b'x' * 100000)
-        finally:
-            db.close()
+        commit_blob(text, 'b', b'x' * 100000)
 
         def note_added(mode, size):
             cached.prune(mode.blob_dir, 1, wait=True)
@@ -497,17 +503,10 @@ class SqliteConfigTests(unittest.TestCase):
         # the database, blob-dir caches them.  Read as a shared directory,
         # each application server wrote the blobs it committed to its own
         # directory only, and the others could not read them.
-        from ZODB.blob import Blob
         data_dir = os.path.join(self.tmp, 'data')
         servers = [zconfig(data_dir, 'blob-dir %s' % os.path.join(self.tmp, name))
                    for name in ('server-a-blobs', 'server-b-blobs')]
-        db = ZODB.config.databaseFromString(servers[0])
-        try:
-            with db.transaction() as conn:
-                conn.root()['file'] = Blob(b'committed on server a' * 100)
-            self.assertFalse(db.storage._options.shared_blob_dir)
-        finally:
-            db.close()
+        commit_blob(servers[0], 'file', b'committed on server a' * 100)
         db = ZODB.config.databaseFromString(servers[1])
         try:
             with db.transaction() as conn:
@@ -528,12 +527,7 @@ class SqliteConfigTests(unittest.TestCase):
         data_dir = os.path.join(self.tmp, 'data')
         blob_dir = os.path.join(self.tmp, 'blobs')
         shared = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir true' % blob_dir)
-        db = ZODB.config.databaseFromString(shared)
-        try:
-            with db.transaction() as conn:
-                conn.root()['file'] = Blob(b'only here' * 1000)
-        finally:
-            db.close()
+        commit_blob(shared, 'file', b'only here' * 1000)
         as_cache = zconfig(data_dir, 'blob-dir %s\nshared-blob-dir false\n'
                                      'blob-cache-size 1kb' % blob_dir)
         without_line = zconfig(data_dir, 'blob-dir %s' % blob_dir)

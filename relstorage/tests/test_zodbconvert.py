@@ -563,6 +563,36 @@ class TestStrategy(ConvertTestCase):
         finally:
             source.close()
 
+    def test_history_free_source_changed_since(self):
+        # A helper agent's checks: a history-free source has no earlier
+        # revision of what changed after the copy's snapshot.  The
+        # current strategy left such objects out of the copy; --verify
+        # called them "in the destination only".
+        src = self.path('hf-src.fs')
+        make_source(src, transactions=4)
+        source_db = self.database()
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          rs_section('destination', source_db, False)))
+        dest_db = self.database()
+        self.assertConverted(self.convert(rs_section('source', source_db, False),
+                                          rs_section('destination', dest_db, False)))
+        storage = self.open_rs(source_db, False)
+        try:
+            as_of = u64(storage.lastTransaction())
+            db = ZODB.DB(storage)
+            with db.transaction() as conn:
+                conn.root()['obj1']['v'] = 'changed since'
+            with self.assertRaisesRegex(copy.CopyError, 'changed in the source after'):
+                copy.current_tids(storage, as_of)
+            db.close()
+        finally:
+            storage.close()
+        _, err = self.assertConverted(self.convert(rs_section('source', source_db, False),
+                                                   rs_section('destination', dest_db, False),
+                                                   '--verify'), rc=1)
+        self.assertIn('the destination is behind', err)
+        self.assertNotIn('in the destination only', err)
+
     def test_relstorage_sources_are_counted(self):
         src = self.path('counted.fs')
         make_source(src)
@@ -1183,6 +1213,37 @@ class TestBlobs(ConvertTestCase):
             rs_section('source', db, blob_dir=self.path('rs-blobs2')),
             fs_section('destination', back, back_blobs), '--verify'))
 
+    def test_blob_packed_during_the_copy(self):
+        # As from an earlier release's database (TestEarlierRelease): a
+        # pack between the iterator's snapshot and the blob's reading.
+        import time
+        src, blobs = self._blob_source()
+        db = self.database()
+        self.assertConverted(self.convert(
+            fs_section('source', src, blobs),
+            rs_section('destination', db, blob_dir=self.path('rs-blobs'))))
+        reader = self.open_rs(db, blob_dir=self.path('reader-cache'), read_only=True)
+        writer = ZODB.DB(self.open_rs(db, blob_dir=self.path('writer-cache')))
+        try:
+            iterator = reader.iterator()
+            first = None
+            for txn in iterator:
+                for record in txn:
+                    if record.data is not None and is_blob_record(record.data):
+                        first = (record.oid, txn.tid)
+                if first:
+                    break
+            with writer.transaction() as conn:
+                with conn.root()['blob0'].open('w') as f:
+                    f.write(b'replaced')
+            writer.pack(time.time() + 1)        # removes that revision
+            with open(reader.loadBlob(*first), 'rb') as f:
+                self.assertEqual(f.read(), b'blob 0 ' * 1000)
+            iterator.close()
+        finally:
+            writer.close()
+            reader.close()
+
     def test_undone_creation_beside_a_blob_history_free(self):
         # A helper agent's check: a transaction undoing a creation and
         # holding a blob goes through restore() (the blob needs
@@ -1456,6 +1517,37 @@ class TestEarlierRelease(ConvertTestCase):
             section.replace('<relstorage >', '<relstorage source>'),
             fs_section('destination', self.path('other.fs'))), rc=1)
         self.assertIn('does not exist', err)
+
+    def test_earlier_release_blob_packed_during_the_copy(self):
+        # A helper agent's check: RelStorage 4.3's zodbpack ran while the
+        # copy went on, and the copy failed with "No blob": each blob was
+        # read in a snapshot of its own, after the pack removed the
+        # revision the iterator's snapshot still has.
+        import sqlite3
+        src, blobs, db = self._earlier(SqliteDB, True)
+        storage = self.open_rs(db, True, blob_dir=self.path('cache-pack'), read_only=True)
+        try:
+            iterator = storage.iterator()
+            first_blob = None
+            for txn in iterator:
+                for record in txn:
+                    if record.data is not None and is_blob_record(record.data):
+                        first_blob = (record.oid, txn.tid)
+                        break
+                if first_blob:
+                    break
+            conn = sqlite3.connect(os.path.join(db.dir, 'main.sqlite3'))
+            try:      # what a pack removes of that revision
+                conn.execute('DELETE FROM blob_chunk WHERE zoid = ? AND tid = ?',
+                             (u64(first_blob[0]), u64(first_blob[1])))
+                conn.commit()
+            finally:
+                conn.close()
+            with open(storage.loadBlob(*first_blob), 'rb') as f:
+                self.assertEqual(f.read(), b'blob 0 ' * 1000)
+            iterator.close()
+        finally:
+            storage.close()
 
     def test_earlier_release_history_free(self):
         for db_class in configured():

@@ -1,0 +1,68 @@
+"""What an application user allowed rows, but not the schema, can do.
+
+The vendor modules (test_postgresql.py, test_mysql.py) provide a class
+``PrivilegeTests(PackPrivilegeCases, unittest.TestCase)`` that makes a
+database and a user of its own, and:
+
+- ``db(owner)``: a ``ZODB.DB`` on that database through ZConfig, as the
+  owner (who may create the schema) or as the application user
+  (``create-schema false``);
+- ``grant()``: give the application user the rows of every table there
+  (and the sequences, temporary tables... the vendor needs).
+"""
+import time
+
+from persistent.mapping import PersistentMapping
+
+from relstorage.interfaces import RelStorageError
+
+
+class PackPrivilegeCases:
+    """A helper agent's check: the pack created its tables at every run
+    (CREATE ... IF NOT EXISTS, which PostgreSQL refuses without the
+    privilege to create, and CREATE INDEX without the table's ownership;
+    MySQL without CREATE), so such a user could never pack, even once the
+    first pack had made every table."""
+
+    def db(self, owner):
+        raise NotImplementedError
+
+    def grant(self):
+        raise NotImplementedError
+
+    def garbage_and_pack(self, db):
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=1)
+        with db.transaction() as conn:
+            del conn.root()['x']
+        db.pack(time.time() + 1)
+
+    def test_pack_by_an_application_user(self):
+        # The owner made the schema and its first pack made the pack's
+        # tables: the application user packs with rights on rows only.
+        owner = self.db(True)
+        try:
+            self.garbage_and_pack(owner)
+        finally:
+            owner.close()
+        self.grant()
+        app = self.db(False)
+        try:
+            before = len(app.storage)
+            self.garbage_and_pack(app)
+            self.assertEqual(len(app.storage), before)
+        finally:
+            app.close()
+
+    def test_first_pack_by_an_application_user_says_what_it_needs(self):
+        self.db(True).close()
+        self.grant()
+        app = self.db(False)
+        try:
+            with self.assertRaises(RelStorageError) as raised:
+                self.garbage_and_pack(app)
+            message = str(raised.exception)
+            self.assertIn('cannot create its table object_ref', message)
+            self.assertIn("the schema's owner", message)
+        finally:
+            app.close()
