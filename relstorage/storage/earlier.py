@@ -173,8 +173,8 @@ class EarlierReleaseStorage:
         if self._fshelper is not None:
             path = self._fshelper.getBlobFilename(oid, serial)
             if not os.path.exists(path):
-                raise POSException.POSKeyError("No blob file for object %r at %r"
-                                               % (oid, serial), path)
+                raise POSException.POSKeyError("No blob file for object %s at transaction %s"
+                                               % (oid_repr(oid), tid_repr(serial)), path)
             return path
         if self._downloads is None:
             raise POSException.Unsupported("No blob-dir is configured")
