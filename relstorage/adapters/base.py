@@ -436,11 +436,15 @@ class Adapter(PackVerbs):
                     conn.execute(self.q(self.sql.INSERT_DATABASE_KEY), (candidate,))
                     conn.commit()
                     return candidate
-                except Exception:  # pylint:disable=broad-except
+                except Exception as exc:  # pylint:disable=broad-except
                     # Another process wrote it first, or no right to write.
-                    log.debug("Could not write the database key", exc_info=True)
                     conn.rollback()
                     key = conn.query_value(self.q(self.sql.GET_DATABASE_KEY))
+                    if key is None:
+                        log.warning("Could not write the database key to %s (%s): this "
+                                    "process shares the shared cache only with those "
+                                    "that could not either", self.describe(),
+                                    _one_line(exc))
             conn.rollback()
             return key
         finally:

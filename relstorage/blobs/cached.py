@@ -206,13 +206,18 @@ class CachedBlobs(BlobMode):
             if self._added < self._check_every:
                 return
             self._added = 0
-        if self.options.blob_cache_size_check_external:
-            subprocess.Popen([sys.executable, '-m', 'relstorage.blobs.cached',
-                              self.blob_dir, str(self.cache_size)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        else:
-            threading.Thread(target=prune, args=(self.blob_dir, self.cache_size),
-                             name='relstorage-blob-prune', daemon=True).start()
+        # (A prune that cannot start must not fail the read or the commit
+        # that added the file: the next one tries again.)
+        try:
+            if self.options.blob_cache_size_check_external:
+                subprocess.Popen([sys.executable, '-m', 'relstorage.blobs.cached',
+                                  self.blob_dir, str(self.cache_size)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            else:
+                threading.Thread(target=prune, args=(self.blob_dir, self.cache_size),
+                                 name='relstorage-blob-prune', daemon=True).start()
+        except (OSError, RuntimeError) as exc:
+            log.warning("Could not start pruning the blob cache %s: %s", self.blob_dir, exc)
 
 
 class _KeepSmall:

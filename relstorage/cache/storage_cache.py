@@ -119,10 +119,15 @@ class StorageCache:
         self._own_commits = {}      # {tid: [oid]}, see OWN_COMMITS
         self._own_lock = threading.Lock()
         if adapter is not None and self.persistent_path:
-            # Created like blob-dir: a missing directory would otherwise
-            # only show as a failed write at every close.
-            ensure_directory('cache-local-dir', options.cache_local_dir)
-            self._load_persistent(adapter)
+            try:
+                # Created like blob-dir: a missing directory would otherwise
+                # only show as a failed write at every close.
+                ensure_directory('cache-local-dir', options.cache_local_dir)
+                self._load_persistent(adapter)
+            except BaseException:
+                if self.shared is not None:
+                    self.shared.close()
+                raise
 
     # ------------------------------------------------------------------
     # The read path

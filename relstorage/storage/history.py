@@ -185,7 +185,6 @@ class IteratorSnapshots:
         self._open = weakref.WeakSet()
 
     def add(self, iterator):
-        iterator.thread = threading.get_ident()
         self._open.add(iterator)
         return iterator
 
@@ -232,6 +231,7 @@ class TransactionIterator:
 
     def _open(self):
         adapter = self._adapter
+        self.thread = threading.get_ident()       # (see IteratorSnapshots)
         self._conn = conn = adapter.open_load()
         try:
             adapter.begin_snapshot(conn)

@@ -780,8 +780,9 @@ class RelStorage(ConflictResolvingStorage):
         # An object that never existed cannot be deleted, as FileStorage
         # says (a helper agent's check: a row without a state was written
         # for it); that oldserial is still current is checked at vote.
-        with self._read() as conn:
-            if self._adapter.load_current(conn, oid_int) is None:
+        # (On the primary, as the vote will see it; tids only.)
+        with self._fresh_read() as conn:
+            if oid_int not in self._adapter.current_tids(conn, [oid_int]):
                 raise POSException.POSKeyError(oid)
         pending.store(oid_int, u64(oldserial) if oldserial else 0, None)
 
