@@ -970,8 +970,10 @@ def _chunks(seq, size):
 
 def _ddl_table(stmt):
     """The table a pack schema statement creates, or indexes."""
-    found = (re.search(r'\bON\s+(\w+)', stmt) if re.match(r'\s*CREATE\s+(UNIQUE\s+)?INDEX', stmt, re.I)
-             else re.search(r'TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)', stmt, re.I))
+    if re.match(r'\s*CREATE\s+(UNIQUE\s+)?INDEX', stmt, re.I):
+        found = re.search(r'\bON\s+(\w+)', stmt)
+    else:
+        found = re.search(r'TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)', stmt, re.I)
     return found.group(1).lower() if found else None
 
 

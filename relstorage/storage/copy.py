@@ -232,7 +232,8 @@ def current_tids(source, as_of, keep=None, keep_bytes=0, later=None):
             if found is None and is_history_free(source):
                 if later is None:
                     raise CopyError(
-                        "Object %s changed (or was created) in the source after transaction %s, and a "
+                        "Object %s changed (or was created) in the source after "
+                        "transaction %s, and a "
                         "history-free source keeps no earlier revision of it: stop the "
                         "writes to the source, or copy with --strategy replay (one "
                         "snapshot of the source)." % (oid_repr(oid), tid_repr(p64(as_of))))

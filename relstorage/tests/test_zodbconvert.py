@@ -582,7 +582,8 @@ class TestStrategy(ConvertTestCase):
             db = ZODB.DB(storage)
             with db.transaction() as conn:
                 conn.root()['obj1']['v'] = 'changed since'
-            with self.assertRaisesRegex(copy.CopyError, r'changed \(or was created\) in the source after'):
+            with self.assertRaisesRegex(copy.CopyError,
+                                        r'changed \(or was created\) in the source after'):
                 copy.current_tids(storage, as_of)
             db.close()
         finally:
