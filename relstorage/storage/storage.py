@@ -731,6 +731,10 @@ class RelStorage(ConflictResolvingStorage):
 
     def tpc_begin(self, txn, tid=None, status=' '):
         if self._is_read_only:
+            if self._before is not None:
+                # A historical connection (db.open(at=...)), as ZODB's own
+                # storages say it (a subclass of ReadOnlyError).
+                raise POSException.ReadOnlyHistoryError()
             raise POSException.ReadOnlyError()
         ext = getattr(txn, 'extension_bytes', None)
         if ext is None:

@@ -1231,6 +1231,21 @@ class RootStorageTests(FactoryCase):
         self.addCleanup(db.close)
         return db
 
+    def test_commit_on_a_historical_connection(self):
+        # A helper agent's check: ReadOnlyError, where FileStorage and
+        # RelStorage 4.3 raise ReadOnlyHistoryError (a subclass of it).
+        from ZODB.POSException import ReadOnlyHistoryError
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        tm = transaction.TransactionManager()
+        conn = db.open(tm, at=db.lastTransaction())
+        conn.root()['x'] = 2
+        with self.assertRaises(ReadOnlyHistoryError):
+            tm.commit()
+        tm.abort()
+        conn.close()
+
     def test_delete_of_an_object_that_never_existed(self):
         # A helper agent's check: deleteObject (IExternalGC) of an OID
         # never stored was accepted and wrote a row without a state (len()
