@@ -25,6 +25,7 @@ from ..interfaces import describe_oids
 from ..options import Options
 from .connections import DBConnection
 from .connections import as_bytes as _bytes
+from .connections import one_line as _one_line
 from .servers import ServerChooser
 from .sessions import SessionPool
 from .packing import PackVerbs
@@ -1240,8 +1241,3 @@ def lock_runs(oids, read_current_oids):
         else:
             runs.append((exclusive, [oid]))
     return runs
-
-
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -12,6 +12,7 @@ import time
 
 from ..interfaces import RelStorageError
 from .connections import as_bytes
+from .connections import one_line as _one_line
 
 log = logging.getLogger(__name__)
 
@@ -975,8 +976,3 @@ def _ddl_table(stmt):
     else:
         found = re.search(r'TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)', stmt, re.I)
     return found.group(1).lower() if found else None
-
-
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

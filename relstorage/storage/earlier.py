@@ -92,6 +92,7 @@ class EarlierReleaseStorage:
         self._fshelper = None
         self._downloads = None
         self._downloaded = collections.OrderedDict()      # path -> size, oldest first
+        self._downloaded_bytes = 0
         self._iterators = history.IteratorSnapshots()      # see loadBlob
         if options.blob_dir:
             if options.shared_blob_dir:
@@ -214,12 +215,12 @@ class EarlierReleaseStorage:
         DOWNLOADS_KEPT_BYTES, so that a copy of a database's every blob
         does not fill the temporary directory."""
         with self._lock:
-            self._downloaded[path] = os.path.getsize(path)
-            self._downloaded.move_to_end(path)
-            total = sum(self._downloaded.values())
-            while total > DOWNLOADS_KEPT_BYTES and len(self._downloaded) > 1:
+            size = os.path.getsize(path)
+            self._downloaded_bytes += size - self._downloaded.pop(path, 0)
+            self._downloaded[path] = size
+            while self._downloaded_bytes > DOWNLOADS_KEPT_BYTES and len(self._downloaded) > 1:
                 old, size = self._downloaded.popitem(last=False)
-                total -= size
+                self._downloaded_bytes -= size
                 try:
                     os.remove(old)
                 except OSError:
