@@ -34,6 +34,7 @@ from ZODB.utils import p64
 from ZODB.utils import tid_repr
 from ZODB.utils import u64
 
+from relstorage.messages import one_line as _one_line
 from relstorage.options import redact_secrets
 from relstorage.storage import copy
 
@@ -604,11 +605,6 @@ def _tid_fraction(source, first, last):
             return None
         return min(max((u64(stats.last_tid) - first) / span, 0.0), 1.0)
     return fraction
-
-
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 if __name__ == '__main__':

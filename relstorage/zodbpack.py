@@ -29,6 +29,7 @@ import time
 import ZConfig
 from ZODB.serialize import referencesf
 
+from .messages import one_line as _one_line
 from .options import redact_secrets
 
 # <zodb> is ZODB's database section; <zodb_db> is Zope's (zope.conf), whose
@@ -301,11 +302,6 @@ def _say(args, text):
 
 def _error(text):
     sys.stderr.write('zodbpack: %s\n' % redact_secrets(text))
-
-
-def _one_line(exc):
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 if __name__ == '__main__':

@@ -25,7 +25,7 @@ from ..interfaces import describe_oids
 from ..options import Options
 from .connections import DBConnection
 from .connections import as_bytes as _bytes
-from .connections import one_line as _one_line
+from ..messages import one_line as _one_line
 from .servers import ServerChooser
 from .sessions import SessionPool
 from .packing import PackVerbs

@@ -27,13 +27,6 @@ def as_bytes(value):
     return bytes(value)
 
 
-def one_line(exc):
-    """The first line of an exception's message (or its type's name), for
-    errors that must stay one line."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def _close_driver(raw, cursor):
     for obj in (cursor, raw):
         try:

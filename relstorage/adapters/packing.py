@@ -12,7 +12,7 @@ import time
 
 from ..interfaces import RelStorageError
 from .connections import as_bytes
-from .connections import one_line as _one_line
+from ..messages import one_line as _one_line
 
 log = logging.getLogger(__name__)
 

@@ -61,6 +61,7 @@ from ZODB.utils import tid_repr
 from ZODB.utils import u64
 from ZODB.utils import z64
 
+from ..messages import one_line as _one_line
 from .commit import CopiedTransaction
 
 log = logging.getLogger(__name__)
@@ -972,11 +973,6 @@ def verify_current(source, dest, as_of, progress=None):
     differences.check()
     stats.last_tid = p64(as_of)
     return stats
-
-
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 __all__ = ['CopyError', 'VerifyError', 'Stats', 'Txn', 'history_txns', 'current_txns',

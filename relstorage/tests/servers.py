@@ -26,6 +26,8 @@ import sys
 import time
 from urllib.parse import urlsplit
 
+from relstorage.messages import one_line as _one_line
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTERS = os.path.join(os.path.dirname(HERE), 'adapters')
 
@@ -201,11 +203,6 @@ def ensure(name, wait=30):
                 return '%s still not reachable after starting it: %s' % (
                     describe(), _one_line(exc))
             time.sleep(0.5)
-
-
-def _one_line(exc):
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def main():
