@@ -29,6 +29,7 @@ from ..messages import one_line as _one_line
 from .servers import ServerChooser
 from .sessions import SessionPool
 from .packing import PackVerbs
+from .packing import TEMP_TABLE_PRIVILEGE
 from .sql import EarlierReleaseReads
 from .sql import Statements
 
@@ -466,7 +467,15 @@ class Adapter(PackVerbs):
         if not (store or blobs):
             return
         own = not conn.in_transaction
-        self.ensure_temp_table(conn, store=store, blobs=blobs)
+        try:
+            self.ensure_temp_table(conn, store=store, blobs=blobs)
+        except self.driver.Error as exc:
+            if self.classify_error(exc) != 'permission':
+                raise
+            # MySQL's refusal names the database, not the privilege.
+            raise RelStorageError(
+                "A commit cannot create its temporary tables at %s (%s): the user "
+                "needs %s." % (self.describe(), _one_line(exc), TEMP_TABLE_PRIVILEGE)) from exc
         if own:
             # Committed before the caller's transaction begins: DDL is
             # transactional on PostgreSQL and SQLite, and a vote that

@@ -16,6 +16,11 @@ from ..messages import one_line as _one_line
 
 log = logging.getLogger(__name__)
 
+#: What a refusal to create a temporary table asks for (commits and packs
+#: use them; MySQL's error names the database, not the privilege).
+TEMP_TABLE_PRIVILEGE = ("the privilege to create temporary tables (PostgreSQL: TEMP "
+                        "on the database; MySQL: CREATE TEMPORARY TABLES)")
+
 #: Greater than every tid: "all revisions" as a ``below`` bound.
 ALL_REVISIONS = (1 << 63) - 1
 
@@ -212,8 +217,7 @@ class PackVerbs:
             if self.classify_error(exc) != 'permission':
                 raise
             if temporary:
-                need = ("the privilege to create temporary tables (PostgreSQL: TEMP "
-                        "on the database; MySQL: CREATE TEMPORARY TABLES)")
+                need = TEMP_TABLE_PRIVILEGE
             else:
                 need = ("a user that may create tables (the schema's owner) for the first "
                         "pack, which makes the pack's tables; later packs need only "

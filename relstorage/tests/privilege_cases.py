@@ -7,8 +7,9 @@ database and a user of its own, and:
 - ``db(owner)``: a ``ZODB.DB`` on that database through ZConfig, as the
   owner (who may create the schema) or as the application user
   (``create-schema false``);
-- ``grant()``: give the application user the rows of every table there
-  (and the sequences, temporary tables... the vendor needs).
+- ``grant(temporary=True)``: give the application user the rows of every
+  table there (and the sequences... the vendor needs), and the right to
+  create temporary tables unless ``temporary`` is false.
 """
 import time
 
@@ -27,7 +28,7 @@ class PackPrivilegeCases:
     def db(self, owner):
         raise NotImplementedError
 
-    def grant(self):
+    def grant(self, temporary=True):
         raise NotImplementedError
 
     def garbage_and_pack(self, db):
@@ -66,3 +67,26 @@ class PackPrivilegeCases:
             self.assertIn("the schema's owner", message)
         finally:
             app.close()
+
+    def test_commit_without_temporary_tables_says_what_it_needs(self):
+        # A helper agent's check: MySQL refused with "Access denied for
+        # user ... to database ...", which names no privilege, to a user
+        # that had every right on the rows.
+        self.db(True).close()
+        self.grant(temporary=False)
+        app = self.db(False)
+        try:
+            with self.assertRaises(RelStorageError) as raised:
+                with app.transaction() as conn:
+                    conn.root()['x'] = PersistentMapping(v=1)
+            message = str(raised.exception)
+            self.assertIn('cannot create its temporary tables', message)
+            self.assertIn('CREATE TEMPORARY TABLES', message)
+        finally:
+            app.close()
+        owner = self.db(True)
+        try:
+            with owner.transaction() as conn:
+                self.assertNotIn('x', conn.root())
+        finally:
+            owner.close()

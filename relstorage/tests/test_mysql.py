@@ -909,10 +909,10 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
             text += '  passwd %s\n' % password
         return ZODB.config.databaseFromString(text + " </mysql>\n</relstorage>\n</zodb>\n")
 
-    def grant(self):
+    def grant(self, temporary=True):
         self.factory.admin_query(
-            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE TEMPORARY TABLES ON %s.* "
-            "TO '%s'@'%%'" % (self.dbname, self.user))
+            "GRANT SELECT, INSERT, UPDATE, DELETE%s ON %s.* TO '%s'@'%%'"
+            % (', CREATE TEMPORARY TABLES' if temporary else '', self.dbname, self.user))
 
 
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,

@@ -982,7 +982,10 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
         finally:
             own.close()
 
-    def grant(self):
+    def grant(self, temporary=True):
+        if not temporary:
+            # (Every role may create temporary tables through PUBLIC.)
+            ADMIN.execute('REVOKE TEMPORARY ON DATABASE "%s" FROM PUBLIC' % self.dbname)
         self.as_owner('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public '
                       'TO %s' % self.role,
                       'GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public '
