@@ -1,4 +1,6 @@
 """History, undo and iteration: the read side of the transaction log."""
+import base64
+import binascii
 import logging
 import pickle
 import threading
@@ -38,10 +40,39 @@ def tid_time(tid_int):
     return TimeStamp(p64(tid_int)).timeTime()
 
 
+def undo_id(tid_int):
+    """The id of a transaction in undoLog/undoInfo: the tid in base64, as
+    FileStorage and earlier releases give it (applications put it in
+    forms and URLs as text)."""
+    return base64.encodebytes(p64(tid_int)).rstrip(b'\n')
+
+
+def undo_tid(transaction_id):
+    """The tid (int) that an undo id names: undo_id's form (bytes or
+    text), or the 8-byte tid itself."""
+    if isinstance(transaction_id, str):
+        transaction_id = transaction_id.encode('ascii', 'replace')
+    if isinstance(transaction_id, bytes) and len(transaction_id) == 8:
+        return u64(transaction_id)
+    try:
+        tid = base64.decodebytes(transaction_id + b'\n')
+    except (TypeError, binascii.Error):
+        tid = None
+    if tid is None or len(tid) != 8:
+        raise POSException.UndoError("Invalid transaction id %r" % (transaction_id,))
+    return u64(tid)
+
+
 def object_history(adapter, conn, oid, size):
-    rows = adapter.history(conn, u64(oid), size or 1)
+    if size is None:
+        size = 1
+    # (Asked for one at least: an object that does not exist raises
+    # POSKeyError whatever the size, as FileStorage does.)
+    rows = adapter.history(conn, u64(oid), max(int(size), 1))
     if not rows:
         raise POSException.POSKeyError(oid)
+    if size < 1:
+        return []
     result = []
     for tid, state_size, user, description, ext in rows:
         entry = {}
@@ -90,7 +121,7 @@ def undo_log(adapter, conn, snapshot_tid, first, last, filter):
         entry = {}
         entry.update(load_extension(ext))
         entry.update({
-            'id': p64(tid),
+            'id': undo_id(tid),
             'time': tid_time(tid),
             'user_name': _b(user),
             'description': _b(description),

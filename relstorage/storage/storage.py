@@ -993,7 +993,7 @@ class RelStorage(ConflictResolvingStorage):
         if not self._adapter.keep_history:
             raise POSException.UndoError("Undo is not supported by history-free storages")
         with self._read() as conn:
-            oids = history.undo(self._adapter, conn, u64(transaction_id),
+            oids = history.undo(self._adapter, conn, history.undo_tid(transaction_id),
                                 pending, self.tryToResolveConflict)
         return None, [p64(oid) for oid in oids]
 

@@ -1260,6 +1260,56 @@ class RootStorageTests(FactoryCase):
         storage.tpc_abort(txn)
         self.assertEqual(len(storage), before)
 
+    def test_undo_ids_are_base64_text_as_filestorage_gives(self):
+        # A helper agent's check: the ids were the raw 8-byte tid, which
+        # does not decode as text (Zope's undo forms, URLs), and the ids
+        # FileStorage and earlier releases give (the tid in base64) raised
+        # ValueError from struct instead of UndoError.
+        import base64
+        from ZODB.POSException import UndoError
+        if not self.keep_history:
+            self.skipTest('history-free: nothing to undo')
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        with db.transaction() as conn:
+            conn.root()['x'] = 2
+        entry = db.undoLog(0, 1)[0]
+        self.assertEqual(base64.decodebytes(entry['id']), db.lastTransaction())
+        self.assertEqual(db.undoInfo(0, 1)[0]['id'], entry['id'])
+        db.undo(entry['id'].decode('ascii'))        # as text, from a form
+        transaction.commit()
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['x'], 1)
+        for bad in (b'not an id', base64.encodebytes(b'123').rstrip()):
+            with self.assertRaises(UndoError):
+                db.undo(bad)
+                transaction.commit()
+            transaction.abort()
+        # (An unknown tid in either form: UndoError too.)
+        with self.assertRaises(UndoError):
+            db.undo(base64.encodebytes(p64(1)).rstrip())
+            transaction.commit()
+        transaction.abort()
+
+    def test_history_size(self):
+        # A helper agent's check: size 0 gave one entry and a negative size
+        # every entry (SQLite) or the driver's error on its LIMIT; FileStorage
+        # gives none for both, and POSKeyError for a missing object first.
+        db = self.db()
+        for value in (1, 2, 3):
+            with db.transaction() as conn:
+                conn.root()['x'] = value
+        storage = db.storage
+        root = p64(0)
+        self.assertEqual(storage.history(root, 0), [])
+        self.assertEqual(storage.history(root, -1), [])
+        self.assertEqual(len(storage.history(root)), 1)
+        self.assertEqual(len(storage.history(root, None)), 1)
+        self.assertEqual(len(storage.history(root, 10)), 4 if self.keep_history else 1)
+        with self.assertRaises(POSKeyError):
+            storage.history(p64(10 ** 9), 0)
+
     def test_last_transaction_after_each_commit(self):
         db = self.db()
         tm = transaction.TransactionManager()
