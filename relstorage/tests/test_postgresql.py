@@ -509,6 +509,32 @@ class ServerDisconnectTests(PGCase):
             self.assertEqual(conn2.root()['a']['n'], 2)
             self.assertEqual(conn2.root()['b']['n'], 3)
 
+    def test_sessions_ended_by_idle_session_timeout(self):
+        # A helper agent's check: psycopg 3 reports the server's
+        # idle_session_timeout (PostgreSQL 14+) as SQLSTATE 57P05, which was
+        # not taken for a disconnect: the first DB.open() after an idle
+        # period failed, and a commit that spanned one raised from the
+        # poll after tpc_finish, though it was committed.
+        dbname = self.factory.dbname
+        ADMIN.execute("ALTER DATABASE \"%s\" SET idle_session_timeout = '1s'" % dbname)
+        self.addCleanup(ADMIN.execute,
+                        'ALTER DATABASE "%s" RESET idle_session_timeout' % dbname)
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['n'] = 0
+        for _ in range(2):
+            time.sleep(1.5)
+            with db.transaction() as conn:
+                conn.root()['n'] += 1
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['n'] += 1
+        time.sleep(1.5)
+        tm.commit()
+        conn.close()
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['n'], 3)
+
     def test_in_flight_commit_fails_with_an_error_not_to_retry(self):
         # A helper agent's check: with PostgreSQL, MariaDB and SQLite
         # joined in one transaction, sessions ended after the vote made

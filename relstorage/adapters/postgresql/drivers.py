@@ -23,9 +23,10 @@ LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 UNIQUE_VIOLATION = '23505'
 INSUFFICIENT_PRIVILEGE = '42501'
 #: admin_shutdown, crash_shutdown, cannot_connect_now,
-#: idle_in_transaction_session_timeout (the server ended the session: see
-#: hold_locks); class 08 is added below.
-DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03', '25P03'))
+#: idle_session_timeout (PostgreSQL 14's, often set on managed servers and
+#: behind poolers), idle_in_transaction_session_timeout (the server ended
+#: the session: see hold_locks); class 08 is added below.
+DISCONNECT_STATES = frozenset(('57P01', '57P02', '57P03', '57P05', '25P03'))
 
 
 #: Server refusals at connect time that pass: (libpq reports them as text,
