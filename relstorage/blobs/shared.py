@@ -5,7 +5,9 @@ chosen and before the database commits: a crash between the two leaves an
 unreferenced file (harmless, removed by pack), never a committed row
 pointing at a missing file, and a rename never exposes half a file.
 """
+import errno
 import os
+import time
 
 from ZODB.blob import link_or_copy
 from ZODB.blob import rename_or_copy_blob
@@ -13,6 +15,13 @@ from ZODB.blob import rename_or_copy_blob
 from ..interfaces import RelStorageError
 from .common import BlobMode
 from .common import database_holds_blobs
+
+
+#: The file that binds a shared blob directory to its database: it names
+#: the database's key (Adapter.database_key).  The directory holds the
+#: only copies of the blobs, and a pack removes the files of its database
+#: that no row keeps, which another database's files there look like.
+DATABASE_MARKER = '.relstorage-database'
 
 
 class SharedBlobs(BlobMode):
@@ -38,6 +47,29 @@ class SharedBlobs(BlobMode):
                 "%s holds blob data, so blob-dir %s is a cache of it: set shared-blob-dir "
                 "false (shared-blob-dir true keeps blobs only in a directory shared by "
                 "every client)." % (adapter.describe(), self.blob_dir))
+        key = adapter.database_key(create=not self.options.read_only)
+        if key is not None:
+            self.bind(key, adapter.describe())
+
+    def bind(self, key, database):
+        """Refuse a directory bound to another database (a helper agent's
+        check: a staging database pointed at production's directory packed
+        away production's current files); bind an unbound one (new, or
+        written by an earlier release) to this database."""
+        path = os.path.join(self.blob_dir, DATABASE_MARKER)
+        found = _read_key(path)
+        if found is None and not self.options.read_only:
+            _create(path, 'relstorage database key %x\n' % key)
+            found = _read_key(path)
+        if found is not None and found != key:
+            raise RelStorageError(
+                "blob-dir %s holds the blobs of another database (its file %s names "
+                "database key %x; %s has %x). A shared blob directory belongs to one "
+                "database: its packs remove the files that database does not know. "
+                "Point blob-dir at this database's own directory; if these files "
+                "really are this database's (a database made again from a backup "
+                "that lost its key), delete %s."
+                % (self.blob_dir, DATABASE_MARKER, found, database, key, DATABASE_MARKER))
 
     def vote(self, adapter, conn, btxn, tstore):
         pass
@@ -71,3 +103,51 @@ class SharedBlobs(BlobMode):
             return opener(self.filename(oid_int, tid_int))
         except FileNotFoundError:
             raise self.missing(oid_int, tid_int) from None
+
+
+def _read_key(path):
+    """The key a marker names; None without one.  (A marker being written
+    by another process that starts at the same moment is read again.)"""
+    for _ in range(50):
+        try:
+            with open(path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        words = text.split()
+        if text.endswith('\n') and words:
+            try:
+                return int(words[-1], 16)
+            except ValueError:
+                break
+        time.sleep(0.02)
+    raise RelStorageError("The file %s does not name a database (%r): delete it, and the "
+                          "first storage to open the directory writes it again."
+                          % (path, text[:80]))
+
+
+def _create(path, text):
+    """Write ``path`` whole or not at all, unless it exists."""
+    temp = '%s.%d.tmp' % (path, os.getpid())
+    with open(temp, 'w') as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        # (A file system without hard links: created empty and written,
+        # which _read_key waits out.)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, 'w') as f:
+                f.write(text)
+    finally:
+        os.remove(temp)

@@ -279,6 +279,48 @@ class BigBlobTests(BlobCase):
         self.assertLess(int(fields['peak_rss_mb']), 512, line)
 
 
-ALL = (BlobCacheTests, BlobCrashTests, BigBlobTests)
+class SharedBlobDirTests(BlobCase):
+
+    def shared_storage(self, factory=None, **kw):
+        """A storage of ``factory``'s database (the test's by default) with
+        blob-dir ``shared`` as its shared blob directory."""
+        kw.setdefault('keep_history', self.keep_history)
+        kw.update(blob_dir=os.path.join(self.tmp, 'shared'), shared_blob_dir=True)
+        options = Options(**kw)
+        storage = RelStorage((factory or self.factory).make_adapter(options), options=options)
+        self._open.append(storage)
+        return storage
+
+    def test_a_directory_belongs_to_one_database(self):
+        # A helper agent's check: databases A and B given the same shared
+        # blob-dir (a staging copy pointed at production's directory) both
+        # opened, and B's pack removed A's current blob file, the only copy
+        # (B's sweep took it for one of its own replaced revisions).
+        from relstorage.blobs.shared import DATABASE_MARKER
+        db_a = ZODB.DB(self.shared_storage())
+        self.addCleanup(db_a.close)
+        with db_a.transaction() as conn:
+            conn.root()['x'] = Blob(b'A data')
+        marker = os.path.join(self.tmp, 'shared', DATABASE_MARKER)
+        self.assertTrue(os.path.exists(marker))
+        other = self.factory.named('shared_blobs_b')
+        other.fresh(self.keep_history)
+        for read_only in (False, True):
+            with self.assertRaises(RelStorageError) as raised:
+                self.shared_storage(other, read_only=read_only)
+            self.assertIn('holds the blobs of another database', str(raised.exception))
+        # Another storage of A is welcome; a directory without the file (an
+        # earlier release's) is bound to the first database that opens it.
+        self.shared_storage().close()
+        os.remove(marker)
+        self.shared_storage().close()
+        with self.assertRaises(RelStorageError):
+            self.shared_storage(other)
+        with db_a.transaction() as conn:
+            with conn.root()['x'].open('r') as f:
+                self.assertEqual(f.read(), b'A data')
+
+
+ALL = (BlobCacheTests, BlobCrashTests, BigBlobTests, SharedBlobDirTests)
 CASES = ALL + tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False})
                     for c in (BlobCacheTests, BlobCrashTests))
