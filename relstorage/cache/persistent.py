@@ -2,13 +2,19 @@
 
 File layout (big-endian)::
 
-    b'RSLCACHE'  version:u32  last_tid:u64  count:u64
+    b'RSLCACHE'  version:u32  last_tid:u64  count:u64  database_key:u64
     count x (oid:u64  tid:u64  length:u32  state)
     crc32 of everything before it:u32
 
-``last_tid`` is the newest transaction the writers had seen.  A file is
-trusted only as far as the database confirms it:
+(Version 1 had no ``database_key``: read as 0.)  ``last_tid`` is
+the newest transaction the writers had seen; ``database_key`` the key of
+the database they read (Adapter.database_key), 0 if they knew none.  A
+file is trusted only as far as the database confirms it:
 
+- a file of another database (another key, both known: a database dropped
+  and made again at the same place, ``zodbconvert --clear``) is ignored
+  entirely: a copy made with the same tids would otherwise confirm every
+  entry of the old contents (a helper agent's check);
 - a file whose ``last_tid`` is after the database's last transaction was
   written against a history the database no longer has (restored from an
   older backup): it is ignored entirely;
@@ -21,10 +27,12 @@ trusted only as far as the database confirms it:
 Several processes may share the directory: writers take an exclusive
 ``flock`` on ``<file>.lock``, merge what the file already holds with their
 own entries (newest tid per object wins; the merged ``last_tid`` is the
-maximum, so a file mixing histories is discarded as a whole), write a
+maximum, so a file mixing histories is discarded as a whole; a file of
+another database is replaced, not merged), write a
 temporary file in the same directory and rename it over the old one.
 Readers never see a half-written file.
 """
+import collections
 import logging
 import os
 import struct
@@ -39,8 +47,9 @@ except ImportError:  # pragma: no cover (Windows)
 log = logging.getLogger(__name__)
 
 MAGIC = b'RSLCACHE'
-VERSION = 1
-HEADER = struct.Struct('>8sIQQ')
+VERSION = 2
+HEADER = struct.Struct('>8sIQQQ')
+HEADER_V1 = struct.Struct('>8sIQQ')
 RECORD = struct.Struct('>QQI')
 TRAILER = struct.Struct('>I')
 VALIDATE_BATCH = 500
@@ -51,12 +60,16 @@ class CacheFileError(Exception):
     """The file is not a complete cache file of our format."""
 
 
+#: What read_file returns: ``entries`` is [(oid, tid, state), ...].
+CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key')
+
+
 def cache_path(directory, prefix):
     return os.path.join(directory, prefix + SUFFIX)
 
 
 def read_file(path):
-    """(last_tid, [(oid, tid, state), ...]) or None if there is no file.
+    """A CacheFile, or None if there is no file.
 
     Raises CacheFileError for a damaged file.
     """
@@ -65,17 +78,21 @@ def read_file(path):
             data = f.read()
     except FileNotFoundError:
         return None
-    if len(data) < HEADER.size + TRAILER.size:
+    if len(data) < HEADER_V1.size + TRAILER.size:
         raise CacheFileError('too short')
-    magic, version, last_tid, count = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version != VERSION:
+    magic, version, last_tid, count = HEADER_V1.unpack_from(data, 0)
+    if magic != MAGIC or version not in (1, VERSION):
         raise CacheFileError('not a cache file of version %d' % VERSION)
+    header = HEADER_V1 if version == 1 else HEADER
+    if len(data) < header.size + TRAILER.size:
+        raise CacheFileError('too short')
+    key = header.unpack_from(data, 0)[4] if version != 1 else 0
     body_end = len(data) - TRAILER.size
     (crc,) = TRAILER.unpack_from(data, body_end)
     if zlib.crc32(memoryview(data)[:body_end]) != crc:
         raise CacheFileError('checksum mismatch')
     entries = []
-    pos = HEADER.size
+    pos = header.size
     for _ in range(count):
         if pos + RECORD.size > body_end:
             raise CacheFileError('truncated')
@@ -87,7 +104,7 @@ def read_file(path):
         pos += length
     if pos != body_end:
         raise CacheFileError('trailing garbage')
-    return last_tid, entries
+    return CacheFile(last_tid, entries, key)
 
 
 def _temp_prefix(path):
@@ -117,13 +134,13 @@ def _remove_leftovers(path):
                 pass
 
 
-def _write_file(path, last_tid, entries):
+def _write_file(path, last_tid, entries, key):
     directory = os.path.dirname(path) or '.'
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, 'wb') as f:
             crc = 0
-            chunk = HEADER.pack(MAGIC, VERSION, last_tid, len(entries))
+            chunk = HEADER.pack(MAGIC, VERSION, last_tid, len(entries), key or 0)
             crc = zlib.crc32(chunk, crc)
             f.write(chunk)
             for oid, tid, state in entries:
@@ -162,8 +179,9 @@ class _Locked:
         self.f.close()
 
 
-def save(path, last_tid, entries, limit_bytes):
-    """Merge ``entries`` (most important last) into the file at ``path``.
+def save(path, last_tid, entries, limit_bytes, key=None):
+    """Merge ``entries`` (most important last), read from the database
+    whose key is ``key`` (None: unknown), into the file at ``path``.
 
     Returns the number of entries written.
     """
@@ -177,10 +195,12 @@ def save(path, last_tid, entries, limit_bytes):
         combined = {}           # oid -> (tid, state); the newest tid wins
         order = []              # oids, most important first: ours, then theirs
         sources = [reversed(entries)]
+        if existing is not None and (existing.database_key or 0) != (key or 0):
+            log.info("Replacing cache file %s, written for another database", path)
+            existing = None
         if existing is not None:
-            other_last, others = existing
-            last_tid = max(last_tid, other_last)
-            sources.append(reversed(others))
+            last_tid = max(last_tid, existing.last_tid)
+            sources.append(reversed(existing.entries))
         for source in sources:
             for oid, tid, state in source:
                 old = combined.get(oid)
@@ -198,13 +218,14 @@ def save(path, last_tid, entries, limit_bytes):
                 break
             kept.append(entry)
         kept.reverse()
-        _write_file(path, last_tid, kept)
+        _write_file(path, last_tid, kept, key)
         return len(kept)
 
 
-def load_validated(path, adapter, put, record):
-    """Load the file at ``path``; entries the database confirms go to
-    ``put(oid, tid, state)`` and ``record(oid, tid, snapshot)``.
+def load_validated(path, adapter, put, record, key=None):
+    """Load the file at ``path``; entries the database (whose key is
+    ``key``, None if unknown) confirms go to ``put(oid, tid, state)`` and
+    ``record(oid, tid, snapshot)``.
 
     Returns (snapshot_tid, loaded, dropped); snapshot_tid is None when
     nothing could be checked (no file, damaged, or the database is behind).
@@ -216,7 +237,12 @@ def load_validated(path, adapter, put, record):
         return None, 0, 0
     if content is None:
         return None, 0, 0
-    last_tid, entries = content
+    last_tid, entries, file_key = content
+    if file_key and key and file_key != key:
+        log.warning("Ignoring cache file %s: it was written for another database "
+                    "(made again at the same place, or copied there with zodbconvert "
+                    "--clear)", path)
+        return None, 0, len(entries)
     conn = adapter.open_load()
     try:
         adapter.begin_snapshot(conn)

@@ -90,9 +90,14 @@ class StorageCache:
         self._to_shared = {}        # states read from the database, sent in batches
         self._hints_to_shared = {}  # and which tid was current: {oid: (tid, as_of)}
         self._to_shared_lock = threading.Lock()
+        # The database's key (Adapter.database_key), for what outlives the
+        # process: the shared cache's namespace and the cache file.
+        self.database_key = None
+        if adapter is not None and (options.cache_servers or self.persistent_path):
+            self.database_key = adapter.database_key(create=not options.read_only)
         if options.cache_servers:
             if adapter is not None:
-                key = adapter.database_key(create=not options.read_only)
+                key = self.database_key
                 # (Without a key yet, a read-only storage goes by what the
                 # server names the database.)
                 identity = (('key', key) if key is not None
@@ -598,7 +603,7 @@ class StorageCache:
         started = time.time()
         try:
             snapshot, loaded, dropped = persistent.load_validated(
-                path, adapter, self.local.put, self.index.record)
+                path, adapter, self.local.put, self.index.record, self.database_key)
         except Exception:  # pylint:disable=broad-except
             log.warning("Could not load the cache file %s", path, exc_info=True)
             return
@@ -616,7 +621,8 @@ class StorageCache:
         entries = list(self.local.items())
         last_tid = max([self.index.high_water] + [tid for _, tid, _ in entries])
         try:
-            written = persistent.save(path, last_tid, entries, self.local.limit)
+            written = persistent.save(path, last_tid, entries, self.local.limit,
+                                      self.database_key)
         except Exception:  # pylint:disable=broad-except
             log.warning("Could not write the cache file %s", path, exc_info=True)
             return 0

@@ -51,6 +51,15 @@ class PersistentCacheTests(unittest.TestCase):
             conn.cacheMinimize()
             return [conn.root()[i]['v'] for i in range(count)]
 
+    def copy(self, source):
+        """The source's transactions into the database (as zodbconvert)."""
+        options = Options()
+        storage = RelStorage(Sqlite3Adapter(self.data, options=options), options=options)
+        try:
+            storage.copyTransactionsFrom(source)
+        finally:
+            storage.close()
+
     def cache_file(self):
         return persistent.cache_path(self.cache_dir, 'test')
 
@@ -130,6 +139,44 @@ class PersistentCacheTests(unittest.TestCase):
         self.assertEqual(self.read_all(db), ['after restore'] + ['old'] * 19)
         db.close()
 
+    def test_database_made_again_with_the_same_tids(self):
+        # A helper agent's check: a database emptied and filled again by
+        # zodbconvert --clear from a source with the same oids and tids
+        # but other states: every entry of the cache file matched its tid,
+        # and a fresh process read the old contents until the file was
+        # deleted.  The file names its database's key now.
+        from ZODB.FileStorage import FileStorage
+        sources = []
+        for name, value in (('old', b'old-'), ('new', b'new-')):
+            fs = FileStorage(os.path.join(self.tmp, name + '.fs'))
+            sources.append(fs)
+            self.addCleanup(fs.close)
+            if name == 'old':
+                db = ZODB.DB(fs)
+                self.fill(db, value='old-')
+            else:
+                # The same transactions, the same tids, other states.
+                for txn in sources[0].iterator():
+                    fs.tpc_begin(txn, txn.tid)
+                    for record in txn:
+                        fs.restore(record.oid, record.tid,
+                                   record.data.replace(b'old-', value), '', None, txn)
+                    fs.tpc_vote(txn)
+                    fs.tpc_finish(txn)
+        self.copy(sources[0])
+        db = self.open_db()
+        self.assertEqual(self.read_all(db), ['old-'] * 20)
+        db.close()
+        Sqlite3Adapter(self.data, options=Options()).drop_all()   # zodbconvert --clear
+        self.copy(sources[1])
+        with self.assertLogs('relstorage.cache.persistent', logging.WARNING) as logs:
+            db = self.open_db()
+        self.assertIn('written for another database', logs.output[0])
+        self.assertEqual(db.storage.cache_stats()['persistent_loaded'], 0)
+        self.assertEqual(self.read_all(db), ['new-'] * 20)
+        db.close()
+        self.assertNotEqual(persistent.read_file(self.cache_file()).database_key, 0)
+
     def test_validation_is_one_query_per_batch(self):
         db = self.open_db()
         self.fill(db, count=1200)
@@ -185,7 +232,7 @@ class PersistentCacheTests(unittest.TestCase):
             [conn.root()[i]['v'] for i in range(20, 40)]
         w1.close()
         w2.close()                # merges with what w1 wrote
-        _, entries = persistent.read_file(self.cache_file())
+        entries = persistent.read_file(self.cache_file()).entries
         self.assertGreaterEqual(len({oid for oid, _, _ in entries}), 41)
         db = self.open_db()
         loads = db.storage.cache_stats()['db_loads']
@@ -207,7 +254,7 @@ class PersistentCacheTests(unittest.TestCase):
         for p in procs:
             p.join(60)
             self.assertEqual(p.exitcode, 0)
-        last_tid, entries = persistent.read_file(path)
+        last_tid, entries, _ = persistent.read_file(path)
         self.assertEqual(last_tid, 1000 + 3 * 10 + 9)
         self.assertEqual({oid for oid, _, _ in entries}, set(range(4 * 100)))
 
