@@ -15,10 +15,15 @@ nothing there can become wrong.
 The cache is bounded by ``blob-cache-size``: once the bytes added since the
 last check pass ``blob-cache-size-check`` percent of it, the least recently
 used files are removed until the cache is at 90 % of the limit.  Several
-processes may share the directory: pruning takes a non-blocking lock file
-(whoever holds it prunes; the others carry on), deletes only final ``.blob``
-files (never temporary ones being written), and readers that lose a race
-with pruning simply download again.
+processes may share the directory: pruning takes a lock file, deletes only
+final ``.blob`` files (never temporary ones being written), and readers
+that lose a race with pruning simply download again.  A process runs one
+prune at a time; a check that comes while it runs, or while another
+process holds the lock, makes it prune again once that one is done (a
+helper agent's check: a prune that found the lock held gave up, and the
+files renamed into place after the other prune had counted stayed over
+the limit until the next read).  Closing the storage prunes what was
+added since the last prune, which a daemon thread might not finish.
 """
 import fcntl
 import logging
@@ -58,6 +63,8 @@ class CachedBlobs(BlobMode):
         self._check_every = (self.cache_size * check // 100) if self.cache_size else None
         self._added = 0
         self._lock = threading.Lock()
+        self._pruning = False       # this process's prune is running
+        self._prune_again = False   # and a check came meanwhile
 
     def check_database(self, adapter):
         """Refuse a blob-dir that holds blob files while the database holds
@@ -206,18 +213,55 @@ class CachedBlobs(BlobMode):
             if self._added < self._check_every:
                 return
             self._added = 0
+            if self._pruning:
+                self._prune_again = True
+                return
+            self._pruning = True
         # (A prune that cannot start must not fail the read or the commit
         # that added the file: the next one tries again.)
         try:
             if self.options.blob_cache_size_check_external:
+                with self._lock:
+                    self._pruning = False
                 subprocess.Popen([sys.executable, '-m', 'relstorage.blobs.cached',
                                   self.blob_dir, str(self.cache_size)],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             else:
-                threading.Thread(target=prune, args=(self.blob_dir, self.cache_size),
+                threading.Thread(target=self._prune_until_done,
                                  name='relstorage-blob-prune', daemon=True).start()
         except (OSError, RuntimeError) as exc:
+            with self._lock:
+                self._pruning = False
             log.warning("Could not start pruning the blob cache %s: %s", self.blob_dir, exc)
+
+    def _prune_until_done(self):
+        try:
+            while True:
+                # (Waits for another process's prune, then counts again.)
+                prune(self.blob_dir, self.cache_size, wait=True)
+                with self._lock:
+                    if not self._prune_again:
+                        self._pruning = False
+                        return
+                    self._prune_again = False
+        except BaseException:
+            with self._lock:
+                self._pruning = False
+            log.warning("Pruning the blob cache %s failed", self.blob_dir, exc_info=True)
+
+    def close(self):
+        """The storage closes: prune what was added since the last prune
+        (its thread, a daemon, may be cut short at exit)."""
+        if not self._check_every:
+            return
+        with self._lock:
+            pending = self._added or self._pruning or self._prune_again
+            self._added = 0
+        if pending:
+            try:
+                prune(self.blob_dir, self.cache_size, wait=True)
+            except OSError as exc:
+                log.warning("Could not prune the blob cache %s: %s", self.blob_dir, exc)
 
 
 class _KeepSmall:
@@ -316,4 +360,4 @@ def prune(blob_dir, limit, wait=False):
 if __name__ == '__main__':
     # blob-cache-size-check-external: python -m relstorage.blobs.cached DIR LIMIT
     started = time.time()
-    prune(sys.argv[1], int(sys.argv[2]))
+    prune(sys.argv[1], int(sys.argv[2]), wait=True)

@@ -28,6 +28,9 @@ class BlobMode:
         """Refuse, with an error that says which setting to change, a
         database and a blob-dir that do not go with this mode."""
 
+    def close(self):
+        """The storage closes."""
+
     #: Whether blob-dir holds the only copy of the blobs (SharedBlobs).
     only_copy = False
 

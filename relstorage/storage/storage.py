@@ -247,6 +247,8 @@ class RelStorage(ConflictResolvingStorage):
             # collection.
             for instance in list(self._instances):
                 instance.release()
+            if self._blobs is not None:
+                self._blobs.close()
             self._cache.close()
             self._adapter.close()
 
