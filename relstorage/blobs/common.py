@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 from ZODB.blob import LAYOUT_MARKER
 from ZODB.blob import LAYOUTS
@@ -16,6 +17,11 @@ from ZODB.utils import p64
 from ..interfaces import RelStorageError
 
 log = logging.getLogger(__name__)
+
+#: The temporary files of blobs stored by a commit in progress.
+PENDING_PREFIX = 'pending-'
+#: Seconds after which such a file is taken for a killed process's.
+STALE_PENDING_AGE = 24 * 3600
 
 
 class BlobMode:
@@ -42,6 +48,7 @@ class BlobMode:
         # lay it out; an existing one keeps the layout it has.
         self.fshelper = FilesystemHelper(blob_dir, choose_layout(blob_dir, self.only_copy))
         self.fshelper.create()
+        self.remove_stale_pending()
 
     def temporary_directory(self):
         return self.fshelper.temp_dir
@@ -54,11 +61,44 @@ class BlobMode:
 
     def take_file(self, oid_int, path):
         """Move ``path`` (ours from now on) into the temporary directory."""
-        fd, target = tempfile.mkstemp(prefix='pending-%x-' % oid_int, suffix='.tmp',
+        fd, target = tempfile.mkstemp(prefix=PENDING_PREFIX + '%x-' % oid_int, suffix='.tmp',
                                       dir=self.fshelper.temp_dir)
         os.close(fd)
-        rename_or_copy_blob(path, target, chmod=False)
+        try:
+            rename_or_copy_blob(path, target, chmod=False)
+        except BaseException:
+            # (A copy cut short by a full disk: its part would stay, and
+            # keep the disk full for the next commit.)
+            remove_file(target)
+            raise
         return target
+
+    def remove_stale_pending(self, age=STALE_PENDING_AGE):
+        """Remove the files of commits that a killed process left in the
+        temporary directory (as large as their blobs; nothing else removes
+        them).  Only those untouched for ``age`` seconds: another process
+        sharing the directory may be committing."""
+        limit = time.time() - age
+        removed = 0
+        temp_dir = self.fshelper.temp_dir
+        try:
+            names = os.listdir(temp_dir)
+        except OSError:
+            return 0
+        for name in names:
+            if not (name.startswith(PENDING_PREFIX) and name.endswith('.tmp')):
+                continue
+            path = os.path.join(temp_dir, name)
+            try:
+                if os.stat(path).st_mtime < limit:
+                    os.remove(path)
+                    removed += 1
+            except OSError:
+                continue
+        if removed:
+            log.info("Removed %d blob files left in %s by commits that never finished",
+                     removed, temp_dir)
+        return removed
 
     def forget(self, removed_oids, kept_revisions):
         """Pack removed objects/revisions: drop their local files.  Returns

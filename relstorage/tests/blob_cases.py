@@ -145,6 +145,39 @@ class BlobCacheTests(BlobCase):
         rdb.close()
         self.assertLessEqual(cached(), MB)
 
+    def test_a_blob_that_cannot_be_taken_leaves_no_file(self):
+        # A helper agent's check: a commit whose blob copy failed (a full
+        # disk) left its partial file in blob-dir/tmp, which kept the disk
+        # full for the next commit.  (Here the file to take is missing.)
+        for shared in (False, True):
+            blob_dir = os.path.join(self.tmp, 'take-%s' % shared)
+            storage = self.blob_storage(blob_dir=blob_dir, shared_blob_dir=shared)
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            with self.assertRaises(OSError):
+                storage.storeBlob(storage.new_oid(), z64, b'state',
+                                  os.path.join(self.tmp, 'no-such-file'), '', txn)
+            storage.tpc_abort(txn)
+            self.assertEqual(os.listdir(os.path.join(blob_dir, 'tmp')), [])
+            storage.close()
+
+    def test_files_of_commits_that_never_finished(self):
+        # A helper agent's check: a process killed during a commit leaves
+        # its blobs' files in blob-dir/tmp for good.  They go when a storage
+        # opens the directory a day later; a recent one may be a commit in
+        # progress in another process.
+        blob_dir = os.path.join(self.tmp, 'killed')
+        self.blob_storage(blob_dir=blob_dir).close()
+        tmp = os.path.join(blob_dir, 'tmp')
+        for name in ('pending-1-old.tmp', 'pending-2-new.tmp', 'other-old.tmp'):
+            with open(os.path.join(tmp, name), 'wb') as f:
+                f.write(b'x' * 1000)
+        two_days_ago = time.time() - 2 * 24 * 3600
+        for name in ('pending-1-old.tmp', 'other-old.tmp'):
+            os.utime(os.path.join(tmp, name), (two_days_ago, two_days_ago))
+        self.blob_storage(blob_dir=blob_dir).close()
+        self.assertEqual(sorted(os.listdir(tmp)), ['other-old.tmp', 'pending-2-new.tmp'])
+
     def test_a_prune_that_meets_another_runs_after_it(self):
         # A helper agent's check (3 processes sharing a cache of 1 MB): a
         # prune that found the lock held by another one returned at once,
