@@ -123,6 +123,9 @@ class StorageCache:
         self._closed = False
         self._own_commits = {}      # {tid: [oid]}, see OWN_COMMITS
         self._own_lock = threading.Lock()
+        # The blob cache (blobs.cached.CachedBlobs, given by the storage):
+        # what a pack removes goes from it as from the state cache.
+        self.blob_files = None
         if adapter is not None and self.persistent_path:
             try:
                 # Created like blob-dir: a missing directory would otherwise
@@ -510,6 +513,8 @@ class StorageCache:
                 self._to_shared.clear()
                 self._hints_to_shared.clear()
             self.clear()
+            if self.blob_files is not None:
+                self.blob_files.forget_all()
             if snapshot < newest:
                 # zap_all: the last tid went back.  What instances still in
                 # a snapshot from before learn must never be taken for the
@@ -542,6 +547,10 @@ class StorageCache:
         cache drops their states."""
         for oid, tid in self.index.forget(removed.trimmed_pairs(), removed.garbage_ints()):
             self.local.discard(oid, tid)
+        if self.blob_files is not None:
+            # (A helper agent's check: another process's blob cache kept
+            # serving the revisions a pack removed.)
+            self.blob_files.forget(removed.garbage_ints(), removed.trimmed_pairs())
 
     def zapped(self, mark, old_last):
         """This process emptied the database (zap_all) whose last tid was

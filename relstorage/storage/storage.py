@@ -134,6 +134,11 @@ class RelStorage(ConflictResolvingStorage):
                         "schema." % adapter.describe())
                 if self._blobs is not None:
                     self._blobs.check_database(adapter)
+                    if self._blobs.in_database:
+                        # (A cache of the database's blobs: what packs
+                        # remove goes from it; shared-blob-dir files are
+                        # the packing process's to remove.)
+                        self._cache.blob_files = self._blobs
             except BaseException:
                 # (Its sessions and cache clients, not left to the collector;
                 # a failure to close them must not hide why it failed.)

@@ -54,6 +54,44 @@ class BlobCacheTests(BlobCase):
         self.assertIn('blob-dir', str(cm.exception))
         self.assertIn('%s is a file, not a directory' % not_a_dir, str(cm.exception))
 
+    def test_what_a_pack_removes_goes_from_other_caches(self):
+        # A helper agent's check: after a pack, a process whose blob cache
+        # held removed revisions (and the blob of a removed object) still
+        # served them, where a fresh process and FileStorage raise
+        # POSKeyError.
+        from ZODB.POSException import POSKeyError
+        from ZODB.serialize import referencesf
+        writer = ZODB.DB(self.blob_storage('writer-cache'))
+        self.addCleanup(writer.close)
+        with writer.transaction() as conn:
+            conn.root()['kept'] = Blob(b'first')
+            conn.root()['gone'] = Blob(b'garbage')
+        with writer.transaction() as conn:
+            for name in ('kept', 'gone'):
+                conn.root()[name]._p_activate()
+            oids = conn.root()['kept']._p_oid, conn.root()['gone']._p_oid
+            first = conn.root()['kept']._p_serial
+            gone_tid = conn.root()['gone']._p_serial
+            with conn.root()['kept'].open('w') as f:
+                f.write(b'second')
+        with writer.transaction() as conn:
+            del conn.root()['gone']
+        reader = self.blob_storage('reader-cache')
+        self.addCleanup(reader.close)
+        wanted = [(oids[1], gone_tid)]
+        if self.keep_history:
+            wanted.append((oids[0], first))
+        paths = [reader.loadBlob(oid, tid) for oid, tid in wanted]
+        self.assertTrue(all(os.path.exists(path) for path in paths))
+        time.sleep(0.01)
+        writer.storage.pack(time.time(), referencesf)
+        reader.poll_invalidations()
+        for (oid, tid), path in zip(wanted, paths):
+            self.assertFalse(os.path.exists(path))
+            with self.assertRaises(POSKeyError):
+                reader.loadBlob(oid, tid)
+        reader.release()
+
     def test_commits_that_write_nothing_on_a_new_session(self):
         # A store session makes its temporary tables at its first commit
         # that writes: an empty commit and a readCurrent-only one come
