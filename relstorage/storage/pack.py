@@ -183,7 +183,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
     lock = _acquire(adapter)
     conn = None
     try:
-        conn = adapter.open_pack()
+        conn = _open_pack(adapter)
         if skip_prepack:
             info = adapter.pack_info(conn)
             conn.rollback()
@@ -258,7 +258,7 @@ def check_references(adapter, referencesf, progress=None):
     lock = _acquire(adapter)
     conn = None
     try:
-        conn = adapter.open_pack()
+        conn = _open_pack(adapter)
         _analyse(adapter, conn, referencesf, PackReport(), progress or _NoProgress)
         missing = adapter.missing_references(conn)
         conn.rollback()
@@ -306,7 +306,7 @@ def _analyse(adapter, conn, referencesf, report, progress, pack_tid=None):
         kept_at = None
         if pack_tid is not None and adapter.keep_history:
             kept_at = min(pack_tid, snapshot_tid)
-        adapter.pair_pack_tables(conn)
+        _when_free(adapter, lambda: adapter.pair_pack_tables(conn))
         adapter.begin_pack_write(conn)
         done = _refs_kept_at(adapter, conn, adapter.pack_refs_tid(conn), kept_at)
         # An analysis killed part way through a tid left some of its rows.
@@ -1004,9 +1004,11 @@ def _lock_in_batch(adapter, conn):
     those rows holds the commit lock: waiting for it would be a deadlock,
     so a busy lock makes the batch start again later (_LockBusy)."""
     try:
-        return time.monotonic(), adapter.lock_commit_checked(conn)
+        last = adapter.lock_commit_checked(conn)
     except UnableToAcquireCommitLockError:
         raise _LockBusy()
+    # (The time it is held from: a wait for it is not holding it.)
+    return time.monotonic(), last
 
 
 def _touched(adapter, conn, referencesf, after_tid, upto_tid, batch):
@@ -1038,6 +1040,30 @@ def _begin_write(adapter, conn):
             if attempt == LOCK_ATTEMPTS:
                 raise
             log.info("%s is busy; the pack's analysis tries again", adapter.describe())
+
+
+def _open_pack(adapter):
+    return _when_free(adapter, adapter.open_pack)
+
+
+def _when_free(adapter, call):
+    """``call()``, tried again after pack-commit-busy-delay while the
+    commit lock it needs stays busy (UnableToAcquireCommitLockError).  On
+    SQLite, the pack writes the main file (its tables there, the pairing
+    token of each analysis) under the lock commits take: a helper agent's
+    check found the pack of a busy site failing with "database is
+    locked" where the option says it waits."""
+    delay = adapter.options.pack_commit_busy_delay
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            return call()
+        except UnableToAcquireCommitLockError:
+            if attempt == LOCK_ATTEMPTS:
+                raise
+            log.info("The commit lock of %s is busy; the pack waits %.1fs",
+                     adapter.describe(), delay)
+            time.sleep(delay)
+    raise AssertionError('unreachable')
 
 
 def _lock_commit(adapter, conn, options, durable=True):
