@@ -210,6 +210,27 @@ class SqliteConfigTests(unittest.TestCase):
         finally:
             adapter.close()
 
+    def test_page_size_and_auto_vacuum_shape_a_new_database(self):
+        # A helper agent's check: both were accepted and silently had no
+        # effect (applied after journal_mode wal); RelStorage 4.3 made its
+        # database with the page_size asked for.
+        data_dir = os.path.join(self.tmp, 'shaped')
+        text = zconfig(data_dir, '', '<pragmas>\n page_size 8192\n auto_vacuum full\n</pragmas>')
+        db = ZODB.config.databaseFromString(text)
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        db.close()
+        check = sqlite3.connect(os.path.join(data_dir, 'main.sqlite3'))
+        self.assertEqual(check.execute('PRAGMA page_size').fetchone()[0], 8192)
+        self.assertEqual(check.execute('PRAGMA auto_vacuum').fetchone()[0], 1)
+        check.close()
+        # An existing database keeps its own, and the log says so.
+        with self.assertLogs('relstorage.adapters.sqlite.adapter', 'WARNING') as logs:
+            ZODB.config.databaseFromString(
+                zconfig(data_dir, '', '<pragmas>\n page_size 16384\n</pragmas>')).close()
+        self.assertIn('page_size 16384', logs.output[0])
+        self.assertIn('applies only to a new database', logs.output[0])
+
     def test_pack_sees_a_commit_waiting_for_the_write_lock(self):
         # Between two deletion batches, a pack leaves the write lock free
         # long enough for a waiting commit to take it (WRITERS_TURN), and

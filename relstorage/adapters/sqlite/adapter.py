@@ -61,6 +61,11 @@ WRITE_WAIT_MAX = 0.001
 #: transaction (see _move_pack_tables_apart).
 LEGACY_DELETE_ROWS = 20000
 
+#: Pragmas that shape a new database and cannot change an existing one in
+#: WAL mode: applied before the others (journal_mode wal first of all),
+#: with the names of their values where SQLite answers a number.
+CREATION_PRAGMAS = {'page_size': (), 'auto_vacuum': ('none', 'full', 'incremental')}
+
 # Applied before the user's <pragmas>, which may override any of them.
 DEFAULT_PRAGMAS = (
     ('journal_mode', 'wal'),
@@ -129,6 +134,7 @@ class Sqlite3Adapter(Adapter):
             self.data_dir = ensure_directory('data-dir', data_dir)
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
+        self._creation_checked = False
 
     def check_commit_room(self, conn, rows, nbytes):
         # SQLite writes a transaction's pages to the log as its page cache
@@ -188,12 +194,33 @@ class Sqlite3Adapter(Adapter):
             raise RelStorageError("Cannot open %s: %s" % (path, exc)) from exc
         cur = raw.cursor()
         cur.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
-        for key, value in self.pragmas.items():
+        # (Those SQLite takes only before journal_mode wal and the first
+        # table: applied first, they shape a new database.)
+        ordered = sorted(self.pragmas.items(), key=lambda kv: kv[0] not in CREATION_PRAGMAS)
+        for key, value in ordered:
             cur.execute(pragma_statement(key, value))
         if purpose == 'oid':
             cur.execute(sql.OID_SCHEMA)
+        elif not self._creation_checked:
+            self._creation_checked = True
+            self._check_creation_pragmas(cur)
         cur.close()
         return raw
+
+    def _check_creation_pragmas(self, cur):
+        """A helper agent's check: page_size and auto_vacuum were accepted
+        and silently had no effect.  They shape a new database only: say so
+        when the existing one differs."""
+        for key, names in CREATION_PRAGMAS.items():
+            if key not in self.pragmas:
+                continue
+            wanted = str(self.pragmas[key]).lower()
+            wanted = str(names.index(wanted)) if wanted in names else wanted
+            found = str(cur.execute('PRAGMA %s' % key).fetchone()[0])
+            if found != wanted:
+                log.warning("<pragmas> %s %s of %s applies only to a new database; %s "
+                            "has %s (it changes with VACUUM, outside WAL mode)",
+                            key, self.pragmas[key], self.describe(), MAIN_DB, found)
 
     def _busy_timeout_ms(self):
         """How long a statement other than BEGIN IMMEDIATE waits for a lock:
