@@ -25,11 +25,12 @@ logger = logging.getLogger(__name__)
 _registry = ZConfig.datatypes.Registry()
 
 
-def _named_datatype(key, datatype, option=None):
+def _named_datatype(key, datatype, option=None, valid=None):
     """Return a ZConfig conversion for *datatype* whose errors start with
     the key's name (ZConfig's own messages give only the value and line).
     With an *option*, the converted value goes through its ``convert``
-    (aliases, choices)."""
+    (aliases, choices); ``valid`` is (predicate, what it demands) for a
+    key that has no Option."""
     convert = _registry.get(datatype)
 
     def conversion(value):
@@ -43,6 +44,8 @@ def _named_datatype(key, datatype, option=None):
             raise ValueError('%s: %s' % (key, e)) from None
         if option is not None:
             result = option.convert(result)
+        if valid is not None and result is not None and not valid[0](result):
+            raise ValueError('%s: %r %s' % (key, value, valid[1]))
         return result
     conversion.key = key
     conversion.datatype = datatype
@@ -120,8 +123,10 @@ for _option in Options.OPTIONS:
 for _database, _names in DRIVER_NAMES.items():
     setattr(keys, _database + '_driver', _driver_datatype(_database, _names))
 keys.sqlite3_data_dir = _named_datatype('data-dir', 'existing-dirpath')
-keys.mysql_port = _named_datatype('port', 'port-number')
-keys.mysql_connect_timeout = _named_datatype('connect_timeout', 'integer')
+keys.mysql_port = _named_datatype('port', 'port-number', valid=(
+    lambda v: v > 0, 'is not a port number (1 to 65535)'))
+keys.mysql_connect_timeout = _named_datatype('connect_timeout', 'integer', valid=(
+    lambda v: v >= 0, 'must be a number of seconds, 0 or more'))
 keys.mysql_compress = _named_datatype('compress', 'boolean')
 keys.oracle_commit_lock_id = _named_datatype('commit-lock-id', 'integer')
 keys.oracle_twophase = _named_datatype('twophase', 'boolean')

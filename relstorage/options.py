@@ -68,8 +68,18 @@ class Option:
                 '%s: %r is not one of %s' % (
                     self.name, value,
                     ', '.join(map(repr, self.choices + tuple(self.aliases)))))
-        if self.valid is not None and value is not None and not self.valid[0](value):
-            raise ValueError('%s: %r %s' % (self.name, value, self.valid[1]))
+        if self.valid is not None and value is not None:
+            check, demand = self.valid
+            try:
+                ok = check(value)
+            except ValueError as exc:
+                # (A check that says itself what is wrong.)
+                text = str(exc)
+                if not text.startswith(self.name):
+                    text = '%s: %s' % (self.name, text)
+                raise ValueError(text) from None
+            if not ok:
+                raise ValueError('%s: %r %s' % (self.name, value, demand))
         return value
 
     @property
@@ -93,6 +103,20 @@ def format_config_value(value):
 _POSITIVE = (lambda v: v > 0, 'must be greater than 0')
 _NOT_NEGATIVE = (lambda v: v >= 0, 'must not be negative')
 _FRACTION = (lambda v: 0 < v <= 1, 'must be greater than 0 and at most 1')
+# (NaN compares false: refused too.)
+_SECONDS = (lambda v: v >= 0, 'must be a number of seconds, 0 or more')
+
+
+def _check_cache_servers(value):
+    """Its syntax, when the configuration is parsed (no server contacted):
+    a helper agent's check found a bad entry refused only at open, after
+    the database's schema was created."""
+    from .cache.shared import check_servers
+    check_servers(value)
+    return True
+
+
+_CACHE_SERVERS = (_check_cache_servers, 'is not a list of servers')
 
 OPTIONS = (
     # Identity and behaviour of the storage.
@@ -113,7 +137,9 @@ OPTIONS = (
            'exist); blobs are disabled when unset.', active=True),
     Option('shared-blob-dir', False, 'boolean',
            'True if blob-dir is the only blob store (shared by all clients); '
-           'false if it is a local cache of blobs kept in the database.', active=True),
+           'false if it is a local cache of blobs kept in the database. A shared '
+           'blob-dir belongs to one database (its file .relstorage-database names '
+           'it): a storage of another database refuses it.', active=True),
     Option('blob-cache-size', None, 'byte-size',
            'Target size of the blob cache; unlimited when unset.', active=True,
            valid=_NOT_NEGATIVE),
@@ -136,7 +162,7 @@ OPTIONS = (
            'answers.', active=True),
     Option('replica-timeout', 600.0, 'float',
            'Seconds to stay on a fallback server before trying the first '
-           'of the list again.', active=True),
+           'of the list again.', active=True, valid=_SECONDS),
     Option('revert-when-stale', False, 'boolean',
            'On a read-only replica behind what a connection has seen, clear '
            'its caches and serve the older state instead of raising '
@@ -168,7 +194,8 @@ OPTIONS = (
     Option('cache-servers', None, 'string',
            'Shared cache servers: memcached host:port entries, or Redis URLs '
            'redis://[:password@]host:port/db (rediss:// for TLS), separated '
-           'by spaces (memcached entries by commas too).', active=True),
+           'by spaces (memcached entries by commas too).', active=True,
+           valid=_CACHE_SERVERS),
     Option('cache-module-name', None, 'string',
            'Client of the shared cache: for memcached pymemcache (when unset) or '
            'pylibmc; redis (or unset) with redis:// URLs in cache-servers. The '
@@ -301,6 +328,14 @@ class Options:
         if self.pack_dry_run:
             # What pack-dry-run meant: delete nothing.
             self.pack_prepack_only = True
+        # Keys that only go together, checked as the file is parsed.
+        if self.pack_prepack_only and self.pack_skip_prepack:
+            raise ValueError('pack-prepack-only and pack-skip-prepack contradict each '
+                             'other: the first only analyses, the second only deletes '
+                             'what an earlier analysis found')
+        if self.cache_servers and self.cache_module_name:
+            from .cache.shared import check_servers
+            check_servers(self.cache_servers, self.cache_module_name)
 
     @classmethod
     def from_config_names(cls, values):

@@ -328,7 +328,8 @@ def _port(parts, scheme):
     try:
         return parts.port
     except ValueError:
-        raise ValueError('%s URI: the port is not a number' % scheme) from None
+        raise ValueError('%s URI: the port is not a number from 1 to 65535'
+                         % scheme) from None
 
 
 postgresql_resolver = PostgreSQLResolver()

@@ -62,10 +62,11 @@ def split_servers(text):
     return items
 
 
-def open_shared_cache(servers, module_name=None, prefix='relstorage'):
-    """The shared cache that ``cache-servers`` (and ``cache-module-name``)
-    describe: Redis for ``redis://`` / ``rediss://`` URLs, memcached for
-    ``host:port`` entries."""
+def check_servers(servers, module_name=None):
+    """The entries of ``cache-servers`` and whether they are Redis URLs;
+    ValueError naming what is wrong.  Reads the text only (no server is
+    contacted, no client imported): the configuration's check, made when
+    it is parsed, before any database is contacted."""
     items = split_servers(servers)
     if not items:
         raise ValueError('cache-servers names no server')
@@ -78,6 +79,24 @@ def open_shared_cache(servers, module_name=None, prefix='relstorage'):
             raise ValueError('cache-module-name %r is a memcached client; cache-servers '
                              'names Redis URLs (leave cache-module-name unset)'
                              % (module_name,))
+        from .redis_cache import parse_url
+        for item in items:
+            parse_url(item)
+    else:
+        from .memcache import parse_servers
+        parse_servers(items)
+        if module_name == 'redis':
+            raise ValueError('cache-module-name redis needs Redis URLs in cache-servers '
+                             '(redis://host:port/db)')
+    return items, bool(redis)
+
+
+def open_shared_cache(servers, module_name=None, prefix='relstorage'):
+    """The shared cache that ``cache-servers`` (and ``cache-module-name``)
+    describe: Redis for ``redis://`` / ``rediss://`` URLs, memcached for
+    ``host:port`` entries."""
+    items, redis = check_servers(servers, module_name)
+    if redis:
         from .redis_cache import redis_servers
         backends = redis_servers(items)
     else:

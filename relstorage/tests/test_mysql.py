@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 import unittest
 
@@ -703,6 +704,27 @@ class ConnectionSettingsTests(MySQLTestCase):
         kwargs = self.factory.connect_kwargs()
         kwargs.update(changes)
         return MySQLAdapter(options=Options(), driver=self.factory.driver, **kwargs)
+
+    def test_no_database_or_a_missing_option_file(self):
+        # A helper agent's checks: without db, the server's "No database
+        # selected" from deep in the driver; a misspelt read_default_file
+        # was ignored (and the connection made without the TLS it asks for).
+        with self.assertRaises(RelStorageError) as cm:
+            self._adapter(db=None)
+        self.assertIn('needs db', str(cm.exception))
+        missing = os.path.join(tempfile.gettempdir(), 'no-such-option-file.cnf')
+        with self.assertRaises(RelStorageError) as cm:
+            self._adapter(read_default_file=missing)
+        self.assertIn('read_default_file: %s is not a file' % missing, str(cm.exception))
+        # With an option file, the storage's name says what the section
+        # sets and where the rest comes from, not a made-up server.
+        with tempfile.NamedTemporaryFile('w', suffix='.cnf') as f:
+            f.write('[client]\n')
+            f.flush()
+            adapter = MySQLAdapter(options=Options(), driver=self.factory.driver,
+                                   db='zodb', read_default_file=f.name)
+            self.assertEqual(adapter.describe(),
+                             'MySQL database (db=zodb, the rest from %s)' % f.name)
 
     def _assert_fails_cleanly(self, adapter, secret=None):
         started = time.time()

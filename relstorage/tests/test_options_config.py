@@ -255,7 +255,7 @@ class TestOptions(unittest.TestCase):
 
     def test_repr_hides_passwords(self):
         options = Options(name="host=db password='s3cret'",
-                          cache_servers='memcache://u:s3cret@h:11211',
+                          cache_servers='redis://u:s3cret@h:6379/0',
                           keep_history=False)
         text = repr(options)
         self.assertNotIn('s3cret', text)
@@ -512,6 +512,28 @@ class TestBadValues(_ParsingTests):
         self.assertConfigError(['port'],
                                adapter='<mysql>\n port mysql\n</mysql>')
 
+    def test_values_out_of_range_or_together(self):
+        # A helper agent's checks: accepted at parse, refused at open after
+        # the schema was created (cache-servers), or never (the others).
+        for text, adapter, names in (
+                ('cache-servers memcache-host:11211:extra', None,
+                 ['cache-servers', 'not host:port']),
+                ('cache-servers redis://h:6379/zero', None, ['cache-servers', 'database number']),
+                ('cache-servers h:11211 redis://h', None, ['cache-servers', 'mixed']),
+                ('cache-servers h:11211\ncache-module-name redis', None,
+                 ['cache-module-name redis']),
+                ('replica-timeout -1', None, ['replica-timeout', '0 or more']),
+                ('replica-timeout nan', None, ['replica-timeout', '0 or more']),
+                ('pack-prepack-only true\npack-skip-prepack true', None,
+                 ['pack-prepack-only', 'pack-skip-prepack', 'contradict']),
+                ('', '<mysql>\n port 0\n</mysql>', ['port', '1 to 65535']),
+                ('', '<mysql>\n connect_timeout -1\n</mysql>', ['connect_timeout', '0 or more'])):
+            with self.subTest(text=text, adapter=adapter):
+                if adapter is None:
+                    self.assertConfigError(names, text)
+                else:
+                    self.assertConfigError(names, text, adapter=adapter)
+
     def test_sqlite_needs_data_dir(self):
         self.assertConfigError(['data-dir'], adapter='<sqlite3>\n</sqlite3>')
 
@@ -536,7 +558,7 @@ class TestValues(_ParsingTests):
             'blob-chunk-size 4MB', 'replica-conf @TMP@/replicas.conf',
             'ro-replica-conf @TMP@/ro.conf', 'replica-timeout 30',
             'revert-when-stale true', 'pack-gc false',
-            'pack-prepack-only true', 'pack-skip-prepack true',
+            'pack-prepack-only false', 'pack-skip-prepack true',
             'pack-batch-timeout 2.5', 'pack-commit-busy-delay 0.5',
             'pack-duty-cycle 0.25', 'pack-max-delay 3',
             'cache-servers 127.0.0.1:11211 127.0.0.1:11212',
@@ -556,7 +578,7 @@ class TestValues(_ParsingTests):
             'replica_conf': self.tmp + '/replicas.conf',
             'ro_replica_conf': self.tmp + '/ro.conf',
             'replica_timeout': 30.0, 'revert_when_stale': True,
-            'poll_interval': None, 'pack_gc': False, 'pack_prepack_only': True,
+            'poll_interval': None, 'pack_gc': False, 'pack_prepack_only': False,
             'pack_skip_prepack': True, 'pack_batch_timeout': 2.5,
             'pack_commit_busy_delay': 0.5, 'pack_duty_cycle': 0.25,
             'pack_max_delay': 3.0,
@@ -580,7 +602,7 @@ class TestValues(_ParsingTests):
             'replica_conf @TMP@/replicas.conf',
             'ro_replica_conf @TMP@/ro.conf', 'replica_timeout 30',
             'revert_when_stale true', 'pack_gc false',
-            'pack_prepack_only true', 'pack_skip_prepack true',
+            'pack_prepack_only false', 'pack_skip_prepack true',
             'pack_batch_timeout 2.5', 'pack_commit_busy_delay 0.5',
             'cache_servers 127.0.0.1:11211', 'cache_module_name pymemcache',
             'cache_prefix zodb', 'cache_local_mb 100',

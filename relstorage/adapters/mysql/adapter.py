@@ -27,6 +27,7 @@ into multi-row INSERTs below it, and a state larger than it fails at vote
 with StateTooLargeError.
 """
 import logging
+import os
 import math
 import re
 from binascii import hexlify
@@ -128,6 +129,17 @@ class MySQLAdapter(Adapter):
         self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
         self._params = {k: v for k, v in connect_kwargs.items() if v is not None}
         self._params.setdefault('connect_timeout', DEFAULT_CONNECT_TIMEOUT)
+        # (A helper agent's checks: a missing db was the server's "No
+        # database selected" from deep in the driver; a misspelt option
+        # file was ignored, and the connection made without what it says,
+        # TLS included.)
+        option_file = self._params.get('read_default_file')
+        if option_file and not os.path.isfile(os.path.expanduser(option_file)):
+            raise RelStorageError("read_default_file: %s is not a file (the MySQL option "
+                                  "file it names must exist)" % option_file)
+        if not self._params.get('db') and not option_file:
+            raise RelStorageError("<mysql> needs db: the name of the database to use "
+                                  "(or an option file, read_default_file, that names it)")
         self.server = None
         self.max_allowed_packet = None
         self._oid_high = 0          # every OID <= this is already allocated
@@ -142,15 +154,23 @@ class MySQLAdapter(Adapter):
     def describe(self, server=None):
         params = self._server_params(self.described_server(server))
         flavor = self.server.flavor if self.server is not None else 'MySQL'
+        option_file = params.get('read_default_file')
+        if option_file:
+            # What the file sets is not known here: name only what the
+            # section sets, and the file (a helper agent's check: the
+            # defaults named the wrong server and user).
+            parts = ['%s=%s' % (key, params[key]) for key in ('db', 'host', 'port', 'user')
+                     if params.get(key) is not None]
+            if params.get('unix_socket'):
+                parts.append('socket %s' % params['unix_socket'])
+            return "%s database (%sthe rest from %s)" % (
+                flavor, ''.join(part + ', ' for part in parts), option_file)
         if params.get('unix_socket'):
             where = 'socket %s' % params['unix_socket']
         else:
             where = '%s:%s' % (params.get('host', 'localhost'), params.get('port', 3306))
-        text = "%s database %r at %s as user %r" % (
+        return "%s database %r at %s as user %r" % (
             flavor, params.get('db', ''), where, params.get('user', ''))
-        if params.get('read_default_file'):
-            text += ' (defaults from %s)' % params['read_default_file']
-        return text
 
     def _server_params(self, server):
         return with_server(self._params, server, drop=('unix_socket',), port_type=int)
