@@ -102,18 +102,26 @@ class BlobMode:
 
     def forget(self, removed_oids, kept_revisions):
         """Pack removed objects/revisions: drop their local files.  Returns
-        how many blob files were removed."""
+        how many blob files were removed.
+
+        Other processes may share the directory (a cache), forgetting the
+        same files at the same moment, or downloading into the same
+        object's directory: only files are removed there, and one already
+        gone is not an error (a helper agent's check: a directory removed
+        by another process between the test and the listing failed polls,
+        commits and the pack with FileNotFoundError).  The directories of
+        a shared blob-dir (the packing process's alone) go too."""
         count = 0
         for oid_int in removed_oids:
             path = self.fshelper.getPathForOID(p64(oid_int))
-            if os.path.isdir(path):
-                count += sum(1 for name in os.listdir(path) if name.endswith('.blob'))
+            for name in _listdir(path):
+                if name.endswith('.blob') and remove_file(os.path.join(path, name)):
+                    count += 1
+            if self.only_copy:
                 shutil.rmtree(path, ignore_errors=True)
         for oid_int, keep_tid in kept_revisions:
             path = self.fshelper.getPathForOID(p64(oid_int))
-            if not os.path.isdir(path):
-                continue
-            for name in os.listdir(path):
+            for name in _listdir(path):
                 if name.endswith('.blob'):
                     try:
                         tid_int = int(name[:-5].replace('0x', ''), 16)
@@ -128,7 +136,7 @@ class BlobMode:
         """zap_all: drop every object's files (the layout marker and the
         temporary directory stay)."""
         base = self.fshelper.base_dir
-        for name in os.listdir(base):
+        for name in _listdir(base):
             path = os.path.join(base, name)
             if name.startswith('0x') and os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -267,6 +275,14 @@ class BlobTransaction:
         for path in self.placed:
             remove_file(path)
         self.placed = []
+
+
+def _listdir(path):
+    """The names in a directory; none if it is not there (any more)."""
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def remove_file(path):

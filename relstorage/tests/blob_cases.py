@@ -92,6 +92,39 @@ class BlobCacheTests(BlobCase):
                 reader.loadBlob(oid, tid)
         reader.release()
 
+    def test_files_another_process_removed_first(self):
+        # A helper agent's check (6 processes sharing one blob cache while
+        # a pack removed 3000 blobs): an object's directory that another
+        # process removed between this one's test and its listing failed
+        # polls, commits (after tpc_finish) and the pack itself with
+        # FileNotFoundError.  Here the listing finds it gone.
+        from unittest import mock
+        from ZODB.serialize import referencesf
+        writer = ZODB.DB(self.blob_storage('writer-cache'))
+        self.addCleanup(writer.close)
+        with writer.transaction() as conn:
+            conn.root()['gone'] = Blob(b'garbage')
+        with writer.transaction() as conn:
+            blob = conn.root()['gone']
+            blob._p_activate()
+            oid, tid = blob._p_oid, blob._p_serial
+            del conn.root()['gone']
+        reader = self.blob_storage('reader-cache')
+        self.addCleanup(reader.close)
+        reader.loadBlob(oid, tid)
+        time.sleep(0.01)
+        writer.storage.pack(time.time(), referencesf)
+        cache_dir = os.path.join(self.tmp, 'reader-cache')
+        listdir = os.listdir
+
+        def removed_meanwhile(path='.'):
+            if str(path).startswith(cache_dir) and str(path) != cache_dir:
+                raise FileNotFoundError(2, 'No such file or directory', path)
+            return listdir(path)
+        with mock.patch('relstorage.blobs.common.os.listdir', removed_meanwhile):
+            reader.poll_invalidations()
+        reader.release()
+
     def test_commits_that_write_nothing_on_a_new_session(self):
         # A store session makes its temporary tables at its first commit
         # that writes: an empty commit and a readCurrent-only one come
