@@ -26,6 +26,11 @@ def make_blobs(options, adapter, shared=None):
     if not options.blob_dir:
         return None
     blob_dir = ensure_directory('blob-dir', options.blob_dir)
+    if options.read_only and options.shared_blob_dir:
+        # Only read (a zodbconvert source, a copy on read-only media, a
+        # user who may not write there), as a read-only FileStorage reads
+        # its blobs: a helper agent's check found it refused.
+        return _open_read_only(blob_dir, options)
     try:
         os.makedirs(os.path.join(blob_dir, 'tmp'), exist_ok=True)
         probe = os.path.join(blob_dir, 'tmp', '.writable-%d' % os.getpid())
@@ -39,3 +44,11 @@ def make_blobs(options, adapter, shared=None):
         return SharedBlobs(blob_dir, options)
     from .cached import CachedBlobs
     return CachedBlobs(blob_dir, options, shared)
+
+
+def _open_read_only(blob_dir, options):
+    from .shared import SharedBlobs
+    try:
+        return SharedBlobs(blob_dir, options)
+    except OSError as exc:
+        raise RelStorageError("blob-dir %s is not usable: %s" % (blob_dir, exc)) from exc

@@ -48,7 +48,8 @@ class BlobMode:
         # lay it out; an existing one keeps the layout it has.
         self.fshelper = FilesystemHelper(blob_dir, choose_layout(blob_dir, self.only_copy))
         self.fshelper.create()
-        self.remove_stale_pending()
+        if not options.read_only:
+            self.remove_stale_pending()
 
     def temporary_directory(self):
         return self.fshelper.temp_dir

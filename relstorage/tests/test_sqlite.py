@@ -18,6 +18,7 @@ import ZConfig
 import ZODB
 import ZODB.config
 from persistent.mapping import PersistentMapping
+from ZODB.blob import Blob
 from ZODB.Connection import TransactionMetaData
 from ZODB.utils import u64
 
@@ -288,6 +289,36 @@ class SqliteConfigTests(unittest.TestCase):
         self.assertTrue(any('poll-interval' in m and 'earlier release' in m
                             for m in messages),
                         messages)
+
+    def test_read_only_storage_on_a_read_only_shared_blob_dir(self):
+        # A helper agent's check: a read-only storage (a zodbconvert
+        # source, a copy on read-only media) refused a shared blob-dir it
+        # could not write to, where a read-only FileStorage reads its blobs.
+        if os.geteuid() != 0 or shutil.which('mount') is None:
+            self.skipTest('needs root to mount a tmpfs')
+        blobs = os.path.join(self.tmp, 'blobs')
+        os.mkdir(blobs)
+        if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', blobs],
+                          capture_output=True).returncode:
+            self.skipTest('cannot mount a tmpfs here')
+        self.addCleanup(subprocess.run, ['umount', '-l', blobs], capture_output=True)
+        data_dir = os.path.join(self.tmp, 'data')
+        options = 'blob-dir %s\nshared-blob-dir true' % blobs
+        db = ZODB.config.databaseFromString(zconfig(data_dir, options))
+        with db.transaction() as conn:
+            conn.root()['blob'] = Blob(b'read me')
+        db.close()
+        subprocess.run(['mount', '-o', 'remount,ro', blobs], check=True)
+        db = ZODB.config.databaseFromString(zconfig(data_dir, options + '\nread-only true'))
+        try:
+            with db.transaction() as conn:
+                with conn.root()['blob'].open('r') as f:
+                    self.assertEqual(f.read(), b'read me')
+        finally:
+            db.close()
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(zconfig(data_dir, options))
+        self.assertIn('is not usable', str(raised.exception))
 
     def test_a_full_disk_fails_the_vote_not_the_finish(self):
         # A helper agent's check: on a file system with 300 KB left, a
