@@ -1107,6 +1107,26 @@ class TestRefusals(ConvertTestCase):
                                                    '--clear', '--verify'))
         self.assertIn('Clearing', out)
 
+    def test_clear_refused_while_another_storage_has_the_sqlite_files(self):
+        # A helper agent's check: --clear removed the SQLite files under a
+        # running site; its processes went on committing into the removed
+        # files, told their commits succeeded, seen by nobody else.
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        worker = self.open_rs(db)
+        last = worker.lastTransaction()
+        _, err = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--clear'), rc=1)
+        self.assertIn('other storages (processes) have it open', err)
+        self.assertEqual(err.count('\n'), 1)
+        worker.sync()
+        self.assertEqual(worker.lastTransaction(), last)
+        worker.close()
+        self.assertConverted(self.convert(fs_section('source', src), dest, '--clear'))
+
     def test_same_database_refused_before_clearing(self):
         # A helper agent's check: a config whose source and destination
         # named one database, run with --clear, emptied it ("Clearing the

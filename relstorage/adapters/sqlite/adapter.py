@@ -43,6 +43,10 @@ PACK_LOCK = 'pack.lock'
 #: A write transaction waiting for the database's write lock holds a
 #: shared lock on this file meanwhile (writers_waiting).
 WRITERS_WAITING = 'writers.waiting'
+#: Every open adapter holds a shared lock on this file, so that drop_all
+#: (zodbconvert --clear) can tell that another process still uses the
+#: files it would remove.
+IN_USE = 'in-use.lock'
 # OIDs reserved per durable round trip (allocation is a fsync'd commit):
 # the first block of a process; each further block is twice the last, up to
 # OID_BLOCK_MAX, so that a process allocating many OIDs syncs rarely (1000
@@ -135,6 +139,15 @@ class Sqlite3Adapter(Adapter):
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
         self._creation_checked = False
+        self._in_use = self._mark_in_use()
+
+    def _mark_in_use(self):
+        try:
+            handle = open(os.path.join(self.data_dir, IN_USE), 'a+b')
+        except OSError:
+            return None         # (a read-only data-dir: nobody drops it either)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        return handle
 
     def check_commit_room(self, conn, rows, nbytes):
         # SQLite writes a transaction's pages to the log as its page cache
@@ -176,6 +189,9 @@ class Sqlite3Adapter(Adapter):
         probe, self._waiting_probe = self._waiting_probe, None
         if probe is not None:
             probe.close()
+        in_use, self._in_use = self._in_use, None
+        if in_use is not None:
+            in_use.close()
 
     def database_identity(self):
         # The main file itself, however the data-dir is spelled or linked.
@@ -637,15 +653,28 @@ class Sqlite3Adapter(Adapter):
             raw.close()
 
     def drop_all(self):
+        # The files go (a new database starts its counters and its key
+        # again), which only a data-dir nobody else has open allows: a
+        # helper agent's check found the processes that had it open
+        # committing on into the removed files, told their commits
+        # succeeded, seen by nobody else (zodbconvert --clear under a
+        # running site).
         self.close()
-        with self._oid_lock:
-            self._oid_block = []
-            self._reset_oid_state()
-        for name in (MAIN_DB, OID_DB, PACK_DB, PACK_LOCK):
-            for suffix in ('', '-wal', '-shm', '-journal'):
-                path = os.path.join(self.data_dir, name + suffix)
-                if os.path.exists(path):
-                    os.remove(path)
+        with open(os.path.join(self.data_dir, IN_USE), 'a+b') as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RelStorageError(
+                    "Cannot remove %s: other storages (processes) have it open; close "
+                    "them first" % self.describe()) from None
+            with self._oid_lock:
+                self._oid_block = []
+                self._reset_oid_state()
+            for name in (MAIN_DB, OID_DB, PACK_DB, PACK_LOCK):
+                for suffix in ('', '-wal', '-shm', '-journal'):
+                    path = os.path.join(self.data_dir, name + suffix)
+                    if os.path.exists(path):
+                        os.remove(path)
 
 
 def _created_table(stmt):
