@@ -510,6 +510,10 @@ class Adapter(PackVerbs):
         conn = self.open_connection('store')
         try:
             tables = self.list_tables(conn)
+            if 'object_state' not in tables and create and not read_only \
+                    and self.begin_schema_creation(conn):
+                # Another process may have made it while this one waited.
+                tables = self.list_tables(conn)
             earlier = earlier_release_schema(tables)
             if earlier is not None:
                 raise EarlierSchemaError(self.describe(), earlier,
@@ -546,6 +550,12 @@ class Adapter(PackVerbs):
             conn.rollback()
         finally:
             conn.close()
+
+    def begin_schema_creation(self, conn):
+        """Vendor hook: make the creation of the schema one transaction
+        that processes starting at once on a new database take in turn;
+        True if it did (the tables are listed again in it)."""
+        return False
 
     def read_earlier_schema(self, keep_history):
         """From now on, read the schema of RelStorage 3.x / 4.x that

@@ -290,6 +290,34 @@ class SqliteConfigTests(unittest.TestCase):
                             for m in messages),
                         messages)
 
+    def test_processes_starting_at_once_on_a_new_data_dir(self):
+        # A helper agent's check: six processes opening a new data-dir at
+        # the same moment saw each other's half-made schema ("table
+        # commit_lock already exists"; a history-preserving schema taken
+        # for a history-free one): the schema is now made in one write
+        # transaction, which they take in turn.
+        child = textwrap.dedent("""\
+            import sys, time, ZODB.config
+            while time.time() < float(sys.argv[2]):
+                pass
+            try:
+                ZODB.config.storageFromString(open(sys.argv[1]).read()).close()
+                print('ok')
+            except Exception as exc:
+                print('%s: %s' % (type(exc).__name__, exc))
+            """)
+        for trial in range(4):
+            data_dir = os.path.join(self.tmp, 'race-%d' % trial)
+            conf = os.path.join(self.tmp, 'race-%d.conf' % trial)
+            with open(conf, 'w') as f:
+                f.write(zconfig(data_dir).replace('<zodb>', '').replace('</zodb>', ''))
+            start = str(time.time() + 2)
+            procs = [subprocess.Popen([sys.executable, '-c', child, conf, start],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True) for _ in range(6)]
+            outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1:] for p in procs]
+            self.assertEqual(outs, [['ok']] * 6)
+
     def test_read_only_storage_on_a_read_only_shared_blob_dir(self):
         # A helper agent's check: a read-only storage (a zodbconvert
         # source, a copy on read-only media) refused a shared blob-dir it

@@ -384,6 +384,15 @@ class Sqlite3Adapter(Adapter):
         rows = conn.query_all("SELECT name FROM sqlite_master WHERE type = 'table'")
         return {row[0].lower() for row in rows}
 
+    def begin_schema_creation(self, conn):
+        # (A helper agent's check: processes starting at once on a new
+        # data-dir saw each other's half-made schema: "table commit_lock
+        # already exists", or a history-preserving one taken for a
+        # history-free one, as object_state came before current_object.)
+        # DDL is transactional here: all of it, or none, under the lock.
+        conn.execute('BEGIN IMMEDIATE')
+        return True
+
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
 
