@@ -111,6 +111,8 @@ def _check_cache_servers(value):
     """Its syntax, when the configuration is parsed (no server contacted):
     a helper agent's check found a bad entry refused only at open, after
     the database's schema was created."""
+    if not value.strip():
+        return True         # (no shared cache, as a templated empty value means)
     from .cache.shared import check_servers
     check_servers(value)
     return True
@@ -333,7 +335,7 @@ class Options:
             raise ValueError('pack-prepack-only and pack-skip-prepack contradict each '
                              'other: the first only analyses, the second only deletes '
                              'what an earlier analysis found')
-        if self.cache_servers and self.cache_module_name:
+        if self.cache_servers and self.cache_servers.strip() and self.cache_module_name:
             from .cache.shared import check_servers
             check_servers(self.cache_servers, self.cache_module_name)
 

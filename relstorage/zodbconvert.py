@@ -416,8 +416,15 @@ class Converter:
                              'section (the schema is dropped and created again)')
         self.say('Clearing the destination %s' % _name(dest))
         adapter = dest.adapter
+        options = dest.options
         dest.close()
         adapter.drop_all()
+        if options.blob_dir and options.shared_blob_dir:
+            # Its blobs went with the database, which the directory was
+            # bound to (a review finding: the new database, with a key of
+            # its own, was refused the directory).
+            from relstorage.blobs.shared import clear_directory
+            clear_directory(options.blob_dir)
         return open_storage(factory, 'destination')
 
     # ------------------------------------------------------------------

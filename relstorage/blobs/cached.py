@@ -22,8 +22,8 @@ prune at a time; a check that comes while it runs, or while another
 process holds the lock, makes it prune again once that one is done (a
 helper agent's check: a prune that found the lock held gave up, and the
 files renamed into place after the other prune had counted stayed over
-the limit until the next read).  Closing the storage prunes what was
-added since the last prune, which a daemon thread might not finish.
+the limit until the next read).  Closing the storage finishes a prune
+under way, which its daemon thread might not.
 """
 import fcntl
 import logging
@@ -65,6 +65,8 @@ class CachedBlobs(BlobMode):
         self._lock = threading.Lock()
         self._pruning = False       # this process's prune is running
         self._prune_again = False   # and a check came meanwhile
+        self._to_forget = []        # (removed oids, kept revisions); None: all
+        self._forgetting = False
 
     def check_database(self, adapter):
         """Refuse a blob-dir that holds blob files while the database holds
@@ -249,14 +251,51 @@ class CachedBlobs(BlobMode):
                 self._pruning = False
             log.warning("Pruning the blob cache %s failed", self.blob_dir, exc_info=True)
 
+    def forget_later(self, removed_oids=None, kept_revisions=()):
+        """What a pack removed (all of it, without ``removed_oids``) goes
+        from the cache in a thread of its own: polls learn of each pack
+        batch, and a file system call per removed object (in every
+        process) has no place in them.  Until then a removed revision
+        may still be served from here, as before the pack."""
+        with self._lock:
+            self._to_forget.append(None if removed_oids is None
+                                   else (list(removed_oids), list(kept_revisions)))
+            if self._forgetting:
+                return
+            self._forgetting = True
+        try:
+            threading.Thread(target=self._forget_queued, name='relstorage-blob-forget',
+                             daemon=True).start()
+        except RuntimeError:        # (interpreter shutting down)
+            with self._lock:
+                self._forgetting = False
+
+    def _forget_queued(self):
+        while True:
+            with self._lock:
+                if not self._to_forget:
+                    self._forgetting = False
+                    return
+                item = self._to_forget.pop(0)
+            try:
+                if item is None:
+                    self.forget_all()
+                else:
+                    self.forget(*item)
+            except OSError:
+                log.warning("Could not drop the blob files a pack removed from %s",
+                            self.blob_dir, exc_info=True)
+
     def close(self):
-        """The storage closes: prune what was added since the last prune
-        (its thread, a daemon, may be cut short at exit)."""
+        """The storage closes: finish the prune under way (its thread, a
+        daemon, may be cut short at exit)."""
         if not self._check_every:
             return
         with self._lock:
-            pending = self._added or self._pruning or self._prune_again
-            self._added = 0
+            # (Less than blob-cache-size-check added since the last prune:
+            # within the limit's margin already, and a walk of a large
+            # cache would slow every shutdown.)
+            pending = self._pruning or self._prune_again
         if pending:
             try:
                 prune(self.blob_dir, self.cache_size, wait=True)

@@ -67,6 +67,10 @@ class BlobMode:
         os.close(fd)
         try:
             rename_or_copy_blob(path, target, chmod=False)
+            # (A rename keeps the file's time: one consumed from a file of
+            # last year is not a killed commit's leftover; see
+            # remove_stale_pending.)
+            os.utime(target)
         except BaseException:
             # (A copy cut short by a full disk: its part would stay, and
             # keep the disk full for the next commit.)

@@ -7,6 +7,7 @@ pointing at a missing file, and a rename never exposes half a file.
 """
 import errno
 import os
+import tempfile
 import time
 
 from ZODB.blob import link_or_copy
@@ -128,8 +129,9 @@ def _read_key(path):
 
 def _create(path, text):
     """Write ``path`` whole or not at all, unless it exists."""
-    temp = '%s.%d.tmp' % (path, os.getpid())
-    with open(temp, 'w') as f:
+    fd, temp = tempfile.mkstemp(prefix=os.path.basename(path) + '.', suffix='.tmp',
+                                dir=os.path.dirname(path))
+    with os.fdopen(fd, 'w') as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -151,3 +153,18 @@ def _create(path, text):
                 f.write(text)
     finally:
         os.remove(temp)
+
+
+def clear_directory(blob_dir):
+    """The database of a shared blob directory was dropped (zodbconvert
+    --clear): remove its blob files and the file that bound the directory
+    to it (the layout and the temporary directory stay)."""
+    import shutil
+    for name in os.listdir(blob_dir):
+        path = os.path.join(blob_dir, name)
+        if name.startswith('0x') and os.path.isdir(path):
+            shutil.rmtree(path)
+    try:
+        os.remove(os.path.join(blob_dir, DATABASE_MARKER))
+    except FileNotFoundError:
+        pass

@@ -514,11 +514,7 @@ class StorageCache:
                 self._hints_to_shared.clear()
             self.clear()
             if self.blob_files is not None:
-                try:
-                    self.blob_files.forget_all()
-                except OSError:
-                    log.warning("Could not empty the blob cache %s",
-                                self.blob_files.blob_dir, exc_info=True)
+                self.blob_files.forget_later()
             if snapshot < newest:
                 # zap_all: the last tid went back.  What instances still in
                 # a snapshot from before learn must never be taken for the
@@ -553,13 +549,8 @@ class StorageCache:
             self.local.discard(oid, tid)
         if self.blob_files is not None:
             # (A helper agent's check: another process's blob cache kept
-            # serving the revisions a pack removed.)  A file that cannot
-            # be removed must not fail the poll that learned of the pack.
-            try:
-                self.blob_files.forget(removed.garbage_ints(), removed.trimmed_pairs())
-            except OSError:
-                log.warning("Could not drop the blob files a pack removed from %s",
-                            self.blob_files.blob_dir, exc_info=True)
+            # serving the revisions a pack removed.)  Not in the poll.
+            self.blob_files.forget_later(removed.garbage_ints(), removed.trimmed_pairs())
 
     def zapped(self, mark, old_last):
         """This process emptied the database (zap_all) whose last tid was

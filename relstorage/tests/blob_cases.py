@@ -86,6 +86,10 @@ class BlobCacheTests(BlobCase):
         time.sleep(0.01)
         writer.storage.pack(time.time(), referencesf)
         reader.poll_invalidations()
+        # (Removed by a thread of their own, not in the poll.)
+        deadline = time.time() + 30
+        while any(os.path.exists(path) for path in paths) and time.time() < deadline:
+            time.sleep(0.01)
         for (oid, tid), path in zip(wanted, paths):
             self.assertFalse(os.path.exists(path))
             with self.assertRaises(POSKeyError):
@@ -122,7 +126,9 @@ class BlobCacheTests(BlobCase):
                 raise FileNotFoundError(2, 'No such file or directory', path)
             return listdir(path)
         with mock.patch('relstorage.blobs.common.os.listdir', removed_meanwhile):
-            reader.poll_invalidations()
+            with self.assertNoLogs('relstorage', 'WARNING'):
+                reader.poll_invalidations()
+                time.sleep(0.5)     # (the removal's thread)
         reader.release()
 
     def test_commits_that_write_nothing_on_a_new_session(self):
@@ -248,6 +254,29 @@ class BlobCacheTests(BlobCase):
             os.utime(os.path.join(tmp, name), (two_days_ago, two_days_ago))
         self.blob_storage(blob_dir=blob_dir).close()
         self.assertEqual(sorted(os.listdir(tmp)), ['other-old.tmp', 'pending-2-new.tmp'])
+
+    def test_an_old_file_stored_as_a_blob_is_not_a_leftover(self):
+        # A review finding: a rename keeps the file's time, so a blob
+        # consumed from a file of last year looked like a killed commit's
+        # leftover to a storage opening the directory during the commit.
+        from ZODB.tests.MinPO import MinPO
+        from ZODB.tests.StorageTestBase import zodb_pickle
+        blob_dir = os.path.join(self.tmp, 'consumed')
+        storage = self.blob_storage(blob_dir=blob_dir)
+        old = os.path.join(self.tmp, 'last-year.bin')
+        with open(old, 'wb') as f:
+            f.write(b'an old file')
+        a_year_ago = time.time() - 365 * 24 * 3600
+        os.utime(old, (a_year_ago, a_year_ago))
+        oid = storage.new_oid()
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.storeBlob(oid, z64, zodb_pickle(MinPO(1)), old, '', txn)
+        self.blob_storage(blob_dir=blob_dir).close()     # another process starting
+        storage.tpc_vote(txn)
+        tid = storage.tpc_finish(txn)
+        with open(storage.loadBlob(oid, tid), 'rb') as f:
+            self.assertEqual(f.read(), b'an old file')
 
     def test_a_prune_that_meets_another_runs_after_it(self):
         # A helper agent's check (3 processes sharing a cache of 1 MB): a

@@ -716,6 +716,9 @@ class ConnectionSettingsTests(MySQLTestCase):
         with self.assertRaises(RelStorageError) as cm:
             self._adapter(read_default_file=missing)
         self.assertIn('read_default_file: %s is not a file' % missing, str(cm.exception))
+        # (read_default_group: the drivers read the default option files,
+        # which may name it; a review finding.)
+        self._adapter(db=None, read_default_group='zodb').close()
         # With an option file, the storage's name says what the section
         # sets and where the rest comes from, not a made-up server.
         with tempfile.NamedTemporaryFile('w', suffix='.cnf') as f:

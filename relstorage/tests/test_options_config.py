@@ -549,6 +549,11 @@ class TestValues(_ParsingTests):
     def test_defaults(self):
         self.assertEqual(self.load().options, Options())
 
+    def test_empty_cache_servers_means_none(self):
+        # A review finding: a templated "cache-servers ${MEMCACHED}" left
+        # empty loaded before the syntax check, and must still.
+        self.assertFalse(self.load('cache-servers').options.cache_servers)
+
     def test_every_key(self):
         body = '\n'.join([
             'name mystorage', 'read-only true', 'keep-history false',

@@ -1320,6 +1320,24 @@ class TestBlobs(ConvertTestCase):
                                                    '--clear', '--verify'))
         self.assertIn('3 blobs', out)
 
+    def test_clear_into_a_destination_with_a_shared_blob_dir(self):
+        # A review finding: the shared blob-dir names the database it
+        # belongs to, and --clear makes a new one (a key of its own): the
+        # copy was refused the directory after the database was dropped.
+        # Its files (the dropped database's) go with the database.
+        src, blobs = self._blob_source()
+        db = self.database()
+        shared = self.path('shared-blobs')
+        dest = rs_section('destination', db, blob_dir=shared).replace(
+            'shared-blob-dir false', 'shared-blob-dir true')
+        self.assertConverted(self.convert(fs_section('source', src, blobs), dest))
+        orphan = os.path.join(shared, '0x00', '0x7f')
+        os.makedirs(orphan)
+        out, _ = self.assertConverted(self.convert(fs_section('source', src, blobs), dest,
+                                                   '--clear', '--verify'))
+        self.assertIn('3 blobs', out)
+        self.assertFalse(os.path.exists(orphan))
+
     def test_verify_reads_blobs_from_the_database_not_its_cache(self):
         # A helper agent's check: right after a copy, the destination's
         # blob cache holds the files the copy wrote from the source, and

@@ -137,9 +137,13 @@ class MySQLAdapter(Adapter):
         if option_file and not os.path.isfile(os.path.expanduser(option_file)):
             raise RelStorageError("read_default_file: %s is not a file (the MySQL option "
                                   "file it names must exist)" % option_file)
-        if not self._params.get('db') and not option_file:
+        if not self._params.get('db') and not option_file \
+                and not self._params.get('read_default_group'):
+            # (With read_default_group, the drivers read the default option
+            # files, which may name it.)
             raise RelStorageError("<mysql> needs db: the name of the database to use "
-                                  "(or an option file, read_default_file, that names it)")
+                                  "(or an option file, read_default_file or "
+                                  "read_default_group, that names it)")
         self.server = None
         self.max_allowed_packet = None
         self._oid_high = 0          # every OID <= this is already allocated

@@ -212,7 +212,10 @@ class Sqlite3Adapter(Adapter):
         cur.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
         # (Those SQLite takes only before journal_mode wal and the first
         # table: applied first, they shape a new database.)
-        ordered = sorted(self.pragmas.items(), key=lambda kv: kv[0] not in CREATION_PRAGMAS)
+        # (page_size before auto_vacuum: after it, SQLite keeps the default.)
+        first = list(CREATION_PRAGMAS)
+        ordered = sorted(self.pragmas.items(),
+                         key=lambda kv: first.index(kv[0]) if kv[0] in first else len(first))
         for key, value in ordered:
             cur.execute(pragma_statement(key, value))
         if purpose == 'oid':
