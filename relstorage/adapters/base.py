@@ -327,6 +327,10 @@ class Adapter(PackVerbs):
     def start_snapshot(self, conn):
         """Vendor hook of ``begin_snapshot``."""
 
+    def snapshot_ended(self, conn):
+        """Vendor hook: a load connection's snapshot just ended (rolled
+        back); called often, so it must cost next to nothing."""
+
     def begin_store(self, conn, writes_data=True, durable=True):
         """Start the write transaction on a store connection.
 

@@ -370,6 +370,8 @@ class RelStorage(ConflictResolvingStorage):
                 conn.rollback()
                 if conn.broken:
                     self._give_back_load_conn()
+                else:
+                    self._adapter.snapshot_ended(conn)
 
     def poll_invalidations(self):
         with self._lock:

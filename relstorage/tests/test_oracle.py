@@ -428,6 +428,7 @@ NOT_DRIVEN = {
     'sync_deleted',             # no SQL (a file's fsync, where the pack's tables are apart)
     'deleted_sync',             # the same, as a function
     'writers_waiting',          # no SQL (a file lock, where the commit lock is the write lock)
+    'snapshot_ended',           # no SQL (SQLite's upkeep of its write-ahead log)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
     # The schema of earlier releases is not read on Oracle (no SQL: it refuses).

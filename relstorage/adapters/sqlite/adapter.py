@@ -43,6 +43,11 @@ PACK_LOCK = 'pack.lock'
 #: A write transaction waiting for the database's write lock holds a
 #: shared lock on this file meanwhile (writers_waiting).
 WRITERS_WAITING = 'writers.waiting'
+#: The write-ahead log is emptied (see snapshot_ended) once it is past
+#: this many times wal_autocheckpoint's pages, checked at most every
+#: WAL_CHECK_INTERVAL seconds.
+WAL_RESTART_PAGES = 4
+WAL_CHECK_INTERVAL = 0.2
 #: Every open adapter holds a shared lock on this file, so that drop_all
 #: (zodbconvert --clear) can tell that another process still uses the
 #: files it would remove.
@@ -139,6 +144,7 @@ class Sqlite3Adapter(Adapter):
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
         self._creation_checked = False
+        self._wal_checked_at = time.monotonic()
         self._in_use = self._mark_in_use()
 
     def _mark_in_use(self):
@@ -247,6 +253,46 @@ class Sqlite3Adapter(Adapter):
         if 'busy_timeout' in self.pragmas:
             return int(self.pragmas['busy_timeout'])
         return int(float(self.options.commit_lock_timeout) * 1000)
+
+    def snapshot_ended(self, conn):
+        """Keep the write-ahead log bounded.  A commit's checkpoint copies
+        the log into the database file only up to the oldest snapshot, and
+        the log starts again from its beginning only when a writer starts
+        with every page copied and no snapshot reading the log; a ZODB
+        connection polls (takes its next snapshot) right after each commit,
+        so with one steady writer that never happened, and the log grew
+        without end (a helper agent's check: 470 MB after 4,000 commits of
+        10 objects).  So, at most every WAL_CHECK_INTERVAL seconds, where a
+        snapshot just ended and the log is past WAL_RESTART_PAGES times
+        wal_autocheckpoint pages: a checkpoint that copies everything and
+        empties the log, if nobody reads or writes at that moment
+        (busy_timeout 0: it waits for nobody)."""
+        now = time.monotonic()
+        if now < self._wal_checked_at + WAL_CHECK_INTERVAL:
+            return
+        self._wal_checked_at = now
+        try:
+            size = os.stat(os.path.join(self.data_dir, MAIN_DB + '-wal')).st_size
+        except OSError:
+            return
+        page = conn.session_settings.get('page_size')
+        if page is None:
+            page = conn.session_settings['page_size'] = int(conn.query_value('PRAGMA page_size'))
+            conn.rollback()
+        limit = WAL_RESTART_PAGES * max(1, int(self.pragmas.get('wal_autocheckpoint', 1000)))
+        if size <= limit * page:
+            return
+        raw = conn.raw
+        try:
+            raw.execute('PRAGMA busy_timeout = 0')
+            busy, _, _ = raw.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchone()
+            log.debug("%s the write-ahead log of %s (%d bytes)",
+                      'Could not empty (busy)' if busy else 'Emptied', self.describe(), size)
+        except sqlite3.Error:
+            log.debug("Could not empty the write-ahead log of %s", self.describe(),
+                      exc_info=True)
+        finally:
+            raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
 
     def start_snapshot(self, conn):
         # A deferred transaction: the snapshot starts at the first read and
