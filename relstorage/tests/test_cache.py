@@ -26,6 +26,7 @@ from ZODB.utils import z64
 
 from relstorage.adapters.packing import PackRemovals
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+from relstorage.cache.local import ENTRY_OVERHEAD
 from relstorage.cache.local import LocalStateCache
 from relstorage.cache.mvcc import ChangeIndex
 from relstorage.cache.storage_cache import safe_prefix
@@ -36,21 +37,24 @@ from relstorage.storage import RelStorage
 class LocalStateCacheTests(unittest.TestCase):
 
     def test_size_bound_and_lru_eviction_order(self):
-        cache = LocalStateCache(1000, 500)
+        # (Each entry counts its pickle and what it costs besides: a
+        # helper agent's check found 10 MB of small pickles taking 33 MB.)
+        entry = 100 + ENTRY_OVERHEAD
+        cache = LocalStateCache(10 * entry, 2000)
         for i in range(10):
             cache.put(i, 1, bytes([i]) * 100)
-        self.assertEqual(cache.size, 1000)
+        self.assertEqual(cache.size, 10 * entry)
         cache.get(0, 1)                      # 0 becomes the most recently used
         cache.put(10, 1, b'x' * 100)         # evicts 1, the least recently used
         self.assertIsNone(cache.get(1, 1))
         self.assertEqual(cache.get(0, 1), b'\0' * 100)
-        cache.put(11, 1, b'y' * 250)         # evicts 2, 3 and 4
+        cache.put(11, 1, b'y' * (3 * entry - 50 - ENTRY_OVERHEAD))   # evicts 2, 3 and 4
         self.assertEqual([cache.get(i, 1) is None for i in (2, 3, 4, 5)],
                          [True, True, True, False])
-        self.assertLessEqual(cache.size, 1000)
+        self.assertLessEqual(cache.size, 10 * entry)
 
     def test_eviction_order_is_least_recently_used_first(self):
-        cache = LocalStateCache(300, 500)
+        cache = LocalStateCache(3 * (100 + ENTRY_OVERHEAD), 500)
         for oid in (1, 2, 3):
             cache.put(oid, 5, b'a' * 100)
         cache.get(1, 5)
@@ -110,12 +114,12 @@ class LocalStateCacheTests(unittest.TestCase):
 
     def test_stats(self):
         cache = LocalStateCache(1000, 1000)
-        cache.put(1, 1, b'x')
+        cache.put(1, 1, b'x')                # (and what the entry costs besides)
         cache.get(1, 1)
         cache.get(2, 1)
         stats = cache.stats()
         self.assertEqual((stats['hits'], stats['misses'], stats['entries'], stats['bytes']),
-                         (1, 1, 1, 1))
+                         (1, 1, 1, 1 + ENTRY_OVERHEAD))
         self.assertEqual(stats['ratio'], 0.5)
 
     def test_safe_prefix(self):
