@@ -19,6 +19,7 @@ import os
 import random
 import sqlite3
 import time
+import weakref
 
 from ...directories import ensure_directory
 from ...interfaces import RelStorageError
@@ -148,12 +149,15 @@ class Sqlite3Adapter(Adapter):
         self._in_use = self._mark_in_use()
 
     def _mark_in_use(self):
+        """The closing of the lock's file, called by close() or when the
+        adapter is collected unclosed (which would otherwise leave an
+        unclosed file to the collector); None without one."""
         try:
             handle = open(os.path.join(self.data_dir, IN_USE), 'a+b')
         except OSError:
             return None         # (a read-only data-dir: nobody drops it either)
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
-        return handle
+        return weakref.finalize(self, handle.close)
 
     def check_commit_room(self, conn, rows, nbytes):
         # SQLite writes a transaction's pages to the log as its page cache
@@ -197,7 +201,7 @@ class Sqlite3Adapter(Adapter):
             probe.close()
         in_use, self._in_use = self._in_use, None
         if in_use is not None:
-            in_use.close()
+            in_use()
 
     def database_identity(self):
         # The main file itself, however the data-dir is spelled or linked.
