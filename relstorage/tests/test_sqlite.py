@@ -348,18 +348,24 @@ class SqliteConfigTests(unittest.TestCase):
             outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1:] for p in procs]
             self.assertEqual(outs, [['ok']] * 6)
 
+    def small_tmpfs(self, name):
+        """A 3 MB tmpfs mounted at ``name`` in the test's directory (root
+        only: the test is skipped elsewhere), unmounted at the end."""
+        if os.geteuid() != 0 or shutil.which('mount') is None:
+            self.skipTest('needs root to mount a small tmpfs')
+        path = os.path.join(self.tmp, name)
+        os.mkdir(path)
+        if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', path],
+                          capture_output=True).returncode:
+            self.skipTest('cannot mount a tmpfs here')
+        self.addCleanup(subprocess.run, ['umount', '-l', path], capture_output=True)
+        return path
+
     def test_read_only_storage_on_a_read_only_shared_blob_dir(self):
         # A helper agent's check: a read-only storage (a zodbconvert
         # source, a copy on read-only media) refused a shared blob-dir it
         # could not write to, where a read-only FileStorage reads its blobs.
-        if os.geteuid() != 0 or shutil.which('mount') is None:
-            self.skipTest('needs root to mount a tmpfs')
-        blobs = os.path.join(self.tmp, 'blobs')
-        os.mkdir(blobs)
-        if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', blobs],
-                          capture_output=True).returncode:
-            self.skipTest('cannot mount a tmpfs here')
-        self.addCleanup(subprocess.run, ['umount', '-l', blobs], capture_output=True)
+        blobs = self.small_tmpfs('blobs')
         data_dir = os.path.join(self.tmp, 'data')
         options = 'blob-dir %s\nshared-blob-dir true' % blobs
         db = ZODB.config.databaseFromString(zconfig(data_dir, options))
@@ -383,14 +389,7 @@ class SqliteConfigTests(unittest.TestCase):
         # transaction storing 1 MB in PostgreSQL, MariaDB and SQLite had
         # every vote succeed, then SQLite's tpc_finish failed ("database or
         # disk is full"): the servers committed, SQLite did not.
-        if os.geteuid() != 0 or shutil.which('mount') is None:
-            self.skipTest('needs root to mount a small tmpfs')
-        small = os.path.join(self.tmp, 'small')
-        os.mkdir(small)
-        if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', small],
-                          capture_output=True).returncode:
-            self.skipTest('cannot mount a tmpfs here')
-        self.addCleanup(subprocess.run, ['umount', '-l', small], capture_output=True)
+        small = self.small_tmpfs('small')
         db = ZODB.config.databaseFromString(zconfig(os.path.join(small, 'data')))
         self.addCleanup(db.close)
         with db.transaction() as conn:
