@@ -140,11 +140,7 @@ class BlobMode:
     def forget_all(self):
         """zap_all: drop every object's files (the layout marker and the
         temporary directory stay)."""
-        base = self.fshelper.base_dir
-        for name in _listdir(base):
-            path = os.path.join(base, name)
-            if name.startswith('0x') and os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
+        remove_object_dirs(self.fshelper.base_dir)
 
     def missing(self, oid_int, tid_int):
         return POSKeyError("No blob for object %x at transaction %x" % (oid_int, tid_int),
@@ -280,6 +276,15 @@ class BlobTransaction:
         for path in self.placed:
             remove_file(path)
         self.placed = []
+
+
+def remove_object_dirs(blob_dir, ignore_errors=True):
+    """Remove every object's directory (``0x...``) of ``blob_dir``; its
+    layout marker and temporary directory stay."""
+    for name in _listdir(blob_dir):
+        path = os.path.join(blob_dir, name)
+        if name.startswith('0x') and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def _listdir(path):

@@ -16,6 +16,7 @@ from ZODB.blob import rename_or_copy_blob
 from ..interfaces import RelStorageError
 from .common import BlobMode
 from .common import database_holds_blobs
+from .common import remove_object_dirs
 
 
 #: The file that binds a shared blob directory to its database: it names
@@ -159,11 +160,7 @@ def clear_directory(blob_dir):
     """The database of a shared blob directory was dropped (zodbconvert
     --clear): remove its blob files and the file that bound the directory
     to it (the layout and the temporary directory stay)."""
-    import shutil
-    for name in os.listdir(blob_dir):
-        path = os.path.join(blob_dir, name)
-        if name.startswith('0x') and os.path.isdir(path):
-            shutil.rmtree(path)
+    remove_object_dirs(blob_dir, ignore_errors=False)
     try:
         os.remove(os.path.join(blob_dir, DATABASE_MARKER))
     except FileNotFoundError:

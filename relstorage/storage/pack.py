@@ -183,7 +183,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
     lock = _acquire(adapter)
     conn = None
     try:
-        conn = _open_pack(adapter)
+        conn = _when_free(adapter, adapter.open_pack)
         if skip_prepack:
             info = adapter.pack_info(conn)
             conn.rollback()
@@ -258,7 +258,7 @@ def check_references(adapter, referencesf, progress=None):
     lock = _acquire(adapter)
     conn = None
     try:
-        conn = _open_pack(adapter)
+        conn = _when_free(adapter, adapter.open_pack)
         _analyse(adapter, conn, referencesf, PackReport(), progress or _NoProgress)
         missing = adapter.missing_references(conn)
         conn.rollback()
@@ -1042,18 +1042,16 @@ def _begin_write(adapter, conn):
             log.info("%s is busy; the pack's analysis tries again", adapter.describe())
 
 
-def _open_pack(adapter):
-    return _when_free(adapter, adapter.open_pack)
-
-
-def _when_free(adapter, call):
+def _when_free(adapter, call, delay=None):
     """``call()``, tried again after pack-commit-busy-delay while the
     commit lock it needs stays busy (UnableToAcquireCommitLockError).  On
     SQLite, the pack writes the main file (its tables there, the pairing
     token of each analysis) under the lock commits take: a helper agent's
     check found the pack of a busy site failing with "database is
-    locked" where the option says it waits."""
-    delay = adapter.options.pack_commit_busy_delay
+    locked" where the option says it waits.  ``delay``: the pack's
+    pack-commit-busy-delay, by default the adapter's."""
+    if delay is None:
+        delay = adapter.options.pack_commit_busy_delay
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
             return call()
@@ -1070,19 +1068,15 @@ def _lock_commit(adapter, conn, options, durable=True):
     """Take the commit lock the way a commit does; when it stays busy
     (UnableToAcquireCommitLockError), wait pack-commit-busy-delay and try
     again.  Returns the time it was taken and the last committed tid."""
-    for attempt in range(1, LOCK_ATTEMPTS + 1):
+    def take():
         try:
             adapter.begin_store_checked(conn, durable=durable)
             last = adapter.lock_commit_checked(conn)
-            return time.monotonic(), last
         except UnableToAcquireCommitLockError:
             conn.rollback()
-            if attempt == LOCK_ATTEMPTS:
-                raise
-            log.info("The commit lock of %s is busy; the pack waits %.1fs",
-                     adapter.describe(), options.pack_commit_busy_delay)
-            time.sleep(options.pack_commit_busy_delay)
-    raise AssertionError('unreachable')
+            raise
+        return time.monotonic(), last
+    return _when_free(adapter, take, options.pack_commit_busy_delay)
 
 
 def _recheck(adapter, conn, referencesf, after_tid, upto_tid, gc=True):

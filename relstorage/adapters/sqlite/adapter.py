@@ -527,8 +527,9 @@ class Sqlite3Adapter(Adapter):
             # never reused, revisions are joined by their tid).
             conn.raw.execute('PRAGMA pack.synchronous = normal')
             self._move_pack_tables_apart(conn)
+            existing = self.list_tables(conn)
             missing = [stmt for stmt in sql.PACK_MAIN_SCHEMA
-                       if _created_table(stmt) not in self.list_tables(conn)]
+                       if _created_table(stmt) not in existing]
             if missing:
                 # The main file's, under its write lock (a commit's):
                 # UnableToAcquireCommitLockError while commits keep it,
