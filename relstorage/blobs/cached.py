@@ -279,12 +279,26 @@ class CachedBlobs(BlobMode):
                 item = self._to_forget.pop(0)
             try:
                 if item is None:
-                    self.forget_all()
+                    self._forget_all_files()
                 else:
                     self.forget(*item)
             except OSError:
                 log.warning("Could not drop the blob files a pack removed from %s",
                             self.blob_dir, exc_info=True)
+
+    def _forget_all_files(self):
+        """Every cached blob file goes; the directories stay: a download
+        of this or another process may be making one at this moment (CI:
+        ZODB's createPathForOID asserts the directory it made exists, and
+        a removal between failed a read of the zapped database)."""
+        temp_dir = os.path.join(self.blob_dir, 'tmp')
+        for dirpath, dirnames, filenames in os.walk(self.blob_dir):
+            if dirpath == temp_dir:
+                dirnames[:] = []
+                continue
+            for name in filenames:
+                if name.endswith('.blob'):
+                    remove_file(os.path.join(dirpath, name))
 
     def close(self):
         """The storage closes: finish the prune under way (its thread, a
