@@ -115,7 +115,8 @@ class BlobMode:
         gone is not an error (a helper agent's check: a directory removed
         by another process between the test and the listing failed polls,
         commits and the pack with FileNotFoundError).  The directories of
-        a shared blob-dir (the packing process's alone) go too."""
+        a shared blob-dir (the packing process's alone) go too, and those
+        of removed objects in a cache when they are empty."""
         count = 0
         for oid_int in removed_oids:
             path = self.fshelper.getPathForOID(p64(oid_int))
@@ -124,6 +125,13 @@ class BlobMode:
                     count += 1
             if self.only_copy:
                 shutil.rmtree(path, ignore_errors=True)
+            else:
+                # (The object is gone: its directory too, as ZODB's blob
+                # storages do, when nothing else is in it.)
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
         for oid_int, keep_tid in kept_revisions:
             path = self.fshelper.getPathForOID(p64(oid_int))
             for name in _listdir(path):
