@@ -345,8 +345,32 @@ class SqliteConfigTests(unittest.TestCase):
             procs = [subprocess.Popen([sys.executable, '-c', child, conf, start],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True) for _ in range(6)]
-            outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1:] for p in procs]
-            self.assertEqual(outs, [['ok']] * 6)
+            outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+            self.assertEqual([out.splitlines()[-1:] for out in outs], [['ok']] * 6,
+                             '\n'.join(outs))
+
+    def test_turning_a_new_file_to_wal_waits_for_another_process(self):
+        # CI at 9426fb1: one of the six processes above failed with
+        # "database is locked".  Turning a file to WAL reads its header and
+        # then writes it; SQLite refuses the write at once, without its
+        # busy handler, to a process that read while another holds the
+        # write lock.  Here the other holds it for half a second.
+        data_dir = os.path.join(self.tmp, 'new-wal')
+        os.mkdir(data_dir)
+        other = sqlite3.connect(os.path.join(data_dir, 'main.sqlite3'),
+                                isolation_level=None, check_same_thread=False)
+        self.addCleanup(other.close)
+        other.execute('CREATE TABLE unrelated (x)')
+        other.execute('BEGIN IMMEDIATE')
+        release = threading.Timer(0.5, other.rollback)
+        release.start()
+        self.addCleanup(release.join)
+        db = ZODB.config.databaseFromString(zconfig(data_dir))
+        self.addCleanup(db.close)
+        conn = db.open()
+        conn.root()['x'] = 1
+        transaction.commit()
+        conn.close()
 
     def small_tmpfs(self, name):
         """A 3 MB tmpfs mounted at ``name`` in the test's directory (root

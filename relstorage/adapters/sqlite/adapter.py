@@ -227,7 +227,7 @@ class Sqlite3Adapter(Adapter):
         ordered = sorted(self.pragmas.items(),
                          key=lambda kv: first.index(kv[0]) if kv[0] in first else len(first))
         for key, value in ordered:
-            cur.execute(pragma_statement(key, value))
+            self._apply_pragma(cur, pragma_statement(key, value))
         if purpose == 'oid':
             cur.execute(sql.OID_SCHEMA)
         elif not self._creation_checked:
@@ -235,6 +235,25 @@ class Sqlite3Adapter(Adapter):
             self._check_creation_pragmas(cur)
         cur.close()
         return raw
+
+    def _apply_pragma(self, cur, statement):
+        """CI's check: one of six processes opening a new data-dir at once
+        failed at once with "database is locked".  Turning a new file to
+        WAL reads its header, then writes it: two processes that both read
+        it cannot both write, and SQLite gives the one that asks second an
+        error at once instead of calling the busy handler (its read would
+        deadlock the other's write).  The read ends with the error, so
+        asking again, briefly later, succeeds once the other has written
+        the header; for as long as busy_timeout would have waited."""
+        deadline = time.monotonic() + self._busy_timeout_ms() / 1000.0
+        while True:
+            try:
+                cur.execute(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                if drivers.classify_error(exc) != 'lock' or time.monotonic() >= deadline:
+                    raise
+            time.sleep(random.uniform(0.001, 0.01))
 
     def _check_creation_pragmas(self, cur):
         """A helper agent's check: page_size and auto_vacuum were accepted
