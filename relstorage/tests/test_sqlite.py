@@ -408,6 +408,22 @@ class SqliteConfigTests(unittest.TestCase):
             ZODB.config.databaseFromString(zconfig(data_dir, options))
         self.assertIn('is not usable', str(raised.exception))
 
+    def test_read_only_storage_on_a_read_only_data_dir_says_why(self):
+        # A helper agent's check: a read-only storage on the data-dir of a
+        # read-only mount failed with SQLite's bare "unable to open
+        # database file" (RelStorage 4.3 the same).  WAL mode needs its
+        # -shm file even to read: the message now says so.
+        data_dir = self.small_tmpfs('data')
+        db = ZODB.config.databaseFromString(zconfig(data_dir))
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        db.close()
+        subprocess.run(['mount', '-o', 'remount,ro', data_dir], check=True)
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(zconfig(data_dir, 'read-only true'))
+        self.assertIn('%s is not writable' % data_dir, str(raised.exception))
+        self.assertIn('main.sqlite3', str(raised.exception))
+
     def test_a_full_disk_fails_the_vote_not_the_finish(self):
         # A helper agent's check: on a file system with 300 KB left, a
         # transaction storing 1 MB in PostgreSQL, MariaDB and SQLite had

@@ -218,6 +218,27 @@ class Sqlite3Adapter(Adapter):
                                       check_same_thread=False)
         except self.driver.Error as exc:
             raise RelStorageError("Cannot open %s: %s" % (path, exc)) from exc
+        try:
+            self._set_up(raw, purpose)
+        except BaseException as exc:
+            raw.close()
+            if not isinstance(exc, self.driver.Error) or drivers.classify_error(exc) == 'lock':
+                raise
+            raise RelStorageError("Cannot open %s: %s%s" % (
+                path, exc, self._unwritable_hint())) from exc
+        return raw
+
+    def _unwritable_hint(self):
+        # A helper agent's check: a read-only storage on a data-dir of a
+        # read-only mount (a backup) failed with SQLite's bare "unable to
+        # open database file".  Even to read, WAL mode needs the -shm
+        # file next to the database.
+        if os.access(self.data_dir, os.W_OK):
+            return ''
+        return (" (%s is not writable: SQLite needs to create its -wal and -shm files "
+                "there even to read; copy the directory somewhere writable)" % self.data_dir)
+
+    def _set_up(self, raw, purpose):
         cur = raw.cursor()
         cur.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
         # (Those SQLite takes only before journal_mode wal and the first
@@ -234,7 +255,6 @@ class Sqlite3Adapter(Adapter):
             self._creation_checked = True
             self._check_creation_pragmas(cur)
         cur.close()
-        return raw
 
     def _apply_pragma(self, cur, statement):
         """CI's check: one of six processes opening a new data-dir at once
