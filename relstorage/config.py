@@ -123,8 +123,10 @@ for _option in Options.OPTIONS:
 for _database, _names in DRIVER_NAMES.items():
     setattr(keys, _database + '_driver', _driver_datatype(_database, _names))
 keys.sqlite3_data_dir = _named_datatype('data-dir', 'existing-dirpath')
-keys.mysql_port = _named_datatype('port', 'port-number', valid=(
-    lambda v: v > 0, 'is not a port number (1 to 65535)'))
+# (Not ZConfig's port-number: "-1 is below lower bound (0)", where 0
+# is refused too.)
+keys.mysql_port = _named_datatype('port', 'integer', valid=(
+    lambda v: 0 < v < 65536, 'is not a port number (1 to 65535)'))
 keys.mysql_connect_timeout = _named_datatype('connect_timeout', 'integer', valid=(
     lambda v: v >= 0, 'must be a number of seconds, 0 or more'))
 keys.mysql_compress = _named_datatype('compress', 'boolean')

@@ -55,6 +55,11 @@ class DisconnectedError(RelStorageError, transaction.interfaces.TransientError):
     """The database connection was lost; the next transaction reconnects."""
 
 
+class PermissionDeniedError(RelStorageError):
+    """The database refused the configured user a statement (a missing
+    grant); the driver's error is its ``__cause__``."""
+
+
 class CommitFailedError(RelStorageError):
     """The connection was lost during the database COMMIT of
     ``tpc_finish``, and the server did not commit: nothing of the

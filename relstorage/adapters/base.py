@@ -16,6 +16,7 @@ import zope.interface
 
 from ..interfaces import IRelStorageAdapter
 from ..interfaces import NewObjectExistsError
+from ..interfaces import PermissionDeniedError
 from ..interfaces import RelStorageError
 from ..interfaces import EarlierSchemaError
 from ..interfaces import SchemaMismatchError
@@ -377,12 +378,29 @@ class Adapter(PackVerbs):
 
     def translate_error(self, exc, conn):
         kind = self.classify_error(exc)
+        if kind in ('disconnect', 'permission'):
+            where = self.describe() if conn.server is None else self.describe(conn.server)
         if kind == 'disconnect':
             from ..interfaces import DisconnectedError
             conn.broken = True
-            where = self.describe() if conn.server is None else self.describe(conn.server)
             return DisconnectedError('Lost the %s connection to %s: %s'
                                      % (conn.purpose, where, _one_line(exc)))
+        if kind == 'permission':
+            # A helper agent's check: a user without rights on the tables
+            # got the driver's bare error, naming neither database nor user.
+            return PermissionDeniedError(
+                '%s refused a statement: %s (a storage needs the rights to read and '
+                'write RelStorage\'s tables; a read-only one, to read them)'
+                % (where, _one_line(exc)))
+        return None
+
+    def refusal(self, exc):
+        """The driver's error if ``exc`` is the database refusing this
+        user a statement (raw, or as translate_error gives it), else None."""
+        if isinstance(exc, PermissionDeniedError):
+            return exc.__cause__ or exc
+        if isinstance(exc, self.driver.Error) and self.classify_error(exc) == 'permission':
+            return exc
         return None
 
     # ------------------------------------------------------------------
@@ -473,13 +491,15 @@ class Adapter(PackVerbs):
         own = not conn.in_transaction
         try:
             self.ensure_temp_table(conn, store=store, blobs=blobs)
-        except self.driver.Error as exc:
-            if self.classify_error(exc) != 'permission':
+        except (self.driver.Error, PermissionDeniedError) as exc:
+            refused = self.refusal(exc)
+            if refused is None:
                 raise
             # MySQL's refusal names the database, not the privilege.
             raise RelStorageError(
                 "A commit cannot create its temporary tables at %s (%s): the user "
-                "needs %s." % (self.describe(), _one_line(exc), TEMP_TABLE_PRIVILEGE)) from exc
+                "needs %s." % (self.describe(), _one_line(refused),
+                               TEMP_TABLE_PRIVILEGE)) from refused
         if own:
             # Committed before the caller's transaction begins: DDL is
             # transactional on PostgreSQL and SQLite, and a vote that

@@ -10,6 +10,7 @@ import re
 import struct
 import time
 
+from ..interfaces import PermissionDeniedError
 from ..interfaces import RelStorageError
 from .connections import as_bytes
 from ..messages import one_line as _one_line
@@ -212,9 +213,10 @@ class PackVerbs:
     def _pack_ddl(self, conn, stmt, table, temporary=False):
         try:
             conn.execute(stmt)
-        except self.driver.Error as exc:
+        except (self.driver.Error, PermissionDeniedError) as exc:
             # (Only a refusal: a lock wait or a deadlock is what it is.)
-            if self.classify_error(exc) != 'permission':
+            refused = self.refusal(exc)
+            if refused is None:
                 raise
             if temporary:
                 need = TEMP_TABLE_PRIVILEGE
@@ -226,7 +228,7 @@ class PackVerbs:
             raise RelStorageError(
                 "The pack cannot create its %stable %s at %s (%s): it needs %s."
                 % ('work ' if temporary else '', table, self.describe(),
-                   _one_line(exc), need)) from exc
+                   _one_line(refused), need)) from refused
 
     def clear_pack_temp(self, conn, name):
         conn.execute('DELETE FROM %s' % name)

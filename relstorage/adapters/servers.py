@@ -40,6 +40,9 @@ def parse_host_port(text):
     for IPv6); ValueError saying what is wrong with anything else (a port
     that is no number or out of range, a URL, an unclosed bracket: each
     was taken for a host name that never answered)."""
+    if '@' in text or '://' in text:
+        # (Credentials and the database come from the adapter's section.)
+        raise ValueError("a line names a host and port only, not a URL, user or password")
     if text.startswith('['):                        # [::1]:5432
         end = text.find(']')
         if end < 0:
@@ -125,17 +128,20 @@ def read_server_file(path, option, host_port=True):
     servers = []
     for number, line in enumerate(lines, 1):
         text = line.split('#', 1)[0].strip()
+        # A helper agent's check: a line written user:password@host:port
+        # was quoted whole in the error; what precedes an @ is not shown.
+        shown = ('...@' + text.rsplit('@', 1)[1]) if '@' in text else text
         if text and len(text.split()) > 1 and not text.startswith('('):
             # (Only an Oracle descriptor, in parentheses, holds spaces.)
             raise RelStorageError("%s: line %d of the server list %s is not one "
-                                  "host[:port]: %r" % (option, number, path, text))
+                                  "host[:port]: %r" % (option, number, path, shown))
         if text:
             try:
                 servers.append(Server(text, host_port))
             except ValueError as exc:
                 raise RelStorageError("%s: line %d of the server list %s is not one "
                                       "host[:port]: %r (%s)"
-                                      % (option, number, path, text, exc)) from None
+                                      % (option, number, path, shown, exc)) from None
     if not servers:
         raise RelStorageError("%s: the server list %s names no server" % (option, path))
     return servers

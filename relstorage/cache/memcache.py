@@ -30,6 +30,10 @@ def parse_servers(items):
         if not host or (':' in host and not item.startswith('[')):
             raise ValueError('cache-servers: %r is not host:port (an IPv6 address '
                              'goes in brackets: [::1]:11211)' % (item,))
+        if not 0 < servers[-1][1] < 65536:
+            # (A helper agent's check: taken, then never reached.)
+            raise ValueError('cache-servers: %r: the port is not a number from 1 to 65535'
+                             % (item,))
     return servers
 
 

@@ -97,6 +97,16 @@ class RedisServer(Server):
 
     def _exchange(self, conn, commands):
         """The replies to ``commands``, sent in one write (a pipeline)."""
+        try:
+            conn.connect()          # (returns at once when connected)
+        except self._reply_error as exc:
+            # A helper agent's check: a database number the server does
+            # not have ("DB index is out of range", the reply to the
+            # handshake's SELECT) failed every request, logged at DEBUG
+            # only.  A refused handshake is a server we cannot use: warned
+            # about, and asked again only after a while.
+            conn.disconnect()
+            raise self._stale('the server refused the connection: %s' % exc) from None
         conn.send_packed_command(conn.pack_commands(commands))
         replies = []
         error = None

@@ -141,14 +141,15 @@ class Server:
 
     def failed(self, exc):
         self.down_until = time.monotonic() + RETRY_AFTER
+        # (An error of no text, as pymemcache raises for a server that went
+        # away, is named by its type: a helper agent saw "unavailable ()".)
+        reason = redact_secrets(str(exc)) or type(exc).__name__
         if not self.warned:
             self.warned = True
             log.warning("%s at %s is unavailable (%s); reading from the database "
-                        "instead until it answers again.",
-                        self.kind, self.label, redact_secrets(str(exc)))
+                        "instead until it answers again.", self.kind, self.label, reason)
         else:
-            log.debug("%s at %s still failing: %s", self.kind, self.label,
-                      redact_secrets(str(exc)))
+            log.debug("%s at %s still failing: %s", self.kind, self.label, reason)
 
     def worked(self):
         if self.down_until:

@@ -55,6 +55,20 @@ class PackPrivilegeCases:
         finally:
             app.close()
 
+    def test_a_user_without_rights_is_told_which_database_refused(self):
+        # A helper agent's check: a user that may log in, with no right on
+        # the tables, got the driver's bare error at open, naming neither
+        # the database nor the user.
+        # (MySQL refuses such a user the database at connect, as clearly.)
+        self.db(True).close()
+        with self.assertRaises(RelStorageError) as raised:
+            self.db(False).close()
+        message = str(raised.exception)
+        self.assertIn(self.dbname, message)
+        self.assertIn(self.app_user, message)
+        self.assertIn('rights to read and write' if self.refused_per_statement
+                      else 'Access denied', message)
+
     def test_first_pack_by_an_application_user_says_what_it_needs(self):
         self.db(True).close()
         self.grant()

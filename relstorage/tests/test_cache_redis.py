@@ -162,6 +162,18 @@ class RedisTests(SharedCacheTests):
         self.assertEqual(client.get(1, 2), b'after')
         self.assertEqual(client.stats()['errors'], 0)
 
+    def test_a_database_number_the_server_lacks_is_warned_about(self):
+        # A helper agent's check: redis://host/99999 (the server has 16
+        # databases) failed every request with "DB index is out of range",
+        # logged at DEBUG only: the shared cache silently never worked.
+        base = self.servers.rsplit('/', 1)[0] if self.servers.count('/') > 2 else self.servers
+        client = self.client(servers=base + '/99999')
+        with self.assertLogs('relstorage.cache', logging.WARNING) as logged:
+            client.set_many({(1, 1): b'x'}, wait=True)
+            self.assertEqual(client.get_many([(1, 1)]), {})
+        self.assertIn('DB index is out of range', '\n'.join(logged.output))
+        self.assertEqual(len(logged.output), 1, logged.output)
+
     def test_threads_share_a_client(self):
         client = self.client()
         failures = []

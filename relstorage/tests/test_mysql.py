@@ -907,11 +907,12 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
     temporary tables of a database, not CREATE."""
     factory = None
     PASSWORD = 'app-Pw-0'
+    refused_per_statement = False  # (the database, at connect)
 
     def setUp(self):
         import uuid
         self.dbname = 'relstoragetest_priv_%s' % uuid.uuid4().hex[:8]
-        self.user = 'rstest_app_%s' % uuid.uuid4().hex[:6]
+        self.user = self.app_user = 'rstest_app_%s' % uuid.uuid4().hex[:6]
         self.factory.admin_query('CREATE DATABASE %s' % self.dbname)
         self.factory.admin_query("CREATE USER '%s'@'%%' IDENTIFIED BY '%s'"
                                  % (self.user, self.PASSWORD))

@@ -511,6 +511,11 @@ class TestBadValues(_ParsingTests):
     def test_bad_mysql_port(self):
         self.assertConfigError(['port'],
                                adapter='<mysql>\n port mysql\n</mysql>')
+        # (A helper agent's check: -1 was "below lower bound (0)", where 0
+        # is refused too.)
+        for port in ('-1', '0', '65536'):
+            self.assertConfigError(['port', 'not a port number (1 to 65535)'],
+                                   adapter='<mysql>\n port %s\n</mysql>' % port)
 
     def test_values_out_of_range_or_together(self):
         # A helper agent's checks: accepted at parse, refused at open after
@@ -518,6 +523,8 @@ class TestBadValues(_ParsingTests):
         for text, adapter, names in (
                 ('cache-servers memcache-host:11211:extra', None,
                  ['cache-servers', 'not host:port']),
+                ('cache-servers 127.0.0.1:0', None, ['cache-servers', '1 to 65535']),
+                ('cache-servers h:99999', None, ['cache-servers', '1 to 65535']),
                 ('cache-servers redis://h:6379/zero', None, ['cache-servers', 'database number']),
                 ('cache-servers h:11211 redis://h', None, ['cache-servers', 'mixed']),
                 ('cache-servers h:11211\ncache-module-name redis', None,

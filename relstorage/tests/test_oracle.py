@@ -891,6 +891,21 @@ class ErrorTests(unittest.TestCase):
         self.assertNotIn('pa55word', message)
         self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
 
+    def test_a_host_name_that_does_not_resolve_is_named(self):
+        # A helper agent's check: python-oracledb's thin mode let the
+        # socket.gaierror through, bare, where every other failure to
+        # connect names the database and the user.
+        import ZODB.config
+        config = ('%import relstorage\n<relstorage>\n<oracle>\nuser zope\npassword pa55word\n'
+                  'dsn nosuchhost.invalid:1521/ZODBSVC\n</oracle>\n</relstorage>\n')
+        with self.assertRaises(RelStorageError) as cm:
+            ZODB.config.storageFromString(config)
+        message = str(cm.exception)
+        self.assertIn("'ZODBSVC' at nosuchhost.invalid:1521", message)
+        self.assertIn("'zope'", message)
+        self.assertNotIn('pa55word', message)
+        self.assertNotIsInstance(cm.exception, transaction.interfaces.TransientError)
+
     def test_a_held_pack_lock_is_not_taken(self):
         # SKIP LOCKED answers no row while another session holds the row.
         adapter, recorder = recording_adapter(True)

@@ -631,6 +631,26 @@ class ConnectionErrorTests(unittest.TestCase):
         self.assertNotIn('sekrit-pw', repr(cm.exception.__cause__))
         self.assertNotIn('sekrit-pw', adapter.describe())
 
+    def test_unparsable_dsn_does_not_quote_the_password(self):
+        # A helper agent's check: libpq's parse errors quote the token they
+        # stumbled on, often part of the password (an unquoted one with a
+        # space, a stray % in a URI's), and the message passed it on.
+        import ZODB.config
+        for dsn in ("dbname=d user=u host=127.0.0.1 password=Top S3cretPart",
+                    "postgresql://u:S3cretPart%zz@127.0.0.1:9/d",
+                    "postgresql://u:ab S3cretPart@127.0.0.1:9/d"):
+            config = ('%%import relstorage\n<relstorage>\n<postgresql>\ndriver %s\n'
+                      'dsn %s\n</postgresql>\n</relstorage>\n' % (self.factory.driver, dsn))
+            with self.assertRaises(RelStorageError) as cm:
+                ZODB.config.storageFromString(config).close()
+            self.assertNotIn('S3cretPart', str(cm.exception))
+        with self.assertRaises(RelStorageError) as cm:
+            self.adapter("dbname=d user=u password=Top S3cretPart")
+        self.assertIn('missing "=" after "..."', str(cm.exception))
+        with self.assertRaises(RelStorageError) as cm:
+            self.adapter("dbname=d user")
+        self.assertIn('"user"', str(cm.exception))
+
     def test_silent_host_fails_within_the_connect_timeout(self):
         # TEST-NET-1 (RFC 5737): nothing answers there.
         adapter = self.adapter("host=192.0.2.1 dbname=zodb_there user=u connect_timeout=2")
@@ -966,11 +986,12 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
     """PackPrivilegeCases on PostgreSQL: a role of its own, with the rows
     and sequences of a database it does not own."""
     factory = None
+    refused_per_statement = True
 
     def setUp(self):
         import uuid
         self.dbname = 'relstoragetest_priv_%s' % uuid.uuid4().hex[:8]
-        self.role = 'relstoragetest_app_%s' % uuid.uuid4().hex[:8]
+        self.role = self.app_user = 'relstoragetest_app_%s' % uuid.uuid4().hex[:8]
         ADMIN.ensure_database(self.dbname)
         ADMIN.execute('CREATE ROLE %s LOGIN' % self.role)
         # (PostgreSQL 15's default; before it, every role could create

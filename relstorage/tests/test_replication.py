@@ -711,16 +711,24 @@ class ReplicaConfigTests(unittest.TestCase):
                               ('[::1:5544', "no ']' closes"),
                               ('[::1]5544', "only ':port' may follow"),
                               ('[db1]:5432', "'db1' is not an IPv6 address"),
-                              ('postgres://db1/zodb', "the port '//db1/zodb' is not a number"),
-                              ('user@db1', "'user@db1' is not a host name")):
+                              ('postgres://db1/zodb', "not a URL, user or password"),
+                              ('user@db1', "not a URL, user or password")):
             with self.subTest(line=line):
                 with open(path, 'w') as f:
                     f.write('db0\n%s\n' % line)
                 with self.assertRaises(RelStorageError) as cm:
                     read_server_file(path, 'ro-replica-conf')
+                shown = '...@db1' if '@' in line else line
                 self.assertIn('ro-replica-conf: line 2 of the server list %s is not one '
-                              'host[:port]: %r' % (path, line), str(cm.exception))
+                              'host[:port]: %r' % (path, shown), str(cm.exception))
                 self.assertIn(problem, str(cm.exception))
+        # A helper agent's check: a line with credentials was quoted whole.
+        with open(path, 'w') as f:
+            f.write('zodb:S3cretPart@127.0.0.1:5432\n')
+        with self.assertRaises(RelStorageError) as cm:
+            read_server_file(path, 'replica-conf')
+        self.assertNotIn('S3cretPart', str(cm.exception))
+        self.assertIn("'...@127.0.0.1:5432'", str(cm.exception))
         with open(path, 'w') as f:
             f.write('::1\n[::1]\ndb_1.example.com:5432\n10.0.0.7:1\n')
         self.assertEqual([(s.host, s.port) for s in read_server_file(path, 'replica-conf')],

@@ -166,7 +166,12 @@ class SqliteConfigTests(unittest.TestCase):
                               ('journal_mode delete', 'must be wal'),
                               ('locking_mode exclusive', 'must be normal'),
                               ('busy_timeout soon', 'busy_timeout'),
-                              ('encoding latin1', 'encoding')):
+                              ('encoding latin1', 'encoding'),
+                              # A helper agent's check: SQLite ignores
+                              # the first; with the second the storage
+                              # failed to open, with SQLite's bare error.
+                              ('page_size 1000', 'power of two'),
+                              ('query_only on', 'use read-only true')):
             with self.subTest(pragma=pragma):
                 with self.assertRaises(ZConfig.ConfigurationError) as cm:
                     ZODB.config.databaseFromString(

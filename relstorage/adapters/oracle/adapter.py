@@ -156,7 +156,7 @@ class OracleAdapter(Adapter):
         try:
             return self.driver.connect(self.user, self._password, dsn, purpose,
                                        DEFAULT_CONNECT_TIMEOUT)
-        except self.driver.Error as exc:
+        except (self.driver.Error, OSError) as exc:
             # Not chained: the driver's text is summarised (redacted) in ours.
             raise self._connect_error(exc, server) from None
 

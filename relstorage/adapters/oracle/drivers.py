@@ -12,6 +12,7 @@ messages.  ``classify_error`` maps the codes once, for both drivers.
 """
 import importlib
 import re
+import socket
 
 from ...interfaces import RelStorageError
 from .. import drivers
@@ -141,6 +142,11 @@ def classify_connect_error(driver, exc):
     """Why a connection attempt failed: 'login' (credentials or account),
     'config' (the name does not resolve), 'unreachable' (worth retrying
     later) or None (something else)."""
+    if isinstance(exc, OSError):
+        # python-oracledb's thin mode lets the socket's errors through (a
+        # helper agent's check: a host name that does not resolve raised
+        # a bare socket.gaierror).
+        return 'config' if isinstance(exc, socket.gaierror) else 'unreachable'
     code, full_code = error_codes(exc)
     if code in LOGIN_ERRORS or full_code in LOGIN_DRIVER_CODES:
         return 'login'

@@ -24,6 +24,7 @@ releases its locks and discards its uncommitted work with it.
 """
 import getpass
 import os
+import re
 
 from ...interfaces import DisconnectedError
 from ...interfaces import RelStorageError
@@ -35,6 +36,33 @@ from . import drivers
 from . import sql
 
 DEFAULT_CONNECT_TIMEOUT = 10
+
+#: The keywords of libpq's connection strings, which its parse errors
+#: quote and which are no secret (anything else they quote may be).
+DSN_KEYWORDS = frozenset('''
+    host hostaddr port dbname user password passfile require_auth channel_binding
+    connect_timeout client_encoding options application_name
+    fallback_application_name keepalives keepalives_idle keepalives_interval
+    keepalives_count tcp_user_timeout replication gssencmode sslmode requiressl
+    sslcompression sslcert sslkey sslpassword sslcertmode sslrootcert sslcrl
+    sslcrldir sslsni requirepeer ssl_min_protocol_version ssl_max_protocol_version
+    krbsrvname gsslib gssdelegation service target_session_attrs load_balance_hosts
+    = postgres postgresql'''.split())
+
+
+def unparsable_dsn_message(dsn, exc):
+    """The error for a DSN the driver cannot parse, without the password.
+
+    A helper agent's check: libpq quotes the token it stumbled on, and in
+    a DSN with a password that is often part of it (an unquoted password
+    with a space, a stray ``%`` in a URI's).  Where the DSN may hold a
+    password, only keywords are quoted back."""
+    text = redact_secrets(_one_line(exc))
+    if 'password' in dsn.lower() or '@' in dsn:
+        text = re.sub(r'"([^"]*)"',
+                      lambda m: m.group(0) if m.group(1).lower() in DSN_KEYWORDS else '"..."',
+                      text)
+    return "Invalid PostgreSQL DSN: %s" % text
 
 
 class PostgreSQLConnectError(DisconnectedError):
@@ -73,9 +101,7 @@ class PostgreSQLAdapter(Adapter):
         try:
             params = dict(self.driver.parse_dsn(dsn or ''))
         except Exception as exc:  # pylint:disable=broad-except
-            raise RelStorageError(
-                "Invalid PostgreSQL DSN: %s"
-                % redact_secrets(_one_line(exc))) from None
+            raise RelStorageError(unparsable_dsn_message(dsn or '', exc)) from None
         self._password = params.get('password') or None
         if not params.get('connect_timeout'):
             params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)

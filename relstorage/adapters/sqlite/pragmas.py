@@ -78,7 +78,15 @@ _REQUIRED = {
     'locking_mode': (('normal',), 'the storage opens several connections to the '
                      'database (loads, commits, OIDs), which exclusive locking '
                      'keeps out'),
+    # (A helper agent's check: on, the storage failed to open with
+    # SQLite's bare "attempt to write a readonly database".)
+    'query_only': (('off', 'false', 'no', '0'), 'even a read-only storage writes as '
+                   'it opens (the OID counter, WAL mode); for a storage that '
+                   'refuses commits use read-only true'),
 }
+
+#: page_size: what SQLite takes (it silently ignores any other value).
+PAGE_SIZES = tuple(str(512 << n) for n in range(8))
 
 
 def _is_int(text):
@@ -116,6 +124,9 @@ def check_pragma(name, value):
     if not any(_matches(kind, text) for kind in kinds):
         raise ValueError('SQLite pragma %s: %r is not %s'
                          % (key, text, _describe(allowed)))
+    if key == 'page_size' and text.lstrip('+') not in PAGE_SIZES:
+        raise ValueError('SQLite pragma page_size: %r is not a power of two from 512 '
+                         'to 65536, the page sizes SQLite takes' % text)
     if key in _REQUIRED and text.lower() not in _REQUIRED[key][0]:
         needed, why = _REQUIRED[key]
         raise ValueError('SQLite pragma %s: %r is not supported; it must be %s (%s)'
