@@ -229,6 +229,10 @@ class AdapterFactory:
         """Return the adapter for *options* (imports the driver lazily)."""
         raise NotImplementedError
 
+    def adapter_class(self):
+        """The class ``create`` makes (its module imports no driver)."""
+        raise NotImplementedError
+
     def __repr__(self):
         return '<%s driver=%r>' % (type(self).__name__, self.driver)
 
@@ -243,6 +247,10 @@ class Sqlite3AdapterFactory(AdapterFactory):
     @property
     def pragmas(self):
         return dict(self.config.pragmas or {})
+
+    def adapter_class(self):
+        from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
+        return Sqlite3Adapter
 
     def create(self, options):
         from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
@@ -260,6 +268,10 @@ class PostgreSQLAdapterFactory(AdapterFactory):
     @property
     def dsn(self):
         return self.config.dsn
+
+    def adapter_class(self):
+        from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
+        return PostgreSQLAdapter
 
     def create(self, options):
         from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
@@ -285,6 +297,10 @@ class MySQLAdapterFactory(AdapterFactory):
                 kwargs[key] = value
         return kwargs
 
+    def adapter_class(self):
+        from relstorage.adapters.mysql.adapter import MySQLAdapter
+        return MySQLAdapter
+
     def create(self, options):
         from relstorage.adapters.mysql.adapter import MySQLAdapter
         return MySQLAdapter(options=options, **self.connect_kwargs)
@@ -297,6 +313,10 @@ class MySQLAdapterFactory(AdapterFactory):
 
 class OracleAdapterFactory(AdapterFactory):
     database = 'oracle'
+
+    def adapter_class(self):
+        from relstorage.adapters.oracle.adapter import OracleAdapter
+        return OracleAdapter
 
     def create(self, options):
         from relstorage.adapters.oracle.adapter import OracleAdapter

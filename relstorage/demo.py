@@ -88,14 +88,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     workdir = args.dir or tempfile.mkdtemp(prefix='relstorage-demo-')
-    os.makedirs(workdir, exist_ok=True)
     fs_path = os.path.join(workdir, 'Data.fs')
     data_dir = os.path.join(workdir, 'sqlite')
-    for stale in (fs_path, data_dir):
-        if os.path.isdir(stale):
-            shutil.rmtree(stale)
-        elif os.path.exists(stale):
-            os.remove(stale)
+    # (A helper agent's check: files of these names in --dir were removed
+    # without a word.)
+    found = [name for name in ('Data.fs', 'sqlite', 'convert.conf', 'pack.conf')
+             if os.path.lexists(os.path.join(workdir, name))]
+    if found:
+        parser.error('--dir %s already holds %s; the demo writes them afresh: give it a '
+                     'new or empty directory' % (workdir, ', '.join(found)))
+    os.makedirs(workdir, exist_ok=True)
     try:
         t0 = time.time()
         build_source(fs_path, args.objects, per_txn=25)
@@ -147,6 +149,9 @@ def main(argv=None):
         print('Packed: %d objects remain, all documents still readable' % len(dest))
         db.close()
         print('Demo finished: all checks passed.')
+        if not args.dir:
+            print('(%s is removed now; run with --dir DIR to keep the files and '
+                  'rerun the commands above.)' % workdir)
         return 0
     finally:
         if not args.dir:

@@ -7,3 +7,20 @@ def one_line(exc):
     it has none."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def config_error(exc, with_file=True):
+    """One line for a ZConfig error: its message and where it is (``line
+    N of PATH``; without ``with_file``, ``line N`` only).  ZConfig's own
+    text puts the place on a second line for some errors, which one-line
+    messages lost, and none at all for an unknown key."""
+    message = getattr(exc, 'message', None) or one_line(exc)
+    lineno = getattr(exc, 'lineno', None)
+    if not lineno:
+        return message
+    url = getattr(exc, 'url', None) or ''
+    if url.startswith('file://'):
+        url = url[len('file://'):]
+    if with_file and url:
+        return '%s (line %d of %s)' % (message, lineno, url)
+    return '%s (line %d)' % (message, lineno)

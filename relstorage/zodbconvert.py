@@ -34,6 +34,7 @@ from ZODB.utils import p64
 from ZODB.utils import tid_repr
 from ZODB.utils import u64
 
+from relstorage.messages import config_error
 from relstorage.messages import one_line as _one_line
 from relstorage.options import redact_secrets
 from relstorage.storage import copy
@@ -152,7 +153,12 @@ def load_config(path):
     try:
         config, _ = ZConfig.loadConfig(schema, path)
     except ZConfig.ConfigurationError as exc:
-        raise UsageError('configuration error in %s: %s' % (path, _one_line(exc))) from exc
+        text = config_error(exc, with_file=False)
+        if 'no matching section' in text:
+            # (A helper agent's check: a misnamed section's error did not
+            # say which names were expected.)
+            text += '; zodbconvert reads a section named source and one named destination'
+        raise UsageError('configuration error in %s: %s' % (path, text)) from exc
     except Exception as exc:  # ImportError of a %import, ...
         raise UsageError('cannot read configuration %s: %s' % (path, _one_line(exc))) from exc
     return config.source, config.destination
@@ -334,9 +340,11 @@ class Converter:
     def run(self):
         args = self.args
         source_factory, dest_factory = load_config(args.config)
+        self.dest_factory = dest_factory
         source = dest = None
         try:
             source = open_storage(source_factory, 'source', read_only=True)
+            _check_blob_dirs_apart(source, dest_factory)
             if args.dry_run:
                 dest = self._open_dest_read_only(dest_factory)
                 self._check_strategy(dest)
@@ -357,10 +365,25 @@ class Converter:
             _close(dest)
             _close(source)
 
+    def _history_free(self, dest):
+        """Whether the destination is (or, not made yet, will be) a
+        history-free RelStorage, and its adapter's class.  (A helper
+        agent's check: a dry run into a history-free destination not made
+        yet planned a replay of every transaction, and refused --strategy
+        current, where the run copies the current records.)"""
+        if dest is not None:
+            if copy.is_history_free(dest):
+                return True, type(dest.adapter)
+            return False, None
+        options = getattr(self.dest_factory, 'options', None)
+        adapter = getattr(getattr(self.dest_factory, 'config', None), 'adapter', None)
+        if options is None or adapter is None or options.keep_history:
+            return False, None
+        return True, adapter.adapter_class()
+
     def _check_strategy(self, dest):
         # Before --clear empties anything.
-        if self.args.strategy == copy.CURRENT and not (
-                dest is not None and copy.is_history_free(dest)):
+        if self.args.strategy == copy.CURRENT and not self._history_free(dest)[0]:
             raise UsageError('--strategy current needs a history-free RelStorage '
                              'destination; %s is not one' % (
                                  _name(dest) if dest is not None
@@ -444,7 +467,7 @@ class Converter:
                 'RelStorage destination first.' % _tid(dest_last))
         if dest_last:
             self._check_incremental(source, dest, source_last, dest_last)
-        history_free = dest is not None and copy.is_history_free(dest)
+        history_free, adapter_class = self._history_free(dest)
         bulk = False
         if args.strategy == copy.CURRENT and dest_last:
             raise UsageError(
@@ -453,7 +476,7 @@ class Converter:
                 'last one (leave --strategy out)')
         if history_free and not dest_last and source_last > dest_last:
             try:
-                strategy, why, _ = copy.choose_strategy(source, dest, args.strategy)
+                strategy, why, _ = copy.choose_strategy(source, adapter_class, args.strategy)
             except copy.CopyError as exc:
                 raise UsageError(str(exc)) from exc
             bulk = strategy == copy.CURRENT
@@ -573,6 +596,33 @@ def _check_not_same(source, dest):
     if same_database(source.adapter.database_identity(), dest.adapter.database_identity()):
         raise UsageError('the source and the destination are the same database (%s); '
                          'nothing was written' % _name(dest))
+
+
+def _blob_dir_of(storage):
+    """The real path of the directory ``storage`` keeps blob files in
+    (a FileStorage's, ZODB's blob wrappers', RelStorage's; ZEO's cache), or
+    None."""
+    helper = getattr(storage, 'fshelper', None)
+    path = getattr(helper, 'base_dir', None) or getattr(storage, 'blob_dir', None)
+    return os.path.realpath(path) if isinstance(path, str) and path else None
+
+
+def _check_blob_dirs_apart(source, dest_factory):
+    """Refuse a destination whose blob-dir is the source's blob directory,
+    or inside it, or holds it, before the destination is opened (a helper
+    agent's check: with a FileStorage's blob-dir given to the destination
+    as its shared blob-dir, --clear removed the source's blob files, and a
+    copy wrote into the source's directory)."""
+    theirs = _blob_dir_of(source)
+    ours = getattr(getattr(dest_factory, 'config', None), 'blob_dir', None)
+    if not theirs or not ours:
+        return
+    ours = os.path.realpath(ours)
+    if theirs == ours or ours.startswith(theirs + os.sep) or theirs.startswith(ours + os.sep):
+        raise UsageError('the destination\'s blob-dir %s %s the source\'s blob directory %s; '
+                         'the source would be written to (and, with --clear, emptied): give '
+                         'the destination a blob-dir of its own. Nothing was written.'
+                         % (ours, 'is' if theirs == ours else 'overlaps', theirs))
 
 
 def _holds_data(storage):

@@ -29,6 +29,7 @@ import time
 import ZConfig
 from ZODB.serialize import referencesf
 
+from .messages import config_error
 from .messages import one_line as _one_line
 from .options import redact_secrets
 
@@ -128,7 +129,11 @@ def main(argv=None):
         parser.error('--days must be a number up to %d, not %s' % (MAX_DAYS, args.days))
     try:
         config = load_config(args.config, quiet=args.quiet)
-    except (ZConfig.ConfigurationError, OSError) as exc:
+    except ZConfig.ConfigurationError as exc:
+        # (One line, with the place: a helper agent's check.)
+        _error(config_error(exc))
+        return 2
+    except OSError as exc:
         _error('%s' % exc)
         return 2
     sections = list(config.storages or ())
@@ -176,6 +181,13 @@ def load_config(path, quiet=False):
         with open(path, encoding='utf-8') as f:
             text = f.read()
         databases = relstorage_databases(text)
+        if databases is None and _OPEN.search(text):
+            # A zope.conf whose databases hold no <relstorage> (a helper
+            # agent's check: with <relstorag> misspelt there, the error
+            # named Zope's first key, instancehome).
+            raise ZConfig.ConfigurationError(
+                '%s: no <zodb_db> section holds a <relstorage> section (they hold %s)'
+                % (path, ', '.join(_inner_sections(text)) or 'none')) from None
         if databases is None or _keeps_every_line(text, databases):
             # (Nothing to leave out: the mistake is in the storage sections,
             # and said as it is, in one line.)
@@ -189,6 +201,21 @@ def load_config(path, quiet=False):
     url = 'file://' + os.path.abspath(path)
     config, _ = ZConfig.loadConfigFile(schema, io.StringIO(databases), url=url)
     return config
+
+
+def _inner_sections(text):
+    """``<type> (line N)`` for the first section inside each <zodb_db> /
+    <zodb> section of ``text``."""
+    found, inside = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if _OPEN.match(line):
+            inside = True
+        elif inside:
+            match = re.match(r'\s*<\s*([^/\s>]+)', line)
+            if match:
+                found.append('<%s> (line %d)' % (match.group(1), number))
+                inside = False
+    return found
 
 
 def _keeps_every_line(text, kept):

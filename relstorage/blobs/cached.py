@@ -119,15 +119,21 @@ class CachedBlobs(BlobMode):
     def committed(self, btxn, tid_int):
         # The uploaded files are now committed content: keep them as cache
         # entries instead of downloading them again.
+        # Called by tpc_finish after the COMMIT: nothing may fail it.  (A
+        # helper agent's check: a full file system failed the directory's
+        # creation, which ZODB's createPathForOID raises as an
+        # AssertionError, out of tpc_finish: the transaction manager then
+        # aborted the other databases of a committed transaction.)  A file
+        # not cached is downloaded when read.
         for oid_int, path in btxn.pending.items():
-            self.fshelper.createPathForOID(oid_int)
-            target = self.filename(oid_int, tid_int)
             try:
+                self.fshelper.createPathForOID(oid_int)
                 size = os.path.getsize(path)
-                rename_or_copy_blob(path, target)
+                rename_or_copy_blob(path, self.filename(oid_int, tid_int))
                 self._note_added(size)
-            except OSError:
-                log.debug("Could not cache committed blob %s", path, exc_info=True)
+            except Exception:  # pylint:disable=broad-except
+                log.warning("Could not keep committed blob %s in the blob cache %s",
+                            path, self.fshelper.base_dir, exc_info=True)
                 remove_file(path)
         btxn.pending.clear()
 

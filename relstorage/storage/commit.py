@@ -68,6 +68,7 @@ from ..interfaces import CommitFailedError
 from ..interfaces import CommitUnknownError
 from ..interfaces import DisconnectedError
 from ..interfaces import NewObjectExistsError
+from ..messages import one_line as _one_line
 from .faults import fault_point
 from .tempstore import TempStore
 
@@ -472,6 +473,14 @@ class Commit:
         except DisconnectedError as exc:
             conn.rollback()
             self._lost_commit(exc)
+        except Exception as exc:  # pylint:disable=broad-except
+            # The server answered the COMMIT with an error (a helper
+            # agent's checks: MySQL's KILL QUERY, "Query execution was
+            # interrupted"; SQLite's disk filled by another program since
+            # the vote): said as CommitFailedError, or CommitUnknownError,
+            # as for a lost link, not the driver's bare error.
+            conn.rollback()
+            self._lost_commit(exc, lost=False)
         except BaseException:
             self._rollback()
             raise
@@ -484,11 +493,14 @@ class Commit:
         fault_point('finish.published')
         return self.tid
 
-    def _lost_commit(self, exc):
-        """The link went during COMMIT: find out whether the server
-        committed.  Returns when it did; raises CommitFailedError when it
-        did not, CommitUnknownError when that cannot be told.  Neither is
-        retryable (see CommitFailedError)."""
+    def _lost_commit(self, exc, lost=True):
+        """The link went during COMMIT (``lost``), or the server refused
+        it: find out whether the server committed.  Returns when it did;
+        raises CommitFailedError when it did not, CommitUnknownError when
+        that cannot be told.  Neither is retryable (see
+        CommitFailedError)."""
+        what = ('Lost the connection to %s while committing' if lost
+                else '%s answered an error to the COMMIT of') % self.adapter.describe()
         outcome = None
         delay = OUTCOME_FIRST_DELAY
         deadline = time.monotonic() + OUTCOME_PATIENCE
@@ -512,24 +524,21 @@ class Commit:
                             self.tid, exc_info=True)
                 break
         if outcome:
-            log.warning("Lost the connection to %s during the COMMIT of transaction "
-                        "%016x, which the server did commit.", self.adapter.describe(),
-                        self.tid)
+            log.warning("%s transaction %016x, which the server did commit (%s).",
+                        what, self.tid, _one_line(exc))
             return
         if outcome is False:
             if self.btxn is not None:
                 self.btxn.unplace()
             raise CommitFailedError(
-                "Lost the connection to %s while committing transaction %016x, "
-                "which was not committed (%s)" % (self.adapter.describe(), self.tid, exc)
-            ) from exc
+                "%s transaction %016x, which was not committed (%s)"
+                % (what, self.tid, _one_line(exc))) from exc
         # The server may have committed before the link went: leave placed
         # blob files alone (an orphan file is harmless; a committed row
         # without its file is not).
         raise CommitUnknownError(
-            "Lost the connection to %s while committing transaction %016x: it may or "
-            "may not have been committed (%s)" % (self.adapter.describe(), self.tid, exc)
-        ) from exc
+            "%s transaction %016x: it may or may not have been committed (%s)"
+            % (what, self.tid, _one_line(exc))) from exc
 
     def abort(self):
         """Roll back whatever vote did (unless it kept its row locks for

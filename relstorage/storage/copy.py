@@ -725,11 +725,12 @@ def source_kind(source):
     return 'file'
 
 
-def fast_path_threshold(source, dest):
-    """(records per object from which the fast path is chosen, description)."""
+def fast_path_threshold(source, adapter_class=None):
+    """(records per object from which the fast path is chosen into a
+    destination of ``adapter_class`` (None: the default), description)."""
     from ..adapters.base import Adapter
     kind = source_kind(source)
-    adapter = getattr(dest, '_adapter', None) or Adapter
+    adapter = adapter_class or Adapter
     threshold = adapter.copy_fast_path_thresholds[kind]
     text = 'the threshold for %s source' % SOURCE_KINDS[kind]
     if threshold != Adapter.copy_fast_path_thresholds[kind]:
@@ -737,8 +738,9 @@ def fast_path_threshold(source, dest):
     return threshold, text
 
 
-def choose_strategy(source, dest, requested='auto'):
-    """How to fill the empty history-free RelStorage ``dest``: (REPLAY or
+def choose_strategy(source, adapter_class=None, requested='auto'):
+    """How to fill an empty history-free RelStorage of ``adapter_class``
+    (its adapter's class; None: the default thresholds): (REPLAY or
     CURRENT, why, estimate or None)."""
     if requested == REPLAY:
         return REPLAY, 'requested with --strategy replay', None
@@ -755,7 +757,7 @@ def choose_strategy(source, dest, requested='auto'):
         return (CURRENT, 'the amount of history in the source cannot be estimated',
                 None)
     ratio = estimate.per_object
-    threshold, which = fast_path_threshold(source, dest)
+    threshold, which = fast_path_threshold(source, adapter_class)
     detail = '%s %.2f records per object (%s)' % (
         'the source holds' if estimate.exact else 'about', ratio, estimate.how)
     if ratio >= threshold:

@@ -813,6 +813,12 @@ class RelStorage(ConflictResolvingStorage):
 
     def tpc_vote(self, txn):
         pending = self._check_txn(txn)
+        if pending.voted:
+            # A second vote answers as the first did, as FileStorage's.  (A
+            # helper agent's check: it voted again, failed against its own
+            # uncommitted rows and rolled them back; tpc_finish then
+            # returned a tid for a transaction that was not committed.)
+            return [p64(oid) for oid in sorted(pending.resolved)]
         with self._lock:
             resolved = self._vote(pending)
         return [p64(oid) for oid in resolved]

@@ -14,6 +14,8 @@ import transaction
 import ZODB
 from ZODB.blob import Blob
 from ZODB.Connection import TransactionMetaData
+from ZODB.tests.MinPO import MinPO
+from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.utils import z64
 
 from relstorage.interfaces import RelStorageError
@@ -259,8 +261,6 @@ class BlobCacheTests(BlobCase):
         # A review finding: a rename keeps the file's time, so a blob
         # consumed from a file of last year looked like a killed commit's
         # leftover to a storage opening the directory during the commit.
-        from ZODB.tests.MinPO import MinPO
-        from ZODB.tests.StorageTestBase import zodb_pickle
         blob_dir = os.path.join(self.tmp, 'consumed')
         storage = self.blob_storage(blob_dir=blob_dir)
         old = os.path.join(self.tmp, 'last-year.bin')
@@ -277,6 +277,32 @@ class BlobCacheTests(BlobCase):
         tid = storage.tpc_finish(txn)
         with open(storage.loadBlob(oid, tid), 'rb') as f:
             self.assertEqual(f.read(), b'an old file')
+
+    def test_a_blob_the_cache_cannot_keep_does_not_fail_the_finish(self):
+        # A helper agent's check: with the blob cache's file system full,
+        # making the object's directory failed in tpc_finish, after the
+        # COMMIT (ZODB's createPathForOID raises AssertionError), and the
+        # transaction manager aborted the other databases of a committed
+        # transaction.  Here a file stands where the directory must go.
+        storage = self.blob_storage('blocked')
+        oid = storage.new_oid()
+        helper = storage._blobs.fshelper
+        top = os.path.relpath(helper.getPathForOID(oid), helper.base_dir).split(os.sep)[0]
+        blob_file = os.path.join(self.tmp, 'upload.blob')
+        with open(blob_file, 'wb') as f:
+            f.write(b'kept in the database')
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.storeBlob(oid, z64, zodb_pickle(MinPO(1)), blob_file, '', txn)
+        storage.tpc_vote(txn)
+        with open(os.path.join(helper.base_dir, top), 'w') as f:
+            f.write('in the way')
+        with self.assertLogs('relstorage.blobs', 'WARNING'):
+            tid = storage.tpc_finish(txn)
+        os.remove(os.path.join(helper.base_dir, top))
+        other = self.blob_storage('other')
+        with open(other.loadBlob(oid, tid), 'rb') as f:
+            self.assertEqual(f.read(), b'kept in the database')
 
     def test_a_prune_that_meets_another_runs_after_it(self):
         # A helper agent's check (3 processes sharing a cache of 1 MB): a

@@ -872,6 +872,21 @@ class TwoPhaseCommitTests(FactoryCase):
         self.assertEqual(zodb_unpickle(other.loadSerial(oid, tid)), MinPO('mine'))
 
 
+    def test_a_second_vote_answers_as_the_first(self):
+        # A helper agent's check: a second tpc_vote voted again, failed
+        # against the transaction's own uncommitted rows and rolled them
+        # back (PostgreSQL, SQLite); tpc_finish then returned a tid for a
+        # transaction that was not committed.  FileStorage accepts it.
+        storage = self.storage()
+        (oid,), first = make_objects(storage, 1)
+        txn = begin_store(storage, oid, first, 'second')
+        self.assertEqual(storage.tpc_vote(txn), [])
+        self.assertEqual(storage.tpc_vote(txn), [])
+        tid = storage.tpc_finish(txn)
+        other = self.storage()
+        self.assertEqual(other.load(oid), (other.loadSerial(oid, tid), tid))
+        self.assertEqual(zodb_unpickle(other.load(oid)[0]), MinPO('second'))
+
 class AbortErrorTests(FactoryCase):
     """The store connection drops, then the transaction aborts: the error
     that made it abort is the one reported, and the storage goes on."""

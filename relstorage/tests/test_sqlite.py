@@ -479,6 +479,39 @@ class SqliteConfigTests(unittest.TestCase):
         with db.transaction() as conn:
             self.assertEqual(conn.root()['n'], 2)
 
+    def test_a_disk_filled_after_the_vote_fails_the_commit_as_such(self):
+        # A helper agent's check: another program filled the disk between
+        # vote and finish; the COMMIT's failure reached the caller as
+        # SQLite's bare OperationalError, which does not say whether the
+        # transaction was committed.  It is CommitFailedError now.
+        from relstorage.interfaces import CommitFailedError
+        small = self.small_tmpfs('small')
+        db = ZODB.config.databaseFromString(zconfig(os.path.join(small, 'data')))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['n'] = 0
+        storage = db.storage
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        root_oid = b'\0' * 8
+        state, serial = storage.load(root_oid)
+        storage.store(root_oid, serial, state, '', txn)
+        storage.store(storage.new_oid(), b'\0' * 8, os.urandom(600 * 1024), '', txn)
+        storage.tpc_vote(txn)
+        st = os.statvfs(small)
+        with open(os.path.join(small, 'filler'), 'wb') as f:
+            f.write(b'\0' * (st.f_bavail * st.f_frsize))
+        with self.assertRaises(CommitFailedError) as raised:
+            storage.tpc_finish(txn)
+        storage.tpc_abort(txn)
+        self.assertIn('which was not committed', str(raised.exception))
+        os.remove(os.path.join(small, 'filler'))
+        self.assertEqual(storage.load(root_oid)[1], serial)
+        with db.transaction() as conn:
+            conn.root()['n'] = 1
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['n'], 1)
+
     def test_read_only_creates_nothing(self):
         # A helper agent's check: a read-only open (a zodbconvert source
         # with a mistyped path, a dry run's destination) of a data-dir

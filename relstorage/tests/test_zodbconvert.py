@@ -1088,6 +1088,24 @@ class TestRefusals(ConvertTestCase):
                                           fs_section('destination', dest_fs), '--dry-run'))
         self.assertFalse(os.path.exists(dest_fs))
 
+    def test_dry_run_into_a_new_history_free_destination_plans_the_run(self):
+        # A helper agent's check: the dry run took a destination not made
+        # yet for a history-preserving one: it planned a replay of every
+        # transaction and refused --strategy current; the run then copied
+        # the current records.
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        dest = rs_section('destination', db, keep_history=False)
+        for extra in ((), ('--strategy', 'current')):
+            with self.subTest(extra=extra):
+                out, _ = self.assertConverted(self.convert(
+                    fs_section('source', src), dest, '--dry-run', *extra))
+                self.assertIn('Would copy the current objects', out)
+        self.assertEqual(os.listdir(db.dir), [])
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest))
+        self.assertIn('Copying the current objects', out)
+
     def test_non_empty_destination_refused_then_clear(self):
         src = self.path('s.fs')
         make_source(src)
@@ -1126,6 +1144,25 @@ class TestRefusals(ConvertTestCase):
         self.assertEqual(worker.lastTransaction(), last)
         worker.close()
         self.assertConverted(self.convert(fs_section('source', src), dest, '--clear'))
+
+    def test_destination_blob_dir_in_the_sources_is_refused(self):
+        # A helper agent's check: a FileStorage's blob-dir given to the
+        # destination as its shared blob-dir: --clear removed the source's
+        # blob files, and a copy wrote into the source's directory.
+        src, blobs = self.path('blobs.fs'), self.path('fs-blobs')
+        make_source(src, blob_dir=blobs)
+        before = tree_state(blobs)
+        db = self.database()
+        for dest_dir, extra in ((blobs, ()), (blobs, ('--clear',)), (blobs, ('--dry-run',)),
+                                (os.path.join(blobs, 'inside'), ())):
+            with self.subTest(dest_dir=dest_dir, extra=extra):
+                dest = rs_section('destination', db, blob_dir=dest_dir).replace(
+                    'shared-blob-dir false', 'shared-blob-dir true')
+                _, err = self.assertConverted(
+                    self.convert(fs_section('source', src, blobs), dest, *extra), rc=2)
+                self.assertIn("the source's blob directory", err)
+                self.assertEqual(tree_state(blobs), before)
+        self.assertFalse(os.path.exists(os.path.join(db.dir, 'main.sqlite3')))
 
     def test_same_database_refused_before_clearing(self):
         # A helper agent's check: a config whose source and destination
@@ -1177,6 +1214,16 @@ class TestRefusals(ConvertTestCase):
         self.assertIn('destination', err.getvalue())
         self.assertEqual(zodbconvert.main(['--bogus'], stdout=io.StringIO(),
                                           stderr=io.StringIO()), 2)
+        # A helper agent's check: a misnamed section's error lost its line
+        # and did not say which names were expected.
+        with open(conf, 'w') as f:
+            f.write(fs_section('source', self.path('x.fs')) +
+                    fs_section('dest', self.path('y.fs')))
+        err = io.StringIO()
+        self.assertEqual(zodbconvert.main([conf], stdout=io.StringIO(), stderr=err), 2)
+        self.assertIn("name='dest' (line 4); zodbconvert reads a section named source and "
+                      "one named destination", err.getvalue())
+        self.assertEqual(len(err.getvalue().strip().splitlines()), 1)
 
 
 class TestBlobs(ConvertTestCase):
@@ -1611,6 +1658,32 @@ class TestCommandLine(ConvertTestCase):
                                 capture_output=True, text=True, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn('Copied 7 transactions', result.stdout)
+
+
+class DemoTests(unittest.TestCase):
+    """``make demo``'s script (relstorage/demo.py)."""
+
+    def test_dir_with_files_is_refused_and_left_alone(self):
+        # A helper agent's check: --dir removed a Data.fs and a sqlite/
+        # directory it found there without a word.
+        import contextlib
+        from relstorage import demo
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_demo_')
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        precious = os.path.join(tmp, 'Data.fs')
+        with open(precious, 'w') as f:
+            f.write('my site')
+        err = io.StringIO()
+        with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err):
+            demo.main(['--objects', '10', '--dir', tmp])
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIn('already holds Data.fs', err.getvalue())
+        with open(precious) as f:
+            self.assertEqual(f.read(), 'my site')
+        fresh = os.path.join(tmp, 'fresh')
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(demo.main(['--objects', '30', '--dir', fresh]), 0)
+        self.assertTrue(os.path.exists(os.path.join(fresh, 'convert.conf')))
 
 
 def _test_suite():

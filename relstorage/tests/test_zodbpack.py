@@ -213,6 +213,27 @@ class ZodbpackTests(unittest.TestCase):
             self.assertEqual(zodbpack.main([conf]), 2)
         line = ZOPE_CONF.splitlines().index('        keep-history false') + 1
         self.assertIn('line %d' % line, err.getvalue())
+        # A helper agent's checks: <relstorag> misspelt there was reported
+        # as "'instancehome' is not a known key name"; in a plain <zodb>
+        # file, in two lines; an unknown key, without its line.
+        for text, expected in (
+                (ZOPE_CONF.replace('<relstorage>', '<relstorag>').replace(
+                    '</relstorage>', '</relstorag>'),
+                 'no <zodb_db> section holds a <relstorage> section (they hold <relstorag>'),
+                ('%import relstorage\n<zodb>\n <relstorag>\n </relstorag>\n</zodb>\n',
+                 'no <zodb_db> section holds a <relstorage> section (they hold <relstorag> '
+                 '(line 3))'),
+                ('%%import relstorage\n<relstorage>\n keep-histroy false\n<sqlite3>\n'
+                 'data-dir %s\n</sqlite3>\n</relstorage>\n' % self.data_dir,
+                 "'keep-histroy' is not a known key name (line 3 of %s)" % conf)):
+            with self.subTest(expected=expected):
+                with open(conf, 'w') as f:
+                    f.write(text.replace('/srv/plone', self.tmp))
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    self.assertEqual(zodbpack.main(['-q', conf]), 2)
+                self.assertEqual(len(err.getvalue().strip().splitlines()), 1, err.getvalue())
+                self.assertIn(expected, err.getvalue())
 
     def usage_error(self, *argv):
         err = io.StringIO()
