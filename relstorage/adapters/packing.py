@@ -348,15 +348,23 @@ class PackVerbs:
         revisions said to be analysed means they were lost: everything is
         analysed again rather than a reachability computed without them
         (which would collect what they reached)."""
-        done = self.pack_info(conn).get('refs_tid', 0)
-        if done and self.sql.PACK_REFS_MAY_VANISH and \
-                conn.query_one(self.sql.PACK_ANY_REF) is None:
+        info = self.pack_info(conn)
+        done = info.get('refs_tid', 0)
+        # (A helper agent's check: a database whose objects reference
+        # nothing had its empty table taken for a lost one at every pack,
+        # with a warning of a crash; the analysis now notes no_refs.)
+        if done and self.sql.PACK_REFS_MAY_VANISH and not info.get('no_refs') and \
+                not self.any_refs(conn):
             log.warning("The pack's recorded references in %s are gone (server crash "
                         "recovery or a promoted standby empties that table); "
                         "analysing every revision again.", self.describe())
             self.set_pack_info(conn, refs_tid=None, seed_base=None)
             return 0
         return done
+
+    def any_refs(self, conn):
+        """Whether object_ref holds a reference."""
+        return conn.query_one(self.sql.PACK_ANY_REF) is not None
 
     def forget_refs_after(self, conn, tid):
         conn.execute(self.q(self.sql.PACK_REFS_FORGET_AFTER), (tid,))
@@ -376,6 +384,10 @@ class PackVerbs:
             elif not fresh:
                 self.forget_refs_of(conn, sorted(oids))
         self.insert_refs(conn, rows)
+        if self.sql.PACK_REFS_MAY_VANISH and (rows or fresh):
+            # Whether object_ref is empty because nothing references
+            # anything, not because it was lost (see pack_refs_tid).
+            self.set_pack_info(conn, no_refs=None if rows or self.any_refs(conn) else 1)
 
     def record_seeds(self, conn, oids, rows):
         """Seeds of the next incremental reachability, from the new

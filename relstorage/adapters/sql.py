@@ -42,8 +42,11 @@ Pack tables, created by the first pack (see storage/pack.py):
                      completed pack; ``seeds_armed`` (history-free
                      analyses record seeds), ``seed_base`` (the seeds are
                      usable), ``seed_tid`` (the pack time of the pack that
-                     made them so) and ``reach_objects`` (objects the
-                     last full reachability saw).
+                     made them so), ``reach_objects`` (objects the
+                     last full reachability saw) and, where object_ref
+                     can lose its rows (PACK_REFS_MAY_VANISH),
+                     ``no_refs`` (it is empty as nothing references
+                     anything).
 ``pack_object``      the pre-pack's result: objects whose revisions older
                      than ``keep_tid`` go, and (``garbage`` = 1) objects that
                      go entirely.  The deletion goes through it by OID and

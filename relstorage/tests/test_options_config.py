@@ -881,9 +881,15 @@ class TestCreateAndOpen(_ParsingTests):
 class TestDocs(unittest.TestCase):
 
     def test_rst_table_lists_every_option(self):
+        from relstorage.options import NOT_RELSTORAGE_KEYS
         table = rst_table()
         for option in OPTIONS:
-            self.assertIn('``%s``' % option.name, table)
+            if option.name in NOT_RELSTORAGE_KEYS:
+                # (A helper agent's check: listed there, driver read as a
+                # key of <relstorage>, which refuses it.)
+                self.assertNotIn('``%s``' % option.name, table)
+            else:
+                self.assertIn('``%s``' % option.name, table)
 
     def test_main_prints_table(self):
         from relstorage import options

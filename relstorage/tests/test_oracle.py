@@ -429,6 +429,8 @@ NOT_DRIVEN = {
     'deleted_sync',             # the same, as a function
     'writers_waiting',          # no SQL (a file lock, where the commit lock is the write lock)
     'snapshot_ended',           # no SQL (SQLite's upkeep of its write-ahead log)
+    'refusal',                  # no SQL (which errors are a missing grant)
+    'any_refs',                 # only where object_ref may lose its rows (PostgreSQL)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor
     # The schema of earlier releases is not read on Oracle (no SQL: it refuses).

@@ -982,6 +982,32 @@ class UnloggedPackTablesTests(PGCase):
         self.assertGreater(self._query(db, 'SELECT count(*) FROM object_ref')[0][0], 0)
 
 
+    def test_a_database_without_references_is_not_taken_for_a_crash(self):
+        # A helper agent's check: objects that reference nothing leave
+        # object_ref empty, which every later pack took for a table lost
+        # by crash recovery (a warning, and every revision analysed again).
+        db = self.db()
+        for n in range(3):
+            with db.transaction() as conn:
+                conn.root()['n'] = n
+            self.assertEqual(self._pack(db), [])
+        self.assertEqual(self._query(db, 'SELECT count(*) FROM object_ref')[0][0], 0)
+        # Once references are recorded, an empty table is a lost one again.
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping()
+        self.assertEqual(self._pack(db), [])
+        store = db.storage.adapter.open_store()
+        try:
+            store.execute('TRUNCATE object_ref, pack_object')
+            store.commit()
+        finally:
+            store.close()
+        with db.transaction() as conn:
+            conn.root()['n'] = 4
+        warnings = self._pack(db)
+        self.assertEqual(len(warnings), 1, warnings)
+        self.assertIn('analysing every revision again', warnings[0])
+
 class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
     """PackPrivilegeCases on PostgreSQL: a role of its own, with the rows
     and sequences of a database it does not own."""
