@@ -55,6 +55,10 @@ class DisconnectedError(RelStorageError, transaction.interfaces.TransientError):
     """The database connection was lost; the next transaction reconnects."""
 
 
+class StorageClosedError(RelStorageError):
+    """The storage was used after its close()."""
+
+
 class PermissionDeniedError(RelStorageError):
     """The database refused the configured user a statement (a missing
     grant); the driver's error is its ``__cause__``."""

@@ -1052,9 +1052,14 @@ class Adapter(PackVerbs):
                     % (self.describe(), _one_line(exc))) from exc
             raise
         if self.keep_history:
+            self.check_metadata_room(user, description, extension)
             conn.execute(self.q(self.sql.INSERT_TRANSACTION),
                          (tid, packed, not (has_data or new_rows), self.binary(user),
                           self.binary(description), self.binary(extension)))
+
+    def check_metadata_room(self, user, description, extension):
+        """Vendor hook: raise StateTooLargeError when the transaction's
+        metadata (bytes) cannot go to the server in one statement."""
 
     def insert_new_objects(self, conn, tid, rows):
         """Insert ``(oid, state)`` rows (states are bytes) as objects

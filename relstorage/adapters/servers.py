@@ -27,6 +27,7 @@ import time
 
 from ..interfaces import DisconnectedError
 from ..interfaces import RelStorageError
+from ..messages import one_line
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,11 @@ def read_server_file(path, option, host_port=True):
     except OSError as exc:
         raise RelStorageError("%s: cannot read the server list %s: %s"
                               % (option, path, exc.strerror or exc)) from None
+    except UnicodeDecodeError as exc:
+        # (A helper agent's check: a Latin-1 comment gave a bare
+        # UnicodeDecodeError, naming neither the option nor the file.)
+        raise RelStorageError("%s: the server list %s is not UTF-8 text (byte %d)"
+                              % (option, path, exc.start)) from None
     servers = []
     for number, line in enumerate(lines, 1):
         text = line.split('#', 1)[0].strip()
@@ -285,7 +291,7 @@ class ServerChooser:
             order = servers.order()
             listed = list(servers.servers)
             start = servers.index
-        error = None
+        failures = []
         for index in order:
             server = listed[index]
             try:
@@ -293,14 +299,23 @@ class ServerChooser:
             except DisconnectedError as exc:
                 log.info("%s: %s does not answer (%s connection): %s", servers.option,
                          server, purpose, exc)
-                error = exc
+                failures.append(exc)
                 continue
             if index != start:
                 self._switched(servers, listed, start, index)
             return raw, server
-        if last_resort:
-            raise error
-        return None
+        if not last_resort:
+            return None
+        error = failures[-1]
+        if len(failures) > 1:
+            # Each server's own reason (a helper agent's check: the error
+            # named the last server tried only, as if it were the only one).
+            # (Of the last one's class: a vendor's connect error stays one.)
+            error = type(error)("%s: none of the %d servers of %s answers: %s" % (
+                servers.option, len(failures), servers.path,
+                '; '.join(one_line(exc) for exc in failures)))
+            error.__cause__ = failures[-1]
+        raise error
 
     def _switched(self, servers, listed, old, new):
         with self._lock:

@@ -58,6 +58,7 @@ from ..cache.storage_cache import StorageCache
 from ..interfaces import DisconnectedError
 from ..interfaces import EarlierSchemaError
 from ..interfaces import RelStorageError as StorageError
+from ..interfaces import StorageClosedError
 from ..options import Options
 from . import commit
 from . import history
@@ -278,11 +279,19 @@ class RelStorage(ConflictResolvingStorage):
         """``with self._read() as conn``: a read call on the load connection."""
         return _Read(self)
 
+    def _check_open(self):
+        """A helper agent's check: a closed storage went on loading and
+        committing (its sessions made again); IStorage says it is not to be
+        used after close()."""
+        if self._closed or (self._parent is not None and self._parent._closed):
+            raise StorageClosedError('%s is closed' % self.getName())
+
     def _ensure_snapshot(self, polling=False):
         if self._snapshot_open:
             if self._stale_snapshot:
                 raise self._stale_error()
             return self._load_conn
+        self._check_open()
         for attempt in (1, 2):
             conn = self._get_load_conn()
             try:
@@ -673,6 +682,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _take_store_conn(self):
         if self._store_conn is None:
+            self._check_open()
             pool = self._adapter.store_sessions
             held, self._held_conn = self._held_conn, None
             if held is not None:
@@ -752,6 +762,7 @@ class RelStorage(ConflictResolvingStorage):
         self._begin_commit(txn, meta, u64(tid) if tid is not None else None)
 
     def _begin_commit(self, txn, meta=None, tid=None):
+        self._check_open()
         with self._tpc_cond:
             if self._commit is not None and self._commit.txn is txn:
                 raise POSException.StorageTransactionError(
@@ -968,6 +979,7 @@ class RelStorage(ConflictResolvingStorage):
     def new_oid(self):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
+        self._check_open()
         # (Not p64: its wrapper is a tenth of a call here.)
         return _oid_bytes(self._adapter.new_oid())
 

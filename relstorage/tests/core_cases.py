@@ -1219,6 +1219,27 @@ class LifecycleTests(FactoryCase):
         self.assertIsNone(inst._load_conn)
         self.assertIsNone(inst._store_conn)
 
+    def test_a_closed_storage_is_not_used(self):
+        # A helper agent's check: after close(), loads and commits went on
+        # (new database sessions were made); IStorage: "The storage should
+        # not be used after this method is called."
+        from relstorage.interfaces import StorageClosedError
+        storage = self.storage()
+        oid = storage.new_oid()
+        tid = self.commit(storage, oid, z64, 'before')
+        inst = storage.new_instance()
+        storage.close()
+        for call in (lambda: storage.load(oid), lambda: storage.history(oid),
+                     storage.new_oid, lambda: self.commit(storage, oid, tid, 'after'),
+                     lambda: inst.load(oid), inst.poll_invalidations):
+            with self.assertRaises(StorageClosedError) as raised:
+                call()
+            self.assertIn('is closed', str(raised.exception))
+        storage.close()
+        inst.release()
+        other = self.storage()
+        self.assertEqual(zodb_unpickle(other.load(oid)[0]), MinPO('before'))
+
 
 COMMIT_ONE = r"""
 import sys, transaction, ZODB

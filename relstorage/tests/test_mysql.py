@@ -622,6 +622,29 @@ class LargeStateTests(MySQLTestCase):
         storage.tpc_finish(txn)
         del big
 
+    def test_metadata_larger_than_max_allowed_packet(self):
+        # A helper agent's check (history-preserving): a transaction whose
+        # extension was larger than max_allowed_packet made the server drop
+        # the connection: DisconnectedError, which retry loops resend.
+        storage = self.make_storage()
+        if not storage._adapter.keep_history:
+            self.skipTest('history-free: no metadata is stored')
+        [(oid, serial)] = self.create_objects(storage, 1)
+        packet = storage._adapter.max_allowed_packet
+        txn = TransactionMetaData(description=b'd' * 1024)
+        txn.extension_bytes = b'e' * (packet + 1)
+        storage.tpc_begin(txn)
+        storage.store(oid, serial, zodb_pickle(MinPO('big metadata')), '', txn)
+        with self.assertRaises(StateTooLargeError) as cm:
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        self.assertIn("transaction's metadata", str(cm.exception))
+        self.assertIn(str(packet), str(cm.exception))
+        self.assert_no_locks_held()
+        txn = self.begin_store(storage, [(oid, serial, 'small')])
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+
     def test_large_states_round_trip(self):
         storage = self.make_storage()
         packet = storage._adapter.max_allowed_packet

@@ -430,6 +430,7 @@ NOT_DRIVEN = {
     'writers_waiting',          # no SQL (a file lock, where the commit lock is the write lock)
     'snapshot_ended',           # no SQL (SQLite's upkeep of its write-ahead log)
     'refusal',                  # no SQL (which errors are a missing grant)
+    'check_metadata_room',      # no SQL (MySQL's max_allowed_packet)
     'any_refs',                 # only where object_ref may lose its rows (PostgreSQL)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor

@@ -433,6 +433,30 @@ class _ReplicaCase(_PrivateCase):
         with self.db(primary).transaction() as conn:
             self.assertEqual(conn.root()['keep']['n'], 1)
 
+    def test_standby_not_yet_promoted_is_a_transient_error(self):
+        # Helper agents' checks: with replica-conf listing the primary
+        # and its standby, the primary gone and the standby not yet
+        # promoted, commits failed with a plain RelStorageError ("cannot
+        # set transaction read-write mode during recovery"; MariaDB: the
+        # driver's error 1290, "running with the --read-only option"),
+        # which a transaction manager does not retry; the docs say such a
+        # standby counts as not answering.
+        self.addCleanup(self.layer.rebuild)
+        path = self.server_file('replicas.conf', self.address('primary'),
+                                self.address(self.replica))
+        db = self.db(self.storage(replica_conf=path))
+        self.commit_value(db, 'a', 1)
+        self.pair.wait_caught_up()
+        self.pair.kill_server('primary')
+        # (The first may fail on the connection the primary left.)
+        for _ in range(2):
+            with self.assertRaises(transaction.interfaces.TransientError):
+                self.commit_value(db, 'a', 2)
+        self.pair.promote(self.replica)
+        self.commit_value(db, 'a', 3)
+        self.assertEqual(self.read_value(db, 'a'), 3)
+
+
     def test_failover_to_promoted_replica(self):
         self.addCleanup(self.layer.rebuild)
         path = self.server_file('replicas.conf', self.address('primary'),
@@ -630,28 +654,6 @@ class MariaDBPackRestartTests(_MariaDB, _PackRestartCase):
 class PostgreSQLReplicaTests(_PostgreSQL, _ReplicaCase):
     """A private primary and its hot standby (pg_basebackup -R)."""
 
-    def test_standby_not_yet_promoted_is_a_transient_error(self):
-        # A helper agent's check: with replica-conf listing the primary
-        # and its standby, the primary gone and the standby not yet
-        # promoted, commits failed with a plain RelStorageError ("cannot
-        # set transaction read-write mode during recovery"), which a
-        # transaction manager does not retry; the docs say such a
-        # standby counts as not answering.
-        self.addCleanup(self.layer.rebuild)
-        path = self.server_file('replicas.conf', self.address('primary'),
-                                self.address(self.replica))
-        db = self.db(self.storage(replica_conf=path))
-        self.commit_value(db, 'a', 1)
-        self.pair.wait_caught_up()
-        self.pair.kill_server('primary')
-        # (The first may fail on the connection the primary left.)
-        for _ in range(2):
-            with self.assertRaises(transaction.interfaces.TransientError):
-                self.commit_value(db, 'a', 2)
-        self.pair.promote(self.replica)
-        self.commit_value(db, 'a', 3)
-        self.assertEqual(self.read_value(db, 'a'), 3)
-
 
 class MariaDBReplicaTests(_MariaDB, _ReplicaCase):
     """A private MariaDB primary and its read-only replica."""
@@ -685,6 +687,37 @@ class ReplicaConfigTests(unittest.TestCase):
             self.assertIn(path, str(cm.exception))
             self.assertIn(key, str(cm.exception))
             self.assertIn(problem, str(cm.exception))
+        # A helper agent's check: a Latin-1 comment raised a bare
+        # UnicodeDecodeError.
+        latin = os.path.join(tmp, 'latin.conf')
+        with open(latin, 'wb') as f:
+            f.write('# serveur préféré\n127.0.0.1:1\n'.encode('latin-1'))
+        text = ('%%import relstorage\n<relstorage>\n replica-conf %s\n'
+                ' <postgresql>\n  dsn host=127.0.0.1 port=1 dbname=x\n </postgresql>\n'
+                '</relstorage>\n' % latin)
+        with self.assertRaises(RelStorageError) as cm:
+            self.open(text)
+        self.assertIn('replica-conf: the server list %s is not UTF-8 text' % latin,
+                      str(cm.exception))
+
+    def test_every_server_down_names_every_one(self):
+        # A helper agent's check: the error named the last server tried
+        # only, as if the list held no other.
+        from relstorage.interfaces import DisconnectedError
+        tmp = self.tmpdir()
+        ports = [private_servers.spare_port(), private_servers.spare_port()]
+        path = os.path.join(tmp, 'servers.conf')
+        with open(path, 'w') as f:
+            f.write(''.join('127.0.0.1:%d\n' % port for port in ports))
+        text = ('%%import relstorage\n<relstorage>\n replica-conf %s\n'
+                ' <postgresql>\n  dsn host=127.0.0.1 dbname=x connect_timeout=2\n'
+                ' </postgresql>\n</relstorage>\n' % path)
+        with self.assertRaises(DisconnectedError) as cm:
+            self.open(text)
+        message = str(cm.exception)
+        self.assertIn('none of the 2 servers of %s answers' % path, message)
+        for port in ports:
+            self.assertIn('port %d' % port, message)
 
     def test_server_lines(self):
         from relstorage.adapters.servers import read_server_file

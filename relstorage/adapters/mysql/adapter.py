@@ -572,6 +572,22 @@ class MySQLAdapter(Adapter):
             # Only the escaped form fits (mysqlclient): bind it.
             super().upload_blob_chunk(conn, oid, chunk_num, data)
 
+    def check_metadata_room(self, user, description, extension):
+        # A helper agent's check: metadata larger than max_allowed_packet
+        # made the server drop the connection ("Server has gone away"), a
+        # DisconnectedError, which transaction managers retry in vain.
+        # The drivers send each value escaped: one more byte per special.
+        if not self.max_allowed_packet:
+            return
+        size = sum(len(value) + sum(value.count(c) for c in _ESCAPED)
+                   for value in (user, description, extension) if value)
+        if size + PACKET_MARGIN > self.max_allowed_packet:
+            raise StateTooLargeError(
+                "The transaction's metadata (user, description and extension) is "
+                "%d bytes, more than %s accepts in one statement: its max_allowed_packet "
+                "is %d bytes. Raise max_allowed_packet on the server, or note less "
+                "in the transaction." % (size, self.describe(), self.max_allowed_packet))
+
     def _state_too_large(self, conn, oid, size):
         # Nothing of this transaction is committed: discard the connection
         # (the server rolls back) and let the storage open a new one.
@@ -581,6 +597,10 @@ class MySQLAdapter(Adapter):
             "max_allowed_packet is %d bytes. Raise max_allowed_packet on the "
             "server, or store less in one object."
             % (oid, size, self.describe(), self.max_allowed_packet))
+
+
+#: The bytes the drivers escape in a string literal (a backslash each).
+_ESCAPED = (b'\\', b'\0', b"'", b'"', b'\n', b'\r', b'\x1a')
 
 
 def _text(value):

@@ -52,6 +52,8 @@ DISCONNECT_ERRORS = frozenset((
     2055,   # CR_SERVER_LOST_EXTENDED
     4031,   # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
 ))
+#: ER_OPTION_PREVENTS_STATEMENT ("running with the --read-only option").
+OPTION_PREVENTS_STATEMENT = 1290
 #: Errors that cannot be fixed by retrying: the configuration is wrong.
 CONFIG_ERRORS = frozenset((
     1044,   # ER_DBACCESS_DENIED_ERROR
@@ -186,5 +188,12 @@ def classify_error(driver, exc):
     if errno in PERMISSION_ERRORS:
         return 'permission'
     if errno in DISCONNECT_ERRORS or driver.is_closed_error(exc):
+        return 'disconnect'
+    if errno == OPTION_PREVENTS_STATEMENT and 'read-only' in str(exc):
+        # A write to a read-only server: with replica-conf, a replica not
+        # promoted yet (failover in progress), as PostgreSQL's 25006.  A
+        # helper agent's check: the driver's error was not transient, and
+        # transaction managers gave up where a retry after the promotion
+        # commits.
         return 'disconnect'
     return None
