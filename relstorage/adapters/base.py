@@ -261,6 +261,12 @@ class Adapter(PackVerbs):
         """Where we connect, for messages (never including a password)."""
         raise NotImplementedError
 
+    def step_off_server(self, server, reason):
+        """With replica-conf: stop using ``server`` (the one in use) for
+        the next of the list, until replica-timeout passes; False when
+        there is none."""
+        return self.servers is not None and self.servers.step_off(server, reason)
+
     def described_server(self, server):
         """The server a vendor's ``describe(server)`` names: ``server``,
         else, with replica-conf, the one in use (the configured host is

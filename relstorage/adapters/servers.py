@@ -268,6 +268,22 @@ class ServerChooser:
         with self._lock:
             return self._ro_down_since is None
 
+    def step_off(self, server, reason):
+        """Leave ``server``, the replica-conf server in use, for the next
+        one of the list until replica-timeout passes (``reason`` is
+        logged); False when there is no other to go to."""
+        with self._lock:
+            servers = self.rw
+            if servers is None or len(servers.servers) < 2 or \
+                    servers.servers[servers.index] != server:
+                return False
+            log.warning("%s: %s; leaving it for %s", servers.option, reason,
+                        servers.servers[(servers.index + 1) % len(servers.servers)])
+            servers.index = (servers.index + 1) % len(servers.servers)
+            servers.since = self._clock()
+            self.generation += 1
+            return True
+
     def current_rw(self):
         """The replica-conf server in use, or None without replica-conf.
         Without the lock: messages made under it describe the server (a

@@ -195,6 +195,8 @@ class RelStorage(ConflictResolvingStorage):
         # Read-only replicas (ro-replica-conf) may be behind what this
         # instance has seen: the highest tid seen, see _replica_behind.
         self._seen_tid = 0
+        self._seen_server = None        # where _seen_tid was seen (replica-conf)
+        self._left_servers = set()      # replica-conf servers left for another
         self._commits_reverted = 0      # _last_commit_tid when reverted
         self._stale_snapshot = False    # behind: loads raise ReadConflictError
         self._reverted = False          # behind, revert-when-stale: poll drops all
@@ -321,7 +323,14 @@ class RelStorage(ConflictResolvingStorage):
         self._diverged_at = min(older) if older else None
         if conn.replica and tid < self._high_water():
             self._replica_behind(tid, polling)
+        elif conn.server in self._left_servers and tid < self._high_water():
+            self._server_behind(conn, tid)
         else:
+            if tid >= self._seen_tid and conn.server != self._seen_server:
+                if self._seen_server is not None:
+                    self._left_servers.add(self._seen_server)
+                self._left_servers.discard(conn.server)
+                self._seen_server = conn.server
             self._seen_tid = max(self._seen_tid, tid)
         # A pack happened since the cache last looked: it drops what
         # may be gone (see StorageCache.note_pack_mark).
@@ -337,6 +346,27 @@ class RelStorage(ConflictResolvingStorage):
         if self._last_commit_tid > self._commits_reverted:
             return max(self._seen_tid, self._last_commit_tid)
         return self._seen_tid
+
+    def _server_behind(self, conn, tid):
+        """A helper agent's check: after replica-timeout, processes went
+        back to the first server of replica-conf, a primary restarted after
+        its standby had been promoted and committed to; they read and wrote
+        there, and the commits made on the promoted server were lost to
+        them.  A server this instance left for another, behind what it saw
+        since, is left again for the next one of the list, and this
+        transaction fails with a transient error.  (A failover to a server
+        not used before is not refused: a promoted standby may lack what
+        asynchronous replication had not sent; the poll then invalidates
+        the caches.)"""
+        reason = ("%s is behind what this process saw on %s (its last transaction %x, "
+                  "already seen %x: a primary restarted after a failover? Edit "
+                  "replica-conf)" % (conn.server, self._seen_server, tid, self._high_water()))
+        self._adapter.step_off_server(conn.server, reason)
+        self._snapshot_open = False
+        conn.rollback()
+        conn.broken = True
+        self._give_back_load_conn()
+        raise DisconnectedError(reason)
 
     def _replica_behind(self, tid, polling):
         """The snapshot just begun on a read-only replica is older than

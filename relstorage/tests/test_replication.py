@@ -457,6 +457,44 @@ class _ReplicaCase(_PrivateCase):
         self.assertEqual(self.read_value(db, 'a'), 3)
 
 
+    def test_a_primary_back_after_a_failover_is_left_again(self):
+        # A helper agent's check: after replica-timeout, processes went
+        # back to the old primary, restarted as it was after its standby
+        # had been promoted and committed to: they read and wrote there,
+        # and the promoted server's commits were lost to them.
+        self.addCleanup(self.layer.rebuild)
+        path = self.server_file('replicas.conf', self.address('primary'),
+                                self.address(self.replica))
+        db = self.db(self.storage(replica_conf=path, replica_timeout=1))
+        self.commit_value(db, 'a', 1)
+        self.pair.wait_caught_up()
+        self.pair.kill_server('primary')
+        self.pair.promote(self.replica)
+        for _ in range(3):
+            try:
+                self.commit_value(db, 'a', 2)
+                break
+            except transaction.interfaces.TransientError:
+                pass        # (the connection the primary left)
+        self.assertEqual(self.read_value(db, 'a'), 2)
+        self.pair.start_server('primary')
+        time.sleep(1.5)
+        with self.assertLogs('relstorage.adapters.servers', logging.WARNING) as logs:
+            # (The poll finds the old primary behind and leaves it; the
+            # loads go to the promoted server again.)
+            self.assertEqual(self.read_value(db, 'a'), 2)
+        self.assertIn('%s is behind what this process saw on %s' % (
+            self.address('primary'), self.address(self.replica)), '\n'.join(logs.output))
+        self.commit_value(db, 'a', 3)
+        self.assertEqual(self.read_value(db, 'a'), 3)
+        # Nothing went to the old primary.
+        # (Not self.storage: the replica no longer follows the primary.
+        # A private MariaDB may lose its last commit to the kill: it does
+        # not sync its log at every commit.)
+        old = self.db(_PrivateCase.storage(self, server=self.primary_server()))
+        with old.transaction() as conn:
+            self.assertIn(conn.root().get('a', {}).get('n', 1), (1,))
+
     def test_failover_to_promoted_replica(self):
         self.addCleanup(self.layer.rebuild)
         path = self.server_file('replicas.conf', self.address('primary'),
