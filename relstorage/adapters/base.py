@@ -384,6 +384,16 @@ class Adapter(PackVerbs):
 
     def translate_error(self, exc, conn):
         kind = self.classify_error(exc)
+        if kind == 'missing' and conn.replica:
+            # A helper agent's check: a new database opened with
+            # ro-replica-conf before its replica had the schema failed
+            # with the driver's "no such table".  The replica is behind:
+            # loads go to the primary for a while, as when it does not
+            # answer, and this one fails with a transient error (a
+            # snapshot about to begin is begun again, there).
+            self.servers.replicas_unusable(
+                '%s lacks a table of the schema (%s)' % (conn.server, _one_line(exc)))
+            kind = 'disconnect'
         if kind in ('disconnect', 'permission'):
             where = self.describe() if conn.server is None else self.describe(conn.server)
         if kind == 'disconnect':

@@ -268,6 +268,15 @@ class ServerChooser:
         with self._lock:
             return self._ro_down_since is None
 
+    def replicas_unusable(self, reason):
+        """Loads go to the primary for replica-timeout seconds, as when no
+        read-only replica answers (``reason`` is logged)."""
+        with self._lock:
+            if self._ro_down_since is None:
+                self._ro_down_since = self._clock()
+                self.generation += 1
+                log.info("ro-replica-conf: %s; loading from %s", reason, self._describe_rw())
+
     def step_off(self, server, reason):
         """Leave ``server``, the replica-conf server in use, for the next
         one of the list until replica-timeout passes (``reason`` is

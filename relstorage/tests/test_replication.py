@@ -255,6 +255,22 @@ class _ReplicaCase(_PrivateCase):
         # ... and no write ever reached it.
         self.assertEqual(self.WRITE.findall(text), [])
 
+    def test_a_replica_without_the_schema_yet_sends_loads_to_the_primary(self):
+        # A helper agent's check: a new database opened with
+        # ro-replica-conf before its replica had replayed the schema failed
+        # with the driver's "no such table" (from ZODB.DB(), which loads
+        # the root).
+        self.storage().adapter.drop_all()
+        self.pair.wait_caught_up()
+        self.pair.pause_replay()
+        path = self.server_file('ro.conf', self.address(self.replica))
+        # (Not self.storage: it waits for the replica, paused here.)
+        with self.assertLogs('relstorage.adapters.servers', logging.INFO) as logs:
+            db = self.db(_PrivateCase.storage(self, ro_replica_conf=path))
+            self.commit_value(db, 'a', 1)
+            self.assertEqual(self.read_value(db, 'a'), 1)
+        self.assertIn('lacks a table of the schema', '\n'.join(logs.output))
+
     def check_behind(self, **kw):
         """A replica paused behind this instance's own commit."""
         storage = self.replica_storage(**kw)

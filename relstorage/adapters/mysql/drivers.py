@@ -52,6 +52,11 @@ DISCONNECT_ERRORS = frozenset((
     2055,   # CR_SERVER_LOST_EXTENDED
     4031,   # ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8)
 ))
+#: A table not there (yet: a replica replaying a new database's schema).
+MISSING_TABLE_ERRORS = frozenset((
+    1146,   # ER_NO_SUCH_TABLE
+    1412,   # ER_TABLE_DEF_CHANGED ("please retry transaction")
+))
 #: ER_OPTION_PREVENTS_STATEMENT ("running with the --read-only option").
 OPTION_PREVENTS_STATEMENT = 1290
 #: Errors that cannot be fixed by retrying: the configuration is wrong.
@@ -176,8 +181,8 @@ def select_driver(name='auto'):
 
 
 def classify_error(driver, exc):
-    """'lock', 'disconnect', 'duplicate', 'permission' or None for an
-    exception raised by ``driver``."""
+    """'lock', 'disconnect', 'duplicate', 'permission', 'missing' (a
+    table) or None for an exception raised by ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     errno = driver.errno(exc)
@@ -187,6 +192,8 @@ def classify_error(driver, exc):
         return 'duplicate'
     if errno in PERMISSION_ERRORS:
         return 'permission'
+    if errno in MISSING_TABLE_ERRORS:
+        return 'missing'
     if errno in DISCONNECT_ERRORS or driver.is_closed_error(exc):
         return 'disconnect'
     if errno == OPTION_PREVENTS_STATEMENT and 'read-only' in str(exc):

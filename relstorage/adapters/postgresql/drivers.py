@@ -22,6 +22,7 @@ FEATURE_NOT_SUPPORTED = '0A000'
 LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 UNIQUE_VIOLATION = '23505'
 INSUFFICIENT_PRIVILEGE = '42501'
+UNDEFINED_TABLE = '42P01'
 #: admin_shutdown, crash_shutdown, cannot_connect_now,
 #: idle_session_timeout (PostgreSQL 14's, often set on managed servers and
 #: behind poolers), idle_in_transaction_session_timeout (the server ended
@@ -110,7 +111,8 @@ class Driver:
         raise NotImplementedError
 
     def classify_error(self, exc):
-        """'lock', 'disconnect', 'duplicate', 'permission' or None."""
+        """'lock', 'disconnect', 'duplicate', 'permission', 'missing' (a
+        table) or None."""
         if not isinstance(exc, self.Error):
             return None
         state = self.sqlstate(exc)
@@ -120,6 +122,8 @@ class Driver:
             return 'duplicate'
         if state == INSUFFICIENT_PRIVILEGE:
             return 'permission'
+        if state == UNDEFINED_TABLE:
+            return 'missing'
         if state is not None:
             if state.startswith('08') or state in DISCONNECT_STATES:
                 return 'disconnect'
