@@ -153,7 +153,7 @@ def load_config(path):
     try:
         config, _ = ZConfig.loadConfig(schema, path)
     except ZConfig.ConfigurationError as exc:
-        text = config_error(exc, with_file=False)
+        text = config_error(exc, named=path)
         if 'no matching section' in text:
             # (A helper agent's check: a misnamed section's error did not
             # say which names were expected.)

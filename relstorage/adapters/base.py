@@ -261,6 +261,11 @@ class Adapter(PackVerbs):
         """Where we connect, for messages (never including a password)."""
         raise NotImplementedError
 
+    def back_after_timeout(self, server):
+        """With replica-conf: whether ``server`` is in use again because
+        replica-timeout passed on another (not because that one failed)."""
+        return self.servers is not None and self.servers.returned_to(server)
+
     def step_off_server(self, server, reason):
         """With replica-conf: stop using ``server`` (the one in use) for
         the next of the list, until replica-timeout passes; False when

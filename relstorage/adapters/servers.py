@@ -28,6 +28,7 @@ import time
 from ..interfaces import DisconnectedError
 from ..interfaces import RelStorageError
 from ..messages import one_line
+from ..options import redact_secrets
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +137,14 @@ def read_server_file(path, option, host_port=True):
         text = line.split('#', 1)[0].strip()
         # A helper agent's check: a line written user:password@host:port
         # was quoted whole in the error; what precedes an @ is not shown.
-        shown = ('...@' + text.rsplit('@', 1)[1]) if '@' in text else text
+        # (A review finding: nor is a password=... of a DSN-like line.)
+        shown = redact_secrets(('...@' + text.rsplit('@', 1)[1]) if '@' in text else text)
         if text and len(text.split()) > 1 and not text.startswith('('):
-            # (Only an Oracle descriptor, in parentheses, holds spaces.)
+            # (Only an Oracle descriptor, in parentheses, holds spaces.  The
+            # other words are not shown: one may be a password.)
             raise RelStorageError("%s: line %d of the server list %s is not one "
-                                  "host[:port]: %r" % (option, number, path, shown))
+                                  "host[:port]: %r holds more than one word"
+                                  % (option, number, path, shown.split()[0] + ' ...'))
         if text:
             try:
                 servers.append(Server(text, host_port))
@@ -165,6 +169,9 @@ class ServerList:
         self.servers = read_server_file(path, option, host_port)
         self.index = 0
         self.since = None           # when we left the first server
+        #: Back on the first server because replica-timeout passed, not
+        #: because the one in use failed (see ServerChooser.returned_to).
+        self.returned = False
 
     def _stat(self):
         try:
@@ -192,6 +199,7 @@ class ServerList:
         self.servers = servers
         self.index = 0
         self.since = None
+        self.returned = False
         return True
 
     def timed_out(self, now):
@@ -201,6 +209,7 @@ class ServerList:
                      self.servers[self.index], self.servers[0])
             self.index = 0
             self.since = None
+            self.returned = True
             return True
         return False
 
@@ -289,9 +298,19 @@ class ServerChooser:
             log.warning("%s: %s; leaving it for %s", servers.option, reason,
                         servers.servers[(servers.index + 1) % len(servers.servers)])
             servers.index = (servers.index + 1) % len(servers.servers)
-            servers.since = self._clock()
+            servers.since = self._clock() if servers.index != 0 else None
+            servers.returned = False
             self.generation += 1
             return True
+
+    def returned_to(self, server):
+        """Whether ``server`` is the replica-conf server in use because
+        replica-timeout brought us back to it (not because the server in
+        use before failed)."""
+        with self._lock:
+            servers = self.rw
+            return (servers is not None and servers.returned
+                    and servers.servers[servers.index] == server)
 
     def current_rw(self):
         """The replica-conf server in use, or None without replica-conf.
@@ -349,6 +368,7 @@ class ServerChooser:
             log.info("%s: switching from %s to %s", servers.option, listed[old], listed[new])
             servers.index = new
             servers.since = self._clock() if new != 0 else None
+            servers.returned = False
             self.generation += 1
 
     # ------------------------------------------------------------------

@@ -183,7 +183,9 @@ def choose_layout(blob_dir, shared):
             layout = f.read().strip()
     except FileNotFoundError:
         layout = None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        # (A review finding: a marker of other bytes than text raised a
+        # bare UnicodeDecodeError.)
         raise RelStorageError("blob-dir %s: cannot read its layout marker %s: %s"
                               % (blob_dir, LAYOUT_MARKER, exc)) from exc
     if layout is None:

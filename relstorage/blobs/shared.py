@@ -112,7 +112,9 @@ def _read_key(path):
     by another process that starts at the same moment is read again.)"""
     for _ in range(50):
         try:
-            with open(path) as f:
+            # (Bytes that are not text name no database either: a review
+            # finding, a bare UnicodeDecodeError.)
+            with open(path, errors='replace') as f:
                 text = f.read()
         except FileNotFoundError:
             return None

@@ -464,8 +464,10 @@ class Commit:
     def finish(self):
         """COMMIT and publish; return the tid (an int).
 
-        Only a lost connection can fail here: the error then says that
-        the transaction may have been committed."""
+        Only the COMMIT can fail here (a lost connection, or the server's
+        refusal): the error then says whether the transaction was
+        committed (CommitFailedError, CommitUnknownError); what follows it
+        cannot fail."""
         conn = self.conn
         fault_point('finish.before_commit')
         try:

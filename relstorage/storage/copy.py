@@ -730,6 +730,8 @@ def fast_path_threshold(source, adapter_class=None):
     destination of ``adapter_class`` (None: the default), description)."""
     from ..adapters.base import Adapter
     kind = source_kind(source)
+    if getattr(adapter_class, 'adapter', None) is not None:
+        adapter_class = type(adapter_class.adapter)     # (a storage, as before)
     adapter = adapter_class or Adapter
     threshold = adapter.copy_fast_path_thresholds[kind]
     text = 'the threshold for %s source' % SOURCE_KINDS[kind]

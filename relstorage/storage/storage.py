@@ -323,7 +323,8 @@ class RelStorage(ConflictResolvingStorage):
         self._diverged_at = min(older) if older else None
         if conn.replica and tid < self._high_water():
             self._replica_behind(tid, polling)
-        elif conn.server in self._left_servers and tid < self._high_water():
+        elif (conn.server in self._left_servers and tid < self._high_water()
+              and self._adapter.back_after_timeout(conn.server)):
             self._server_behind(conn, tid)
         else:
             if tid >= self._seen_tid and conn.server != self._seen_server:
@@ -353,11 +354,13 @@ class RelStorage(ConflictResolvingStorage):
         its standby had been promoted and committed to; they read and wrote
         there, and the commits made on the promoted server were lost to
         them.  A server this instance left for another, behind what it saw
-        since, is left again for the next one of the list, and this
-        transaction fails with a transient error.  (A failover to a server
-        not used before is not refused: a promoted standby may lack what
-        asynchronous replication had not sent; the poll then invalidates
-        the caches.)"""
+        since, when replica-timeout brought it back there, is left again for
+        the next one of the list, and this transaction fails with a
+        transient error.  (Not a failover, to a server used before or not,
+        because the one in use failed: a promoted standby may lack what
+        asynchronous replication had not sent (a review finding: a second
+        failover, back to the first server, was refused for good); the
+        poll then invalidates the caches.)"""
         reason = ("%s is behind what this process saw on %s (its last transaction %x, "
                   "already seen %x: a primary restarted after a failover? Edit "
                   "replica-conf)" % (conn.server, self._seen_server, tid, self._high_water()))
@@ -652,6 +655,7 @@ class RelStorage(ConflictResolvingStorage):
         return self.load(oid)[1]
 
     def loadSerial(self, oid, serial):
+        self._check_open()      # (its cache hit opens no snapshot)
         oid_int, tid_int = u64(oid), u64(serial)
         state = self._cache.get(oid_int, tid_int)
         if state is not None:
@@ -1055,6 +1059,7 @@ class RelStorage(ConflictResolvingStorage):
         return None, [p64(oid) for oid in oids]
 
     def iterator(self, start=None, stop=None):
+        self._check_open()
         return self._iterators.add(history.TransactionIterator(self._adapter, start, stop))
 
     def record_iternext(self, next=None):
@@ -1080,6 +1085,7 @@ class RelStorage(ConflictResolvingStorage):
         ``progress`` makes a progress display per phase (zodbpack)."""
         if self._is_read_only:
             raise POSException.ReadOnlyError()
+        self._check_open()
         from . import pack
         options = self._options
         report = pack.pack(
@@ -1096,6 +1102,7 @@ class RelStorage(ConflictResolvingStorage):
     def check_references(self, referencesf, progress=None):
         """References from current revisions to objects that do not exist,
         as (oid, tid, missing oid) integers; removes nothing."""
+        self._check_open()
         from . import pack
         return pack.check_references(self._adapter, referencesf, progress=progress)
 
@@ -1110,6 +1117,7 @@ class RelStorage(ConflictResolvingStorage):
         """
         if self._is_read_only:
             raise POSException.ReadOnlyError()
+        self._check_open()
         with self._lock:
             self._end_snapshot()
             old_last, mark = self._adapter.zap_all()

@@ -11,6 +11,7 @@ from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import ConflictError
 from ZODB.POSException import POSKeyError
+from ZODB.serialize import referencesf
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.tests.StorageTestBase import zodb_unpickle
@@ -1229,9 +1230,13 @@ class LifecycleTests(FactoryCase):
         tid = self.commit(storage, oid, z64, 'before')
         inst = storage.new_instance()
         storage.close()
+        # (A review finding: zap_all, iterator, pack, loadSerial from the
+        # cache went on too.)
         for call in (lambda: storage.load(oid), lambda: storage.history(oid),
                      storage.new_oid, lambda: self.commit(storage, oid, tid, 'after'),
-                     lambda: inst.load(oid), inst.poll_invalidations):
+                     lambda: inst.load(oid), inst.poll_invalidations, storage.zap_all,
+                     storage.iterator, lambda: storage.loadSerial(oid, tid),
+                     lambda: storage.pack(time.time(), referencesf)):
             with self.assertRaises(StorageClosedError) as raised:
                 call()
             self.assertIn('is closed', str(raised.exception))

@@ -432,6 +432,7 @@ NOT_DRIVEN = {
     'refusal',                  # no SQL (which errors are a missing grant)
     'check_metadata_room',      # no SQL (MySQL's max_allowed_packet)
     'step_off_server',          # no SQL (replica-conf's choice of server)
+    'back_after_timeout',       # the same
     'any_refs',                 # only where object_ref may lose its rows (PostgreSQL)
     'oid_array',                # only for array statements, which Oracle has none of
     'stream_rows',              # used by vendors whose iter_states needs a server cursor

@@ -787,8 +787,17 @@ class ReplicaConfigTests(unittest.TestCase):
         with open(path, 'w') as f:
             f.write('db1:5433\nI am a file\n')
         with self.assertRaisesRegex(RelStorageError, "replica-conf: line 2 of the server "
-                                    "list .* is not one host.:port.: 'I am a file'"):
+                                    "list .* is not one host.:port.: 'I ...' holds more "
+                                    "than one word"):
             read_server_file(path, 'replica-conf')
+        # (A review finding: nor the other words, nor a password=.)
+        for line in ('db1:5432 S3cretPart', 'host=db1 password=S3cretPart',
+                     'postgresql://db1/zodb?password=S3cretPart'):
+            with open(path, 'w') as f:
+                f.write(line + '\n')
+            with self.assertRaises(RelStorageError) as cm:
+                read_server_file(path, 'replica-conf')
+            self.assertNotIn('S3cretPart', str(cm.exception))
         # A line that only looks like one (a helper agent's check: each
         # was taken for a host name, and with ro-replica-conf every load
         # silently went to the primary for good).

@@ -429,6 +429,25 @@ class SqliteConfigTests(unittest.TestCase):
         self.assertIn('%s is not writable' % data_dir, str(raised.exception))
         self.assertIn('main.sqlite3', str(raised.exception))
 
+    def test_a_layout_marker_of_other_bytes_is_named(self):
+        # A review finding: a blob-dir .layout (or .relstorage-database)
+        # of bytes that are not text raised a bare UnicodeDecodeError.
+        blobs = os.path.join(self.tmp, 'marked')
+        os.mkdir(blobs)
+        with open(os.path.join(blobs, '.layout'), 'wb') as f:
+            f.write(b'bushy\xe9\n')
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(zconfig(os.path.join(self.tmp, 'data'),
+                                                   'blob-dir %s' % blobs))
+        self.assertIn('cannot read its layout marker .layout', str(raised.exception))
+        os.remove(os.path.join(blobs, '.layout'))
+        with open(os.path.join(blobs, '.relstorage-database'), 'wb') as f:
+            f.write(b'caf\xe9\n')
+        with self.assertRaises(RelStorageError) as raised:
+            ZODB.config.databaseFromString(zconfig(
+                os.path.join(self.tmp, 'data'), 'blob-dir %s\nshared-blob-dir true' % blobs))
+        self.assertIn('does not name a database', str(raised.exception))
+
     def test_a_full_disk_fails_the_vote_not_the_finish(self):
         # A helper agent's check: on a file system with 300 KB left, a
         # transaction storing 1 MB in PostgreSQL, MariaDB and SQLite had

@@ -1224,6 +1224,18 @@ class TestRefusals(ConvertTestCase):
         self.assertIn("name='dest' (line 4); zodbconvert reads a section named source and "
                       "one named destination", err.getvalue())
         self.assertEqual(len(err.getvalue().strip().splitlines()), 1)
+        # (A review finding: the line of an error in an %include-d file
+        # was given as if it were the main file's.)
+        included = self.path('inc.conf')
+        with open(included, 'w') as f:
+            f.write('<filestorage destination>\n bogus-key 1\n path %s\n</filestorage>\n'
+                    % self.path('y.fs'))
+        with open(conf, 'w') as f:
+            f.write(fs_section('source', self.path('x.fs')) + '%%include %s\n' % included)
+        err = io.StringIO()
+        self.assertEqual(zodbconvert.main([conf], stdout=io.StringIO(), stderr=err), 2)
+        self.assertIn("'bogus-key' is not a known key name (line 2 of %s)" % included,
+                      err.getvalue())
 
 
 class TestBlobs(ConvertTestCase):

@@ -221,8 +221,12 @@ class ZodbpackTests(unittest.TestCase):
                     '</relstorage>', '</relstorag>'),
                  'no <zodb_db> section holds a <relstorage> section (they hold <relstorag>'),
                 ('%import relstorage\n<zodb>\n <relstorag>\n </relstorag>\n</zodb>\n',
-                 'no <zodb_db> section holds a <relstorage> section (they hold <relstorag> '
-                 '(line 3))'),
+                 "unknown type name: 'relstorag' (line 3 of %s)" % conf),
+                # (A review finding: an error inside a database section
+                # that holds no <relstorage> is its own.)
+                ('<zodb>\n <filestorage>\n  path %s/x.fs\n  bogus-key 1\n </filestorage>\n'
+                 '</zodb>\n' % self.tmp,
+                 "'bogus-key' is not a known key name (line 4 of %s)" % conf),
                 ('%%import relstorage\n<relstorage>\n keep-histroy false\n<sqlite3>\n'
                  'data-dir %s\n</sqlite3>\n</relstorage>\n' % self.data_dir,
                  "'keep-histroy' is not a known key name (line 3 of %s)" % conf)):
@@ -234,6 +238,13 @@ class ZodbpackTests(unittest.TestCase):
                     self.assertEqual(zodbpack.main(['-q', conf]), 2)
                 self.assertEqual(len(err.getvalue().strip().splitlines()), 1, err.getvalue())
                 self.assertIn(expected, err.getvalue())
+        # (A review finding: a file of Latin-1 text was a traceback.)
+        with open(conf, 'wb') as f:
+            f.write(b'# caf\xe9\n<zodb>\n</zodb>\n')
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(zodbpack.main(['-q', conf]), 2)
+        self.assertIn('%s is not UTF-8 text' % conf, err.getvalue())
 
     def usage_error(self, *argv):
         err = io.StringIO()

@@ -290,6 +290,14 @@ class MySQLAdapter(Adapter):
                 "max_allowed_packet (%s bytes); raise max_allowed_packet. "
                 "The connection was closed by the server: %s"
                 % (self.describe(), self.max_allowed_packet, _one_line(exc)))
+        if self.driver.errno(exc) == drivers.OPTION_PREVENTS_STATEMENT and \
+                self.classify_error(exc) == 'disconnect':
+            # (Said as it is, not as a lost connection: a review finding.)
+            conn.broken = True
+            where = self.describe() if conn.server is None else self.describe(conn.server)
+            return DisconnectedError(
+                "%s refused a write: it is read-only (a replica not promoted yet?); "
+                "nothing of the transaction was written (%s)" % (where, _one_line(exc)))
         return super().translate_error(exc, conn)
 
     # ------------------------------------------------------------------
@@ -576,10 +584,10 @@ class MySQLAdapter(Adapter):
         # A helper agent's check: metadata larger than max_allowed_packet
         # made the server drop the connection ("Server has gone away"), a
         # DisconnectedError, which transaction managers retry in vain.
-        # The drivers send each value escaped: one more byte per special.
+        # (Sized as the driver writes them: escaped, or in hexadecimal.)
         if not self.max_allowed_packet:
             return
-        size = sum(len(value) + sum(value.count(c) for c in _ESCAPED)
+        size = sum(self.driver.bytes_literal_size(bytes(value))
                    for value in (user, description, extension) if value)
         if size + PACKET_MARGIN > self.max_allowed_packet:
             raise StateTooLargeError(
@@ -597,10 +605,6 @@ class MySQLAdapter(Adapter):
             "max_allowed_packet is %d bytes. Raise max_allowed_packet on the "
             "server, or store less in one object."
             % (oid, size, self.describe(), self.max_allowed_packet))
-
-
-#: The bytes the drivers escape in a string literal (a backslash each).
-_ESCAPED = (b'\\', b'\0', b"'", b'"', b'\n', b'\r', b'\x1a')
 
 
 def _text(value):
