@@ -753,7 +753,15 @@ class ConnectionSettingsTests(MySQLTestCase):
             adapter = MySQLAdapter(options=Options(), driver=self.factory.driver,
                                    db='zodb', read_default_file=f.name)
             self.assertEqual(adapter.describe(),
-                             'MySQL database (db=zodb, the rest from %s)' % f.name)
+                             'MySQL/MariaDB database (db=zodb, the rest from %s)' % f.name)
+
+    def test_a_server_not_reached_yet_is_named_mysql_or_mariadb(self):
+        # A helper agent's check: errors before the first connection called
+        # a MariaDB server MySQL, and MariaDB once connected.
+        adapter = MySQLAdapter(options=Options(), driver=self.factory.driver,
+                               host='127.0.0.1', port=9, db='zodb')
+        self.assertTrue(adapter.describe().startswith("MySQL/MariaDB database 'zodb'"),
+                        adapter.describe())
 
     def _assert_fails_cleanly(self, adapter, secret=None):
         started = time.time()

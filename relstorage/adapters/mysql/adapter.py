@@ -157,7 +157,9 @@ class MySQLAdapter(Adapter):
 
     def describe(self, server=None):
         params = self._server_params(self.described_server(server))
-        flavor = self.server.flavor if self.server is not None else 'MySQL'
+        # (Before the first connection, which server it is is not known: a
+        # helper agent saw one server called MySQL, then MariaDB.)
+        flavor = self.server.flavor if self.server is not None else 'MySQL/MariaDB'
         option_file = params.get('read_default_file')
         if option_file:
             # What the file sets is not known here: name only what the
