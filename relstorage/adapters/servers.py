@@ -295,12 +295,10 @@ class ServerChooser:
             if servers is None or len(servers.servers) < 2 or \
                     servers.servers[servers.index] != server:
                 return False
+            new = (servers.index + 1) % len(servers.servers)
             log.warning("%s: %s; leaving it for %s", servers.option, reason,
-                        servers.servers[(servers.index + 1) % len(servers.servers)])
-            servers.index = (servers.index + 1) % len(servers.servers)
-            servers.since = self._clock() if servers.index != 0 else None
-            servers.returned = False
-            self.generation += 1
+                        servers.servers[new])
+            self._move(servers, new)
             return True
 
     def returned_to(self, server):
@@ -366,10 +364,15 @@ class ServerChooser:
             if servers.servers != listed:
                 return          # the file changed meanwhile; it wins
             log.info("%s: switching from %s to %s", servers.option, listed[old], listed[new])
-            servers.index = new
-            servers.since = self._clock() if new != 0 else None
-            servers.returned = False
-            self.generation += 1
+            self._move(servers, new)
+
+    def _move(self, servers, new):
+        """(Under the lock.)  Use server ``new`` of ``servers`` from now on;
+        every connection made before is replaced."""
+        servers.index = new
+        servers.since = self._clock() if new != 0 else None
+        servers.returned = False
+        self.generation += 1
 
     # ------------------------------------------------------------------
 

@@ -225,6 +225,16 @@ def _variant(base, factory, mode_label):
     return cls
 
 
+def cannot_run(module, class_name, test_name, reason):
+    """A suite of one test, ``module.class_name.test_name``, that fails with
+    ``reason``: it stands in, loudly, for tests that cannot run here (a
+    server or a driver missing)."""
+    def test(self):
+        self.fail(reason)
+    cls = type(class_name, (unittest.TestCase,), {test_name: test, '__module__': module})
+    return unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+
+
 def make_suite(factory, extra_cases=()):
     """The whole shared suite for one database factory."""
     suite = unittest.TestSuite()

@@ -982,18 +982,9 @@ EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
 
 # ----------------------------------------------------------------------
 
-class ServerUnavailable(unittest.TestCase):
-    """Stands in for the suite when it cannot run: fails loudly."""
-
-    reason = None
-
-    def test_mysql_server_available(self):
-        self.fail(self.reason)
-
-
 def _failing(label, reason):
-    cls = type('ServerUnavailable_%s' % label, (ServerUnavailable,), {'reason': reason})
-    return unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+    return suite.cannot_run(__name__, 'ServerUnavailable_%s' % label,
+                            'test_mysql_server_available', reason)
 
 
 def _rehome(tests, factory):

@@ -1106,18 +1106,9 @@ def _test_suite():
     return result
 
 
-class DriverMissing(unittest.TestCase):
-    """Stands in for a driver's suite when the driver is not installed."""
-
-    reason = None
-
-    def test_driver_installed(self):
-        self.fail(self.reason)
-
-
 def _missing_driver(driver, reason):
-    cls = type('DriverMissing_%s' % driver, (DriverMissing,), {'reason': reason})
-    return unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+    return suite.cannot_run(__name__, 'DriverMissing_%s' % driver, 'test_driver_installed',
+                            reason)
 
 
 def _rehome(test, factory):
