@@ -759,6 +759,11 @@ class Adapter(PackVerbs):
                 found[oid] = tid
         return last, mark, found
 
+    def pack_mark(self, conn):
+        """The pack mark as the transaction of ``conn`` sees it (0 before
+        the first pack)."""
+        return conn.query_value(self.q(self.sql.GET_PACK_MARK)) or 0
+
     def bump_pack_mark(self, conn):
         """Increment the pack mark, inside the pack's store transaction
         (which holds the commit lock, so two packs cannot race)."""

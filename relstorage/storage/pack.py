@@ -184,6 +184,9 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
     conn = None
     try:
         conn = _when_free(adapter, adapter.open_pack)
+        shared_blobs = blobs is not None and not blobs.in_database
+        if shared_blobs and not prepack_only:
+            report.blobs_removed += _forget_unfinished(adapter, conn, blobs)
         if skip_prepack:
             info = adapter.pack_info(conn)
             conn.rollback()
@@ -212,7 +215,6 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                                   checked_tid=snapshot_tid, prepared=1,
                                   prepared_gc=1 if gc else 0)
             conn.commit()
-        shared_blobs = blobs is not None and not blobs.in_database
         if not report.up_to_date and (prepack_only or progress is not _NoProgress):
             # For the report and the deletion's progress display only (a
             # second or so at a million objects).
@@ -267,6 +269,41 @@ def check_references(adapter, referencesf, progress=None):
         if conn is not None:
             conn.close()
         lock.close()
+
+
+def _forget_unfinished(adapter, conn, blobs):
+    """Remove the blob files of what the deletion batches of an earlier
+    pack removed, where that pack stopped (killed) after a batch's commit
+    and before the removal of its files; returns how many went.
+
+    Those files describe no row any more, and the end of a pack, which
+    finds them, cannot tell them from a file no row ever described (of a
+    database restored from an older backup than its blob directory, say:
+    the only copy of data), which it leaves alone. The removal lists of
+    the batches (log_pack_removals, kept until the next pack's deletion
+    starts) say what the batches removed; ``files_upto`` in pack_info
+    is the mark of the last batch whose files went."""
+    adapter.begin_pack_write(conn)
+    try:
+        done = adapter.pack_info(conn).get('files_upto')
+        mark = adapter.pack_mark(conn)
+        removals = None
+        if done is not None and done < mark:
+            removals = adapter.pack_removals(conn, done, mark)
+        if done != mark:
+            adapter.set_pack_info(conn, files_upto=mark)
+        if removals is None or not len(removals):
+            conn.commit()
+            return 0
+        # (Idempotent: files already gone are not an error.)
+        files = blobs.forget(removals.garbage_ints(), removals.trimmed_pairs())
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    log.info("Removed %d blob files of what an earlier pack of %s removed before "
+             "it stopped", files, adapter.describe())
+    return files
 
 
 def _up_to_date(adapter, conn, gc):
@@ -763,6 +800,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     after_oid = info.get('deleted_upto', -1)
     busy = 0
     prepared = None
+    files_done = {}
     pauses = _Pauses(options)
     syncer = _Worker('relstorage-pack-sync')
     try:
@@ -822,7 +860,8 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     checked = last
                     continue
                 batch.log(adapter, conn)
-                adapter.set_pack_info(conn, checked_tid=last, deleted_upto=after_oid)
+                adapter.set_pack_info(conn, checked_tid=last, deleted_upto=after_oid,
+                                      **files_done)
                 conn.commit()
             except _LockBusy:
                 conn.rollback()
@@ -853,6 +892,11 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                 files = blobs.forget(batch.removed, batch.trimmed)
                 if not blobs.in_database:
                     report.blobs_removed += files
+            if durable and batch.mark is not None:
+                # Recorded with the next batch (or the end): a pack killed
+                # before the files of a batch went removes them when it runs
+                # again (_forget_unfinished).
+                files_done = {'files_upto': batch.mark}
             # The duty cycle is the share of time the pack holds the commit
             # lock (what commits wait for); the pack's writes that hold no
             # lock a commit needs run in the pause.
@@ -890,7 +934,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
         # What the next pack checks to know it has nothing to do.
         adapter.set_pack_info(conn, prepared=None, prepared_gc=None, pack_tid=None,
                               checked_tid=None, deleted_upto=None,
-                              packed_tid=report.pack_tid, packed_gc=gc)
+                              packed_tid=report.pack_tid, packed_gc=gc, **files_done)
         if gc:
             # All this pack's garbage is gone: the next pack with GC need
             # only look where pack_seed says, and (history-preserving)

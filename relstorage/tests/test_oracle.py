@@ -344,6 +344,7 @@ def drive_every_verb(adapter, recorder):
     adapter.bump_pack_mark(store)              # the first pack inserts the mark
     recorder.pack_mark = 1
     adapter.bump_pack_mark(store)
+    adapter.pack_mark(store)
     store.commit()
     store.close()
 
