@@ -30,6 +30,8 @@ import sys
 import time
 
 from ZODB.loglevels import TRACE
+from ZODB.POSException import POSKeyError
+from ZODB.utils import oid_repr
 from ZODB.utils import p64
 from ZODB.utils import tid_repr
 from ZODB.utils import u64
@@ -539,10 +541,12 @@ class Converter:
             # an older tid may have vanished from it; nothing to check.
             return
         first = None
+        differs = None
         iterator = source.iterator(p64(dest_last), p64(dest_last))
         try:
             for txn in iterator:
                 first = txn.tid
+                differs = _first_difference(txn, dest)
                 break
         finally:
             close = getattr(iterator, 'close', None)
@@ -553,6 +557,13 @@ class Converter:
                 "the destination's last transaction %s is not in the source, so "
                 "--incremental cannot tell what is missing (a different source, or one "
                 "packed since). Use --clear to copy everything again." % _tid(dest_last))
+        if differs is not None:
+            raise Failure(
+                "the destination's last transaction %s is not the source's transaction "
+                "of that id (object %s %s): the destination was written to since it was "
+                "copied, or comes from another source. --incremental would skip the "
+                "source's transaction. Use --clear to copy everything again."
+                % (_tid(dest_last), oid_repr(differs[0]), differs[1]))
 
     def verify_only(self, source, dest, source_last, dest_last):
         """--verify on a destination that is not empty: compare, write nothing."""
@@ -585,6 +596,33 @@ class Converter:
         if stats.blobs:
             text += ', %d blobs' % stats.blobs
         self.say(text + ' (%s).' % _duration(stats.elapsed))
+
+
+# How many records of the destination's last transaction --incremental
+# compares with the source's (a different commit that got the same tid
+# differs in its first records; a resume need not read a huge one whole).
+COMPARED_RECORDS = 1000
+
+
+def _first_difference(txn, dest):
+    """(oid, what) of the first record of the source's transaction ``txn``
+    that the destination does not hold as it, or None.  Two commits get
+    the same tid where clocks lag behind the last tid (a source written
+    by a clock ahead of time, then a commit to the destination: a helper
+    agent's check found --incremental then skipped the source's
+    transaction, leaving a reference to an object never copied)."""
+    for count, record in enumerate(txn):
+        if count >= COMPARED_RECORDS:
+            break
+        if record.data is None:
+            continue            # (an undone creation: nothing to load)
+        try:
+            data = dest.loadSerial(record.oid, record.tid)
+        except POSKeyError:
+            return record.oid, 'is missing there'
+        if data != record.data:
+            return record.oid, 'differs'
+    return None
 
 
 def _check_not_same(source, dest):

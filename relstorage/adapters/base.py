@@ -1201,7 +1201,10 @@ class Adapter(PackVerbs):
         return conn.query_all(self.q(self.sql.RECORDS_IN_TRANSACTION), (tid,))
 
     def undo_log(self, conn, upto_tid):
-        conn.execute(self.q(self.sql.UNDO_LOG), (False, False, upto_tid))
+        # Empty transactions too (a commit that only called readCurrent,
+        # say), as FileStorage and RelStorage 4.3 list them: undoing one
+        # changes nothing.
+        conn.execute(self.q(self.sql.UNDO_LOG), (False, upto_tid))
         return conn
 
     def transaction_packed(self, conn, tid):

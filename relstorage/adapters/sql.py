@@ -285,7 +285,7 @@ class Statements:
     UNDO_LOG = """
         SELECT tid, username, description, extension
         FROM transaction_log
-        WHERE packed = %s AND is_empty = %s AND tid <= %s
+        WHERE packed = %s AND tid <= %s
         ORDER BY tid DESC
     """
 

@@ -44,6 +44,7 @@ from struct import unpack
 from persistent.TimeStamp import TimeStamp
 from zodbpickle.pickle import Unpickler
 from ZODB.serialize import referencesf as zodb_referencesf
+from ZODB.utils import p64
 from ZODB.utils import u64
 
 from ..adapters.base import chunks
@@ -202,6 +203,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             wanted = pack_tid_for(t)
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
                                     pack_tid=wanted)
+            _warn_if_ahead(adapter, snapshot_tid)
             report.pack_tid = min(wanted, snapshot_tid)
             report.phases['analysis'] = time.monotonic() - phase_start
             phase_start = time.monotonic()
@@ -269,6 +271,26 @@ def check_references(adapter, referencesf, progress=None):
         if conn is not None:
             conn.close()
         lock.close()
+
+
+# How far (seconds) the database's last transaction may be dated after
+# this machine's clock before the pack says so.
+CLOCK_AHEAD_WARNING = 60
+
+
+def _warn_if_ahead(adapter, last_tid):
+    """The pack time is counted by this machine's clock; the transaction
+    ids by the committing clients' (a helper agent's check: with clocks
+    apart, a pack removed history seconds old, or none of a day's)."""
+    if not last_tid:
+        return
+    ahead = TimeStamp(p64(last_tid)).timeTime() - time.time()
+    if ahead > CLOCK_AHEAD_WARNING:
+        log.warning(
+            "The last transaction of %s is dated %.0f seconds after this machine's "
+            "clock, which the pack time is counted by: a client's clock was ahead, "
+            "or this one is behind. The pack keeps what was committed after its "
+            "pack time by the transactions' dates.", adapter.describe(), ahead)
 
 
 def _forget_unfinished(adapter, conn, blobs):

@@ -1301,6 +1301,30 @@ class RootStorageTests(FactoryCase):
         storage.tpc_abort(txn)
         self.assertEqual(len(storage), before)
 
+    def test_undo_log_lists_empty_transactions_as_filestorage_does(self):
+        # A helper agent's check: a transaction that stored nothing (a
+        # commit that only called readCurrent, zodbshootout's tpc) was in
+        # the iterator but not in undoLog/undoInfo; FileStorage and
+        # RelStorage 4.3 list it.  Undoing it changes nothing.
+        if not self.keep_history:
+            self.skipTest('history-free: nothing to undo')
+        db = self.db()
+        storage = db.storage
+        with db.transaction('real') as conn:
+            conn.root()['x'] = 1
+        txn = TransactionMetaData(description=b'empty one')
+        storage.tpc_begin(txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        self.assertEqual([d['description'] for d in db.undoLog(0, 2)],
+                         ['empty one', 'real'])
+        self.assertEqual([d['description'] for d in db.undoInfo(0, 2)],
+                         ['empty one', 'real'])
+        db.undo(db.undoLog(0, 1)[0]['id'])
+        transaction.commit()
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['x'], 1)
+
     def test_undo_ids_are_base64_text_as_filestorage_gives(self):
         # A helper agent's check: the ids were the raw 8-byte tid, which
         # does not decode as text (Zope's undo forms, URLs), and the ids

@@ -371,6 +371,23 @@ class PrepackTests(PackCase):
 
 class PackBehaviourTests(PackCase):
 
+    def test_a_database_dated_ahead_of_the_clock_is_warned_about(self):
+        # A helper agent's check: the pack time is counted by the packing
+        # machine's clock, the tids by the committing clients'; a client
+        # a day ahead made every later pack keep all history, silently.
+        db = self.db()
+        real = time.time
+        time.time = lambda: real() + 86400
+        try:
+            with db.transaction() as conn:
+                conn.root()['x'] = 1
+        finally:
+            time.time = real
+        with self.assertLogs('relstorage.storage.pack', 'WARNING') as logged:
+            db.pack(time.time() + 1)
+        self.assertIn("dated 86", ' '.join(logged.output))
+        self.assertIn("after this machine's clock", ' '.join(logged.output))
+
     def test_a_busy_commit_lock_is_waited_for(self):
         # A helper agent's check: on SQLite, zodbpack failed with "database
         # is locked" while a commit held the lock longer than

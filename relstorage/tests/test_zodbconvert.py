@@ -9,6 +9,7 @@ import io
 import os
 import shutil
 import tempfile
+import time
 import unittest
 import uuid
 
@@ -780,6 +781,53 @@ class TestIncremental(ConvertTestCase):
         _, err = self.assertConverted(
             self.convert(fs_section('source', other), dest, '--incremental'), rc=1)
         self.assertIn('--clear', err)
+
+
+    def test_incremental_refuses_a_destination_commit_with_the_same_tid(self):
+        # A helper agent's check: a source written by a clock ten days
+        # ahead, copied; then a commit to the destination and one to the
+        # source both took the last tid + 1.  --incremental found the
+        # destination's last tid in the source, copied only what followed,
+        # and exited 0 with the source's transaction missing (its new
+        # object never copied).
+        real = time.time
+        src = self.path('ahead.fs')
+        time.time = lambda: real() + 10 * 86400
+        try:
+            self._commit_fs(src, a=1)
+        finally:
+            time.time = real
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        storage = self.open_rs(db, True)
+        try:
+            zdb = ZODB.DB(storage)
+            with zdb.transaction() as conn:
+                conn.root()['dest_only'] = 1
+            dest_tid = zdb.lastTransaction()
+        finally:
+            zdb.close()
+        self._commit_fs(src, b=PersistentMapping(v='new'))
+        self._commit_fs(src, c=3)
+        fs = FileStorage(src, read_only=True)
+        try:
+            self.assertEqual(list(fs.iterator(dest_tid, dest_tid))[0].tid, dest_tid)
+        finally:
+            fs.close()
+        _, err = self.assertConverted(
+            self.convert(fs_section('source', src), dest, '--incremental'), rc=1)
+        self.assertIn('is not the source', err)
+        self.assertIn('object 0x00 differs', ' '.join(err.split()))
+        self.assertIn('--clear', err)
+
+    def _commit_fs(self, path, **items):
+        fs_db = ZODB.DB(FileStorage(path))
+        try:
+            with fs_db.transaction() as conn:
+                conn.root().update(items)
+        finally:
+            fs_db.close()
 
 
 class TestVerifyOnly(ConvertTestCase):
