@@ -59,6 +59,14 @@ class StorageClosedError(RelStorageError):
     """The storage was used after its close()."""
 
 
+class SameDatabaseTwiceError(RelStorageError):
+    """Two storage instances of one database voted in the same thread
+    without the first finishing (two ZODB connections of one database, or
+    an undo beside other changes of it, in one transaction): the second
+    would wait for the commit lock the first holds until it is finished,
+    which cannot happen.  Not a TransientError: a retry does the same."""
+
+
 class PermissionDeniedError(RelStorageError):
     """The database refused the configured user a statement (a missing
     grant); the driver's error is its ``__cause__``."""

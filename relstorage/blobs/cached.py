@@ -170,7 +170,7 @@ class CachedBlobs(BlobMode):
         path = self.filename(oid_int, tid_int)
         self.fshelper.createPathForOID(oid_int)
         fd, temp = tempfile.mkstemp(prefix='download-', suffix='.tmp',
-                                    dir=self.fshelper.temp_dir)
+                                    dir=self.temporary_directory())
         opened = None
         try:
             with os.fdopen(fd, 'wb') as f:

@@ -52,7 +52,14 @@ class BlobMode:
             self.remove_stale_pending()
 
     def temporary_directory(self):
-        return self.fshelper.temp_dir
+        """The directory of blob files being written (ZODB writes a new
+        blob's file there); made again when it went (a helper agent's
+        check: a cache directory emptied by hand or by tmpreaper while the
+        process ran failed every blob read and write until a restart)."""
+        temp_dir = self.fshelper.temp_dir
+        if not os.path.isdir(temp_dir):
+            os.makedirs(temp_dir, 0o700, exist_ok=True)
+        return temp_dir
 
     def filename(self, oid_int, tid_int):
         return self.fshelper.getBlobFilename(p64(oid_int), p64(tid_int))
@@ -63,7 +70,7 @@ class BlobMode:
     def take_file(self, oid_int, path):
         """Move ``path`` (ours from now on) into the temporary directory."""
         fd, target = tempfile.mkstemp(prefix=PENDING_PREFIX + '%x-' % oid_int, suffix='.tmp',
-                                      dir=self.fshelper.temp_dir)
+                                      dir=self.temporary_directory())
         os.close(fd)
         try:
             rename_or_copy_blob(path, target, chmod=False)

@@ -58,6 +58,7 @@ from ..cache.storage_cache import StorageCache
 from ..interfaces import DisconnectedError
 from ..interfaces import EarlierSchemaError
 from ..interfaces import RelStorageError as StorageError
+from ..interfaces import SameDatabaseTwiceError
 from ..interfaces import StorageClosedError
 from ..options import Options
 from . import commit
@@ -73,6 +74,22 @@ log = logging.getLogger(__name__)
 #: Sequential read-ahead (see RelStorage._read_ahead).
 READ_AHEAD_AFTER = 3
 READ_AHEAD = 128
+
+#: OIDs are signed 64-bit integers in every database (BIGINT, INTEGER):
+#: no object has one above this.
+MAX_OID = 2 ** 63 - 1
+#: A commit stores no OID from here up, and new_oid hands none out: the
+#: databases' OID counters (a sequence, a counter row that reserves blocks)
+#: must stay below MAX_OID with room for a block.  (A helper agent's check:
+#: OID 2**63-1 failed SQLite's vote with OverflowError, MariaDB's new_oid
+#: went past 2**63, and each database gave its driver's error.)
+OID_LIMIT = MAX_OID + 1 - 2 ** 20
+
+
+def _refuse_oid(oid_int):
+    raise POSException.StorageError(
+        "OID 0x%x is beyond the OIDs a RelStorage database keeps (below 0x%x)"
+        % (oid_int, OID_LIMIT))
 #: Loads whose OIDs go forward by at most this much count as a run too:
 #: every other object of a range (a container's items, each created with
 #: a sub-object; zodbshootout's "conflicting updates" reads half of its
@@ -219,6 +236,11 @@ class RelStorage(ConflictResolvingStorage):
         self._reads = 0                 # read calls in progress (see _Read)
         self._closed = False
         self._instances = weakref.WeakSet()
+        # (The storage made from the configuration's) {thread ident:
+        # instance} of the instances between the start of their vote and
+        # the end of their commit, see _check_one_voter.
+        self._voters = {}
+        self._voting_as = None
         self._iterators = history.IteratorSnapshots()    # see loadBlob
         self._commit = None             # commit.Commit from tpc_begin to its end
 
@@ -587,6 +609,8 @@ class RelStorage(ConflictResolvingStorage):
             # same, so the second load costs nothing.
             return last[2]
         oid_int = u64(oid)
+        if oid_int > MAX_OID:
+            raise POSException.POSKeyError(oid)     # (the driver's overflow)
         self._read_ahead(conn, oid_int)
         # Read by prefetch or read-ahead in this snapshot, not loaded
         # since: the answer without asking the index and the cache.
@@ -639,9 +663,12 @@ class RelStorage(ConflictResolvingStorage):
                 for passed in [oid for oid in prefetched if oid < oid_int]:
                     del prefetched[passed]
             prefetched.update(self._cache.prefetch(
-                self._adapter, conn, range(oid_int, oid_int + READ_AHEAD), self._snapshot_tid))
+                self._adapter, conn, range(oid_int, min(oid_int + READ_AHEAD, MAX_OID + 1)),
+                self._snapshot_tid))
 
     def loadBefore(self, oid, tid):
+        if u64(oid) > MAX_OID:
+            return None
         with self._read() as conn:
             result = history.revision_before(self._adapter, conn, oid, u64(tid))
         if result is None:
@@ -657,6 +684,8 @@ class RelStorage(ConflictResolvingStorage):
     def loadSerial(self, oid, serial):
         self._check_open()      # (its cache hit opens no snapshot)
         oid_int, tid_int = u64(oid), u64(serial)
+        if oid_int > MAX_OID:
+            raise POSException.POSKeyError(oid)
         state = self._cache.get(oid_int, tid_int)
         if state is not None:
             return state
@@ -675,7 +704,8 @@ class RelStorage(ConflictResolvingStorage):
     def prefetch(self, oids):
         """Load many objects in one query, warming the state cache."""
         # int.from_bytes is u64 without a Python call per OID.
-        oid_ints = [int.from_bytes(oid, 'big') for oid in oids]
+        oid_ints = [oid_int for oid_int in [int.from_bytes(oid, 'big') for oid in oids]
+                    if oid_int <= MAX_OID]
         if not oid_ints or self._before is not None:
             return
         with self._read() as conn:
@@ -816,7 +846,10 @@ class RelStorage(ConflictResolvingStorage):
         if len(oid) != 8:
             raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
         # int.from_bytes: u64 without a Python call, once per object.
-        pending.store(int.from_bytes(oid, 'big'), _tid_int(serial), data)
+        oid_int = int.from_bytes(oid, 'big')
+        if oid_int >= OID_LIMIT:
+            _refuse_oid(oid_int)
+        pending.store(oid_int, _tid_int(serial), data)
         return None
 
     def restore(self, oid, serial, data, version, prev_txn, txn):
@@ -828,6 +861,8 @@ class RelStorage(ConflictResolvingStorage):
         if data is None and prev_txn is not None:
             # A back pointer: the record repeats the state of prev_txn.
             data = self.loadSerial(oid, prev_txn)
+        if u64(oid) >= OID_LIMIT:
+            _refuse_oid(u64(oid))
         pending.restore(u64(oid), u64(serial), data)
 
     def deleteObject(self, oid, oldserial, txn):
@@ -835,6 +870,8 @@ class RelStorage(ConflictResolvingStorage):
             raise POSException.ReadOnlyError()
         pending = self._check_txn(txn)
         oid_int = u64(oid)
+        if oid_int > MAX_OID:
+            raise POSException.POSKeyError(oid)
         # An object that never existed cannot be deleted, as FileStorage
         # says (a helper agent's check: a row without a state was written
         # for it); that oldserial is still current is checked at vote.
@@ -864,9 +901,36 @@ class RelStorage(ConflictResolvingStorage):
             # uncommitted rows and rolled them back; tpc_finish then
             # returned a tid for a transaction that was not committed.)
             return [p64(oid) for oid in sorted(pending.resolved)]
+        self._check_one_voter()
         with self._lock:
             resolved = self._vote(pending)
         return [p64(oid) for oid in resolved]
+
+    def _check_one_voter(self):
+        """Refuse a vote while another instance of this database voted in
+        this thread and is not finished: it holds the commit lock until
+        its tpc_finish or tpc_abort, which this thread would never reach
+        (a helper agent's check: an undo beside other changes in one
+        transaction, ZODB's TransactionalUndo voting through an instance of
+        its own, waited commit-lock-timeout and failed with a transient
+        error, which transaction managers retry in vain; FileStorage
+        hangs)."""
+        root = self._parent or self
+        me = threading.get_ident()
+        other = root._voters.setdefault(me, self)
+        if other is not self and (other._commit is None or other._voting_as != me
+                                  or other._closed):
+            # (Left by an instance released or closed in its commit.)
+            root._voters[me] = other = self
+        if other is not self:
+            raise SameDatabaseTwiceError(
+                "%s: another connection to this database voted in this transaction "
+                "and holds the commit lock until the transaction ends; a second "
+                "vote would wait for it forever. Two ZODB connections of one "
+                "database, or an undo beside other changes of it, cannot commit "
+                "in one transaction: commit them in transactions of their own."
+                % self._name)
+        self._voting_as = me
 
     def _vote(self, pending):
         for attempt in (1, 2):
@@ -914,6 +978,11 @@ class RelStorage(ConflictResolvingStorage):
             self._end_tpc()
 
     def _end_tpc(self):
+        if self._voting_as is not None:
+            voters = (self._parent or self)._voters
+            if voters.get(self._voting_as) is self:
+                del voters[self._voting_as]
+            self._voting_as = None
         with self._tpc_cond:
             if self._commit is not None:
                 self._commit.close()
@@ -928,6 +997,10 @@ class RelStorage(ConflictResolvingStorage):
         the same steps as a commit.  zodbconvert's fast path."""
         if self._is_read_only:
             raise POSException.ReadOnlyError()
+        for c in copied:
+            for oid_int, _ in c.rows:
+                if oid_int >= OID_LIMIT:
+                    _refuse_oid(oid_int)
         pending = self._begin_commit(object())
         try:
             for c in copied:
@@ -1014,8 +1087,13 @@ class RelStorage(ConflictResolvingStorage):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         self._check_open()
+        oid_int = self._adapter.new_oid()
+        if oid_int >= OID_LIMIT:
+            raise POSException.StorageError(
+                "The OIDs of %s are used up: the next would be 0x%x, and a RelStorage "
+                "database keeps OIDs below 0x%x" % (self._name, oid_int, OID_LIMIT))
         # (Not p64: its wrapper is a tenth of a call here.)
-        return _oid_bytes(self._adapter.new_oid())
+        return _oid_bytes(oid_int)
 
     # ------------------------------------------------------------------
     # History, undo, iteration

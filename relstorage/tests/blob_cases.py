@@ -133,6 +133,31 @@ class BlobCacheTests(BlobCase):
                 time.sleep(0.5)     # (the removal's thread)
         reader.release()
 
+    def test_a_cache_emptied_while_the_process_runs(self):
+        # A helper agent's check: with the cache directory emptied (by
+        # hand, by tmpreaper) while the process ran, every blob read and
+        # write failed with FileNotFoundError (its tmp/ was gone) until a
+        # restart.
+        db = ZODB.DB(self.blob_storage())
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['b'] = Blob(b'payload')
+        cache_dir = os.path.join(self.tmp, 'blobs')
+        for name in os.listdir(cache_dir):
+            path = os.path.join(cache_dir, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        with db.transaction() as conn:
+            conn.cacheMinimize()
+            with conn.root()['b'].open() as f:
+                self.assertEqual(f.read(), b'payload')
+            conn.root()['c'] = Blob(b'new')
+        with db.transaction() as conn:
+            with conn.root()['c'].open() as f:
+                self.assertEqual(f.read(), b'new')
+
     def test_commits_that_write_nothing_on_a_new_session(self):
         # A store session makes its temporary tables at its first commit
         # that writes: an empty commit and a readCurrent-only one come

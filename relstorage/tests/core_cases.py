@@ -1301,6 +1301,93 @@ class RootStorageTests(FactoryCase):
         storage.tpc_abort(txn)
         self.assertEqual(len(storage), before)
 
+    def test_oids_at_the_end_of_the_range(self):
+        # A helper agent's check: OID 2**63-1 failed SQLite's vote with
+        # OverflowError, a load of an OID past 2**63 too, MariaDB's new_oid
+        # went past 2**63 and the commits of its OIDs failed with the
+        # driver's error.  Now: clear errors, POSKeyError for a load.
+        from ZODB.POSException import StorageError
+        from relstorage.storage.storage import OID_LIMIT
+        storage = self.storage()
+        for oid in (2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, OID_LIMIT):
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            with self.assertRaises(StorageError) as cm:
+                storage.store(p64(oid), z64, zodb_pickle(MinPO(1)), '', txn)
+            storage.tpc_abort(txn)
+            self.assertIn('beyond the OIDs a RelStorage database keeps', str(cm.exception))
+        for oid in (2 ** 63 + 5, 2 ** 64 - 1):
+            with self.assertRaises(POSKeyError):
+                storage.load(p64(oid))
+            with self.assertRaises(POSKeyError):
+                storage.loadSerial(p64(oid), p64(1))
+            self.assertIsNone(storage.loadBefore(p64(oid), p64(2 ** 62)))
+        storage.prefetch([p64(2 ** 64 - 1)])
+        # The last OID stored, then new_oid says they are used up.
+        last = OID_LIMIT - 1
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(p64(last), z64, zodb_pickle(MinPO('last')), '', txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        self.assertEqual(zodb_unpickle(storage.load(p64(last))[0]).value, 'last')
+        other = self.storage()
+        with self.assertRaises(StorageError) as cm:
+            for _ in range(100000):
+                other.new_oid()
+        self.assertIn('are used up', str(cm.exception))
+
+    def test_two_connections_of_one_database_in_one_transaction(self):
+        # A helper agent's check: an undo beside other changes of the same
+        # database (ZODB's TransactionalUndo votes through an instance of
+        # its own) waited commit-lock-timeout for the lock its own
+        # transaction held, then failed with a transient error that
+        # transaction managers retry in vain.  Now: at once, not transient,
+        # nothing committed, and the next transactions work.
+        from transaction.interfaces import TransientError
+        from relstorage.interfaces import SameDatabaseTwiceError
+        db = self.db(commit_lock_timeout=20)
+        tm = transaction.TransactionManager()
+        conn1, conn2 = db.open(tm), db.open(tm)
+        try:
+            tm.begin()
+            conn1.root()['a'] = 1
+            tm.commit()
+            tm.begin()
+            conn1.root()['a'] = 2
+            conn2.root()['b'] = 3
+            started = time.monotonic()
+            with self.assertRaises(SameDatabaseTwiceError) as caught:
+                tm.commit()
+            self.assertLess(time.monotonic() - started, 10)
+            self.assertNotIsInstance(caught.exception, TransientError)
+            self.assertIn('in transactions of their own', str(caught.exception))
+            tm.abort()
+            self.assertEqual(dict(conn1.root()), {'a': 1})
+            # One at a time, each connection commits.
+            conn1.root()['a'] = 2
+            tm.commit()
+            conn2.root()['b'] = 3
+            tm.commit()
+            tm.begin()
+            self.assertEqual(dict(conn1.root()), {'a': 2, 'b': 3})
+            if self.keep_history:
+                # An undo beside another change of the same database.
+                tm.begin()
+                db.undo(db.undoLog(0, 1)[0]['id'], tm.get())
+                conn1.root()['a'] = 4
+                with self.assertRaises(SameDatabaseTwiceError):
+                    tm.commit()
+                tm.abort()
+                db.undo(db.undoLog(0, 1)[0]['id'], tm.get())
+                tm.commit()
+                tm.begin()
+                self.assertEqual(dict(conn1.root()), {'a': 2})
+        finally:
+            tm.abort()
+            conn1.close()
+            conn2.close()
+
     def test_undo_log_lists_empty_transactions_as_filestorage_does(self):
         # A helper agent's check: a transaction that stored nothing (a
         # commit that only called readCurrent, zodbshootout's tpc) was in

@@ -622,6 +622,25 @@ class LargeStateTests(MySQLTestCase):
         storage.tpc_finish(txn)
         del big
 
+    def test_state_just_under_max_allowed_packet_is_refused_saying_the_limit(self):
+        # A helper agent's check: "is 16776960 bytes, more than ... accepts:
+        # its max_allowed_packet is 16777216 bytes".
+        storage = self.make_storage()
+        [(oid, serial)] = self.create_objects(storage, 1)
+        packet = storage._adapter.max_allowed_packet
+        big = b'x' * (packet - 300)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(oid, serial, big, '', txn)
+        with self.assertRaises(StateTooLargeError) as cm:
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        message = ' '.join(str(cm.exception).split())
+        self.assertIn('is %d bytes, more than the %d bytes' % (len(big), packet - 1024),
+                      message)
+        self.assertIn('max_allowed_packet, %d bytes, less 1024' % packet, message)
+        del big
+
     def test_metadata_larger_than_max_allowed_packet(self):
         # A helper agent's check (history-preserving): a transaction whose
         # extension was larger than max_allowed_packet made the server drop
@@ -786,6 +805,18 @@ class ConnectionSettingsTests(MySQLTestCase):
     def test_unknown_database(self):
         message = self._assert_fails_cleanly(self._adapter(db='relstoragetest_no_such_db'))
         self.assertIn('relstoragetest_no_such_db', message)
+
+    def test_incorrect_database_name_is_not_retryable(self):
+        # A helper agent's check: a name the server calls incorrect (1102:
+        # longer than 64 characters) was a DisconnectedError, which
+        # transaction managers retry.
+        from transaction.interfaces import TransientError
+        name = 'relstoragetest_' + 'y' * 60
+        message = self._assert_fails_cleanly(self._adapter(db=name))
+        self.assertIn('Incorrect database name', message)
+        with self.assertRaises(RelStorageError) as cm:
+            self._adapter(db=name).prepare_schema()
+        self.assertNotIsInstance(cm.exception, TransientError)
 
     def test_unreachable_port_is_retryable(self):
         adapter = self._adapter(port=1, connect_timeout=3)

@@ -844,6 +844,18 @@ class ReadOnlySnapshotTests(PGCase):
             store.close()
 
 
+    def test_commit_lock_timeout_beyond_what_postgresql_takes(self):
+        # A helper agent's check: 30 days failed every connection ("invalid
+        # value for parameter lock_timeout"); the longest PostgreSQL takes
+        # is used instead.
+        storage = self.storage(commit_lock_timeout=2592000)
+        store = storage._adapter.open_store()
+        try:
+            self.assertEqual(store.query_value("SHOW lock_timeout"), '2147483647ms')
+        finally:
+            store.close()
+
+
 class ByteaOutputTests(PGCase):
     """States come back as the bytes stored whatever the server's
     bytea_output: psycopg2's values are decoded from the hex form in one

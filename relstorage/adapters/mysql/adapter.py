@@ -602,11 +602,16 @@ class MySQLAdapter(Adapter):
         # Nothing of this transaction is committed: discard the connection
         # (the server rolls back) and let the storage open a new one.
         conn.close()
+        # (The limit said is the one checked: a helper agent's check found
+        # "16776960 bytes, more than ... accepts: its max_allowed_packet is
+        # 16777216 bytes".)
         raise StateTooLargeError(
-            "The state of object 0x%x is %d bytes, more than %s accepts: its "
-            "max_allowed_packet is %d bytes. Raise max_allowed_packet on the "
-            "server, or store less in one object."
-            % (oid, size, self.describe(), self.max_allowed_packet))
+            "The state of object 0x%x is %d bytes, more than the %d bytes %s "
+            "accepts in one object (its max_allowed_packet, %d bytes, less %d for "
+            "the statement). Raise max_allowed_packet on the server, or store "
+            "less in one object."
+            % (oid, size, self.max_allowed_packet - PACKET_MARGIN, self.describe(),
+               self.max_allowed_packet, PACKET_MARGIN))
 
 
 def _text(value):

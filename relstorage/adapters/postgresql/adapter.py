@@ -65,6 +65,10 @@ def unparsable_dsn_message(dsn, exc):
     return "Invalid PostgreSQL DSN: %s" % text
 
 
+#: The largest lock_timeout PostgreSQL takes (milliseconds, an int4).
+PG_MAX_LOCK_TIMEOUT_MS = 2 ** 31 - 1
+
+
 class PostgreSQLConnectError(DisconnectedError):
     """The server could not be reached (down, restarting, network).
 
@@ -188,8 +192,12 @@ class PostgreSQLAdapter(Adapter):
         return super().load_current(conn, oid)
 
     def _lock_timeout_ms(self):
-        # 0 would mean "wait forever" to PostgreSQL: never pass it.
-        return max(1, int(float(self.options.commit_lock_timeout) * 1000))
+        # 0 would mean "wait forever" to PostgreSQL: never pass it.  Nor
+        # more than it takes (an int of milliseconds, 24.8 days: a helper
+        # agent's check found 30 days, a plausible "forever", failed every
+        # connection as "Cannot connect").
+        return min(PG_MAX_LOCK_TIMEOUT_MS,
+                   max(1, int(float(self.options.commit_lock_timeout) * 1000)))
 
     def list_tables(self, conn):
         return {row[0].lower() for row in conn.query_all(self.sql.LIST_TABLES)}
