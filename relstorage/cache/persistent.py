@@ -3,12 +3,14 @@
 File layout (big-endian)::
 
     b'RSLCACHE'  version:u32  last_tid:u64  count:u64  database_key:u64
+    pack_mark:u64
     count x (oid:u64  tid:u64  length:u32  state)
     crc32 of everything before it:u32
 
-(Version 1 had no ``database_key``: read as 0.)  ``last_tid`` is
-the newest transaction the writers had seen; ``database_key`` the key of
-the database they read (Adapter.database_key), 0 if they knew none.  A
+(Version 1 had no ``database_key``, versions 1 and 2 no ``pack_mark``:
+read as 0.)  ``last_tid`` is the newest transaction the writers had seen;
+``database_key`` the key of the database they read (Adapter.database_key),
+0 if they knew none; ``pack_mark`` the oldest pack mark they had seen.  A
 file is trusted only as far as the database confirms it:
 
 - a file of another database (another key, both known: a database dropped
@@ -18,6 +20,12 @@ file is trusted only as far as the database confirms it:
 - a file whose ``last_tid`` is after the database's last transaction was
   written against a history the database no longer has (restored from an
   older backup): it is ignored entirely;
+- so is a file from before a ``zap_all`` (which moves the pack mark on
+  without a list of what it removed, see Adapter.pack_removals): a copy
+  made into the emptied database with the same tids would confirm every
+  entry of the old contents (a helper agent's check), as would a file whose
+  pack mark the database has not reached; so, for want of the lists, is a
+  file older than the last pack but one;
 - every other entry is checked against the database in bulk, one
   ``current_tids`` query per ``VALIDATE_BATCH`` objects, and kept only if
   its tid is still the object's current one;
@@ -47,8 +55,9 @@ except ImportError:  # pragma: no cover (Windows)
 log = logging.getLogger(__name__)
 
 MAGIC = b'RSLCACHE'
-VERSION = 2
-HEADER = struct.Struct('>8sIQQQ')
+VERSION = 3
+HEADER = struct.Struct('>8sIQQQQ')
+HEADER_V2 = struct.Struct('>8sIQQQ')
 HEADER_V1 = struct.Struct('>8sIQQ')
 RECORD = struct.Struct('>QQI')
 TRAILER = struct.Struct('>I')
@@ -61,7 +70,7 @@ class CacheFileError(Exception):
 
 
 #: What read_file returns: ``entries`` is [(oid, tid, state), ...].
-CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key')
+CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key pack_mark')
 
 
 def cache_path(directory, prefix):
@@ -81,12 +90,14 @@ def read_file(path):
     if len(data) < HEADER_V1.size + TRAILER.size:
         raise CacheFileError('too short')
     magic, version, last_tid, count = HEADER_V1.unpack_from(data, 0)
-    if magic != MAGIC or version not in (1, VERSION):
+    if magic != MAGIC or version not in (1, 2, VERSION):
         raise CacheFileError('not a cache file of version %d' % VERSION)
-    header = HEADER_V1 if version == 1 else HEADER
+    header = {1: HEADER_V1, 2: HEADER_V2}.get(version, HEADER)
     if len(data) < header.size + TRAILER.size:
         raise CacheFileError('too short')
-    key = header.unpack_from(data, 0)[4] if version != 1 else 0
+    fields = header.unpack_from(data, 0)
+    key = fields[4] if version != 1 else 0
+    mark = fields[5] if version == VERSION else 0
     body_end = len(data) - TRAILER.size
     (crc,) = TRAILER.unpack_from(data, body_end)
     if zlib.crc32(memoryview(data)[:body_end]) != crc:
@@ -104,7 +115,7 @@ def read_file(path):
         pos += length
     if pos != body_end:
         raise CacheFileError('trailing garbage')
-    return CacheFile(last_tid, entries, key)
+    return CacheFile(last_tid, entries, key, mark)
 
 
 def _temp_prefix(path):
@@ -134,13 +145,13 @@ def _remove_leftovers(path):
                 pass
 
 
-def _write_file(path, last_tid, entries, key):
+def _write_file(path, last_tid, entries, key, mark=0):
     directory = os.path.dirname(path) or '.'
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, 'wb') as f:
             crc = 0
-            chunk = HEADER.pack(MAGIC, VERSION, last_tid, len(entries), key or 0)
+            chunk = HEADER.pack(MAGIC, VERSION, last_tid, len(entries), key or 0, mark or 0)
             crc = zlib.crc32(chunk, crc)
             f.write(chunk)
             for oid, tid, state in entries:
@@ -179,9 +190,10 @@ class _Locked:
         self.f.close()
 
 
-def save(path, last_tid, entries, limit_bytes, key=None):
+def save(path, last_tid, entries, limit_bytes, key=None, mark=0):
     """Merge ``entries`` (most important last), read from the database
-    whose key is ``key`` (None: unknown), into the file at ``path``.
+    whose key is ``key`` (None: unknown) with pack mark ``mark``, into the
+    file at ``path``.
 
     Returns the number of entries written.
     """
@@ -200,6 +212,8 @@ def save(path, last_tid, entries, limit_bytes, key=None):
             existing = None
         if existing is not None:
             last_tid = max(last_tid, existing.last_tid)
+            # (The oldest: its entries are checked against all that since.)
+            mark = min(mark or 0, existing.pack_mark)
             sources.append(reversed(existing.entries))
         for source in sources:
             for oid, tid, state in source:
@@ -218,7 +232,7 @@ def save(path, last_tid, entries, limit_bytes, key=None):
                 break
             kept.append(entry)
         kept.reverse()
-        _write_file(path, last_tid, kept, key)
+        _write_file(path, last_tid, kept, key, mark)
         return len(kept)
 
 
@@ -237,7 +251,7 @@ def load_validated(path, adapter, put, record, key=None):
         return None, 0, 0
     if content is None:
         return None, 0, 0
-    last_tid, entries, file_key = content
+    last_tid, entries, file_key, file_mark = content
     if file_key and key and file_key != key:
         log.warning("Ignoring cache file %s: it was written for another database "
                     "(made again at the same place, or copied there with zodbconvert "
@@ -252,6 +266,12 @@ def load_validated(path, adapter, put, record, key=None):
                 "Ignoring cache file %s: it was written after transaction %x but the "
                 "database's last transaction is %x (restored from an older backup?)",
                 path, last_tid, snapshot)
+            return None, 0, len(entries)
+        mark = adapter.pack_mark(conn)
+        if file_mark != mark and (
+                file_mark > mark or adapter.pack_removals(conn, file_mark, mark) is None):
+            log.info("Ignoring cache file %s: the database was emptied (zap_all), restored "
+                     "or packed more than once since it was written", path)
             return None, 0, len(entries)
         loaded = dropped = 0
         for i in range(0, len(entries), VALIDATE_BATCH):

@@ -166,6 +166,11 @@ class SharedStateCache:
         self._servers = list(servers)
         self.kind = self._servers[0].kind
         self.prefix = prefix
+        # Hints and the hot list say which revision is current: a pack
+        # makes that false for what it removed, so they live in a namespace
+        # of the pack mark (StorageCache.note_pack_mark).  States, keyed by
+        # (oid, tid), stay true.
+        self.hint_prefix = prefix
         self.hits = self.misses = self.errors = self.stores = 0
         self.hint_hits = self.hint_misses = 0
         self.blob_hits = self.blob_misses = 0
@@ -240,13 +245,15 @@ class SharedStateCache:
     #
     # ``<prefix>:t:<oid>`` holds (tid, as_of): "in snapshot as_of, oid's
     # current revision was tid".  That stays true forever, so an old hint is
-    # never wrong, only less useful; the reader combines it with its own
+    # never wrong, only less useful, until a pack removes the object or
+    # the revision (hence hint_prefix: the pack mark in the key); the
+    # reader combines it with its own
     # change log (mvcc.ChangeIndex.record) to decide whether it answers for
     # its snapshot.  It lets a fresh process find states in the shared
     # cache without asking the database which tid is current.
 
     def hint_key(self, oid):
-        return '%s:t:%x' % (self.prefix, oid)
+        return '%s:t:%x' % (self.hint_prefix, oid)
 
     def get_hints(self, oids):
         """{oid: (tid, as_of)} for the oids the shared cache has a hint for."""
@@ -286,7 +293,7 @@ class SharedStateCache:
     # first, each a hint as above; the last process to publish wins.
 
     def hot_key(self):
-        return '%s:hot' % (self.prefix,)
+        return '%s:hot' % (self.hint_prefix,)
 
     def set_hot(self, as_of, pairs):
         pairs = pairs[:HOT_MAX]

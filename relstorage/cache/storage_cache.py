@@ -492,15 +492,29 @@ class StorageCache:
                 if removed is not None:
                     # States are immutable per (oid, tid): what the pack
                     # left is still right, and the shared cache keeps its
-                    # namespace.  An instance still in an older snapshot
-                    # may read a removed garbage object again; only a
-                    # holder of a stale reference could ask for it, and
-                    # it gets the state it would have had before the pack.
+                    # namespace for them.  An instance still in an older
+                    # snapshot may read a removed garbage object again;
+                    # only a holder of a stale reference could ask for it,
+                    # and it gets the state it would have had before the
+                    # pack.  But hints from before the pack (any process's)
+                    # may say a removed object is current: those of this
+                    # mark are read and written from now on, and none
+                    # from a snapshot that may predate the pack (a pack
+                    # batch makes no tid: a snapshot of the same tid may
+                    # be from before it).  (A helper agent's check: a
+                    # process with memcached or Redis went on loading the
+                    # objects a pack removed, in new transactions, from
+                    # the hints of other processes, and committed a
+                    # reference to one.)
                     self.forget_removed(removed)
+                    self._hints_from = max(snapshot, newest) + 1
+                    if self.shared is not None:
+                        self.shared.hint_prefix = '%s:h%x' % (self.shared.prefix, mark)
                     return
             if self.shared is not None:
                 base = self.shared_prefix
-                self.shared.prefix = base if not mark else '%s:p%x' % (base, mark)
+                self.shared.prefix = self.shared.hint_prefix = (
+                    base if not mark else '%s:p%x' % (base, mark))
             if first:
                 return
             # Hints must describe post-pack snapshots: an instance still
@@ -631,7 +645,7 @@ class StorageCache:
         last_tid = max([self.index.high_water] + [tid for _, tid, _ in entries])
         try:
             written = persistent.save(path, last_tid, entries, self.local.limit,
-                                      self.database_key)
+                                      self.database_key, self._pack_mark or 0)
         except Exception:  # pylint:disable=broad-except
             log.warning("Could not write the cache file %s", path, exc_info=True)
             return 0

@@ -915,7 +915,9 @@ class RelStorage(ConflictResolvingStorage):
         its own, waited commit-lock-timeout and failed with a transient
         error, which transaction managers retry in vain; FileStorage
         hangs)."""
-        root = self._parent or self
+        # (Not ``self._parent or self``: a storage's truth is its __len__,
+        # a query.)
+        root = self._parent if self._parent is not None else self
         me = threading.get_ident()
         other = root._voters.setdefault(me, self)
         if other is not self and (other._commit is None or other._voting_as != me
@@ -979,7 +981,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _end_tpc(self):
         if self._voting_as is not None:
-            voters = (self._parent or self)._voters
+            voters = (self._parent if self._parent is not None else self)._voters
             if voters.get(self._voting_as) is self:
                 del voters[self._voting_as]
             self._voting_as = None

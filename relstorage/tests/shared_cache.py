@@ -274,6 +274,35 @@ class SharedCacheTests(SqliteCacheCase):
         self.assertIn(':p1', fresh._cache.shared.prefix)
         self.assertTrue(tid)
 
+    def test_running_process_takes_no_hint_of_what_a_pack_removed(self):
+        # A helper agent's check: a process running across a pack (which it
+        # learns from the pack's removal lists, keeping the shared cache's
+        # namespace) took the hints another process had written before the
+        # pack for objects the pack removed, loaded them in new
+        # transactions, and let a reference to one be committed.
+        from ZODB.serialize import referencesf
+        writer = self.storage()
+        oids = [writer.new_oid() for _ in range(30)]
+        self.commit(writer, {oid: 'v' for oid in oids})
+        running = self.storage()
+        inst = running.new_instance()
+        inst.poll_invalidations()           # its change log starts
+        inst.release()
+        other = self.storage()
+        self.read_all(other, oids)
+        other._cache.flush()
+        self.wait_for_hint(self.storage(), oids[-1])
+        prefix = running._cache.shared.prefix
+        self.storage().pack(time.time() + 1, referencesf)   # removes them all
+        inst = running.new_instance()
+        inst.poll_invalidations()
+        self.assertEqual(running._cache.shared.prefix, prefix)     # (the lists)
+        inst.prefetch(oids)
+        for oid in oids:
+            self.assertRaises(POSKeyError, inst.load, oid)
+        inst.release()
+        self.assertEqual(running.cache_stats()['tids_from_hints'], 0)
+
     def test_after_zap_all_no_process_takes_objects_from_the_shared_cache(self):
         # zap_all moves the pack mark on like a pack: a process that read
         # the objects before, and a fresh one, must not find them again in

@@ -3,6 +3,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import time
 import tempfile
 import unittest
 
@@ -145,6 +146,42 @@ class PersistentCacheTests(unittest.TestCase):
         # but other states: every entry of the cache file matched its tid,
         # and a fresh process read the old contents until the file was
         # deleted.  The file names its database's key now.
+        self._made_again_with_the_same_tids(
+            lambda: Sqlite3Adapter(self.data, options=Options()).drop_all(),
+            'written for another database')
+
+    def test_database_zapped_and_filled_again_with_the_same_tids(self):
+        # Another helper agent's check: the same through zap_all, which
+        # keeps the database's key.  The file names the pack mark too.
+        def zap():
+            options = Options()
+            storage = RelStorage(Sqlite3Adapter(self.data, options=options),
+                                 options=options)
+            storage.zap_all()
+            storage.close()
+        self._made_again_with_the_same_tids(zap, 'emptied (zap_all)', logging.INFO)
+
+    def test_file_written_before_a_pack_is_still_used(self):
+        # The pack mark moved, and the pack's removal lists say no zap_all
+        # came between: the entries are checked one by one as usual.
+        from ZODB.serialize import referencesf
+        db = self.open_db()
+        self.fill(db, count=30, value='kept')
+        self.read_all(db, 30)
+        with db.transaction() as conn:
+            for i in range(20, 30):
+                del conn.root()[i]              # garbage for the pack
+        db.close()
+        packer = self.open_db(cache=False)
+        packer.storage.pack(time.time() + 1, referencesf)
+        packer.close()
+        db = self.open_db()
+        stats = db.storage.cache_stats()
+        self.assertGreaterEqual(stats['persistent_loaded'], 20)
+        self.assertEqual(self.read_all(db), ['kept'] * 20)
+        db.close()
+
+    def _made_again_with_the_same_tids(self, empty, said, level=logging.WARNING):
         from ZODB.FileStorage import FileStorage
         sources = []
         for name, value in (('old', b'old-'), ('new', b'new-')):
@@ -167,11 +204,11 @@ class PersistentCacheTests(unittest.TestCase):
         db = self.open_db()
         self.assertEqual(self.read_all(db), ['old-'] * 20)
         db.close()
-        Sqlite3Adapter(self.data, options=Options()).drop_all()   # zodbconvert --clear
+        empty()
         self.copy(sources[1])
-        with self.assertLogs('relstorage.cache.persistent', logging.WARNING) as logs:
+        with self.assertLogs('relstorage.cache.persistent', level) as logs:
             db = self.open_db()
-        self.assertIn('written for another database', logs.output[0])
+        self.assertIn(said, logs.output[0])
         self.assertEqual(db.storage.cache_stats()['persistent_loaded'], 0)
         self.assertEqual(self.read_all(db), ['new-'] * 20)
         db.close()
@@ -254,7 +291,7 @@ class PersistentCacheTests(unittest.TestCase):
         for p in procs:
             p.join(60)
             self.assertEqual(p.exitcode, 0)
-        last_tid, entries, _ = persistent.read_file(path)
+        last_tid, entries, _, _ = persistent.read_file(path)
         self.assertEqual(last_tid, 1000 + 3 * 10 + 9)
         self.assertEqual({oid for oid, _, _ in entries}, set(range(4 * 100)))
 
