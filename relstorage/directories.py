@@ -28,12 +28,21 @@ def ensure_directory(key, path):
 
     Raises RelStorageError naming ``key`` when that cannot be done."""
     path = os.path.abspath(os.path.expanduser(path))
-    problem = not_a_directory(path)
+    problem = None
+    if '\0' in path:
+        problem = 'is not a usable path: it holds a NUL byte'
+    if problem is None:
+        problem = not_a_directory(path)
     if problem is None:
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
             problem = 'cannot be created: %s' % (exc.strerror or exc)
+            if os.path.islink(path) and not os.path.exists(path):
+                # (A helper agent's check: "File exists", of a path that
+                # does not.)
+                problem = ('is a symbolic link to %s, which does not exist'
+                           % os.readlink(path))
     if problem is not None:
-        raise RelStorageError('%s %s: %s' % (key, path, problem))
+        raise RelStorageError('%s %s: %s' % (key, path.replace('\0', '\\0'), problem))
     return path

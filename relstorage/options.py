@@ -151,7 +151,8 @@ OPTIONS = (
     Option('blob-cache-size-check-external', False, 'boolean',
            'Run the blob cache size check in a separate process.', active=True),
     Option('blob-chunk-size', 1048576, 'byte-size',
-           'Size of the pieces a blob is split into in the database.', active=True,
+           'Size of the pieces a blob is split into in the database (64KB to '
+           '512MB: a value beyond is brought within, with a warning).', active=True,
            valid=_POSITIVE),
     # Replicas.
     Option('replica-conf', None, 'string',
@@ -294,6 +295,25 @@ _SECRET_IN_TEXT = (
                 r""""(?:[^"\\]|\\.)*"|[^\s;,]*)""", re.I), r'\1***'),
     (re.compile(r'(://[^:/@\s]*:)[^@/\s]*@'), r'\1***@'),
 )
+
+
+#: The bounds of the blob pieces kept in the database: blob-chunk-size
+#: beyond them is brought within, with a warning (a helper agent's check:
+#: a huge value, accepted at parse as earlier releases accept it, failed
+#: every blob commit with OverflowError; 1 byte took seconds per 20 KB).
+BLOB_CHUNK_MIN = 64 << 10
+BLOB_CHUNK_MAX = 512 << 20
+
+
+def blob_chunk_bytes(options, warn=True):
+    """The size of the pieces blobs are kept in, in the database, for
+    ``options`` (blob-chunk-size within BLOB_CHUNK_MIN..BLOB_CHUNK_MAX)."""
+    wanted = int(getattr(options, 'blob_chunk_size', None) or 1 << 20)
+    size = min(max(wanted, BLOB_CHUNK_MIN), BLOB_CHUNK_MAX)
+    if size != wanted and warn:
+        log.warning("blob-chunk-size %d is outside %d to %d bytes: using %d",
+                    wanted, BLOB_CHUNK_MIN, BLOB_CHUNK_MAX, size)
+    return size
 
 
 def redact_secrets(text):

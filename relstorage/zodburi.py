@@ -326,10 +326,15 @@ def _boolean(key):
 
 def _port(parts, scheme):
     try:
-        return parts.port
+        port = parts.port
     except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        # (0 too, as a config file says: a helper agent's check found
+        # ``:0`` opened the default port and reported ":0".)
         raise ValueError('%s URI: the port is not a number from 1 to 65535'
                          % scheme) from None
+    return port
 
 
 postgresql_resolver = PostgreSQLResolver()

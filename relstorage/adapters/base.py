@@ -565,6 +565,14 @@ class Adapter(PackVerbs):
                                          'current_object' in tables,
                                          self.earlier_release_reads is not None)
             if 'object_state' in tables:
+                if 'commit_lock' not in tables:
+                    # (A helper agent's check: another application's table
+                    # named object_state was called a history-free schema,
+                    # "set keep-history to match".)
+                    raise SchemaMismatchError(
+                        "The database at %s has a table object_state but no RelStorage "
+                        "schema (no commit_lock table): another application's database? "
+                        "Nothing was changed." % self.describe())
                 is_hp = 'current_object' in tables
                 if is_hp != self.keep_history:
                     found = 'history-preserving' if is_hp else 'history-free'

@@ -38,6 +38,7 @@ from ZODB.blob import rename_or_copy_blob
 
 from ..cache.shared import MAX_VALUE
 from ..interfaces import RelStorageError
+from ..options import blob_chunk_bytes
 from .common import BlobMode
 from .common import database_holds_blobs
 from .common import remove_file
@@ -57,7 +58,7 @@ class CachedBlobs(BlobMode):
     def __init__(self, blob_dir, options, shared=None):
         super().__init__(blob_dir, options)
         self.shared = shared
-        self.chunk_size = int(options.blob_chunk_size or 1 << 20)
+        self.chunk_size = blob_chunk_bytes(options)
         self.cache_size = options.blob_cache_size
         check = options.blob_cache_size_check or 10
         self._check_every = (self.cache_size * check // 100) if self.cache_size else None

@@ -133,6 +133,26 @@ class BlobCacheTests(BlobCase):
                 time.sleep(0.5)     # (the removal's thread)
         reader.release()
 
+    def test_blob_chunk_size_out_of_bounds_is_brought_within(self):
+        # A helper agent's check: blob-chunk-size 99999999999999999999999
+        # (accepted at parse, as earlier releases accept it) failed every
+        # blob commit with OverflowError; 1 took seconds per 20 KB.
+        from relstorage.options import BLOB_CHUNK_MAX
+        from relstorage.options import BLOB_CHUNK_MIN
+        for wanted, used in ((10 ** 23, BLOB_CHUNK_MAX), (1, BLOB_CHUNK_MIN)):
+            with self.assertLogs('relstorage.options', 'WARNING') as logged:
+                storage = self.blob_storage('chunks-%d' % used, blob_chunk_size=wanted)
+            self.assertIn('blob-chunk-size %d is outside' % wanted, logged.output[0])
+            self.assertEqual(storage._blobs.chunk_size, used)
+            db = ZODB.DB(storage)
+            data = os.urandom(200000)
+            with db.transaction() as conn:
+                conn.root()['b'] = Blob(data)
+            with db.transaction() as conn:
+                with conn.root()['b'].open() as f:
+                    self.assertEqual(f.read(), data)
+            db.close()
+
     def test_a_cache_emptied_while_the_process_runs(self):
         # A helper agent's check: with the cache directory emptied (by
         # hand, by tmpreaper) while the process ran, every blob read and

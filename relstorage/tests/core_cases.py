@@ -103,6 +103,23 @@ class SchemaModeTests(FactoryCase):
             self.assertEqual(again.loadBefore(oid, p64(u64(tid) + 1))[1], tid)
             self.assertEqual(again.lastTransaction(), tid)
 
+    def test_another_application_s_table_named_object_state(self):
+        # A helper agent's check: it was called a history-free RelStorage
+        # schema ("set keep-history to match").
+        self.factory.fresh(self.keep_history)
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_connection('store')
+        try:
+            conn.execute('CREATE TABLE object_state (x INTEGER)')
+            conn.commit()
+        finally:
+            conn.close()
+        for keep_history in (True, False):
+            with self.assertRaises(SchemaMismatchError) as cm:
+                self.storage(keep_history=keep_history)
+            self.assertIn('has a table object_state but no RelStorage schema',
+                          str(cm.exception))
+
     def test_create_schema_false_only_verifies(self):
         with self.assertRaises(SchemaMismatchError) as cm:
             self.storage(create_schema=False)

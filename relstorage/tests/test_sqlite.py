@@ -834,6 +834,27 @@ class SqliteConfigTests(unittest.TestCase):
                 self.assertNotIn('does not exist', message)
 
 
+    def test_dangling_symlink_and_nul_byte_are_named(self):
+        # A helper agent's check: "data-dir ...: cannot be created: File
+        # exists" for a symbolic link to nothing, and a bare "ValueError:
+        # embedded null byte" from a URI's %00.
+        from zodburi import resolve_uri
+        link = os.path.join(self.tmp, 'dangling')
+        os.symlink(os.path.join(self.tmp, 'nowhere'), link)
+        for key, text in (('data-dir', zconfig(link, '')),
+                          ('blob-dir', zconfig(os.path.join(self.tmp, 'd'),
+                                               'blob-dir %s' % link))):
+            with self.assertRaises((ZConfig.ConfigurationError, RelStorageError)) as cm:
+                ZODB.config.databaseFromString(text).close()
+            self.assertIn('%s %s: is a symbolic link to %s, which does not exist'
+                          % (key, link, os.path.join(self.tmp, 'nowhere')),
+                          str(cm.exception))
+        factory, _ = resolve_uri('sqlite://%s/nul%%00byte' % self.tmp)
+        with self.assertRaises(RelStorageError) as cm:
+            factory()
+        self.assertIn('holds a NUL byte', str(cm.exception))
+
+
 WORKER = r'''
 import sys, time, transaction, ZODB
 from ZODB.POSException import ConflictError

@@ -67,6 +67,8 @@ class TestResolvers(unittest.TestCase):
             'sqlite://': 'data directory is missing',
             'sqlite://host/dir': 'no host',
             'mysql://u:p@h:port/db': 'port',
+            # (A helper agent's check: port 0 opened the default port.)
+            'mysql://u@h:0/db': 'the port is not a number from 1 to 65535',
             'mysql://u:p@h/db?connect_timeout=soon': 'connect_timeout',
             'sqlite://%s?pragma_synchronus=normal' % self.tmp: 'synchronus',
             'sqlite://%s?pragma_synchronous=maybe' % self.tmp: 'synchronous',

@@ -37,6 +37,7 @@ from ...interfaces import DisconnectedError
 from ...interfaces import RelStorageError
 from ...interfaces import SchemaMismatchError
 from ...interfaces import StateTooLargeError
+from ...options import blob_chunk_bytes
 from ..base import Adapter
 from ..base import _one_line
 from ..base import earlier_release_schema
@@ -248,7 +249,7 @@ class MySQLAdapter(Adapter):
 
     def _note_max_allowed_packet(self, packet):
         self.max_allowed_packet = packet
-        chunk = getattr(self.options, 'blob_chunk_size', None)
+        chunk = blob_chunk_bytes(self.options, warn=False)
         if (chunk and chunk * self.driver.literal_factor > packet - PACKET_MARGIN
                 and not self._warned_blob_chunk):
             self._warned_blob_chunk = True
