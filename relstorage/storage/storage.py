@@ -704,8 +704,9 @@ class RelStorage(ConflictResolvingStorage):
     def prefetch(self, oids):
         """Load many objects in one query, warming the state cache."""
         # int.from_bytes is u64 without a Python call per OID.
-        oid_ints = [oid_int for oid_int in [int.from_bytes(oid, 'big') for oid in oids]
-                    if oid_int <= MAX_OID]
+        oid_ints = [int.from_bytes(oid, 'big') for oid in oids]
+        if oid_ints and max(oid_ints) > MAX_OID:
+            oid_ints = [oid_int for oid_int in oid_ints if oid_int <= MAX_OID]
         if not oid_ints or self._before is not None:
             return
         with self._read() as conn:
