@@ -570,9 +570,10 @@ class Adapter(PackVerbs):
                     # named object_state was called a history-free schema,
                     # "set keep-history to match".)
                     raise SchemaMismatchError(
-                        "The database at %s has a table object_state but no RelStorage "
-                        "schema (no commit_lock table): another application's database? "
-                        "Nothing was changed." % self.describe())
+                        "The database at %s has a table object_state but no commit_lock "
+                        "table: an incomplete RelStorage schema (a creation that was "
+                        "interrupted), or another application's database. Nothing was "
+                        "changed." % self.describe())
                 is_hp = 'current_object' in tables
                 if is_hp != self.keep_history:
                     found = 'history-preserving' if is_hp else 'history-free'

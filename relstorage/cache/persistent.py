@@ -10,7 +10,8 @@ File layout (big-endian)::
 (Version 1 had no ``database_key``, versions 1 and 2 no ``pack_mark``:
 read as 0.)  ``last_tid`` is the newest transaction the writers had seen;
 ``database_key`` the key of the database they read (Adapter.database_key),
-0 if they knew none; ``pack_mark`` the oldest pack mark they had seen.  A
+0 if they knew none; ``pack_mark`` the pack mark they had seen (a file of
+another mark is replaced, not merged).  A
 file is trusted only as far as the database confirms it:
 
 - a file of another database (another key, both known: a database dropped
@@ -210,10 +211,18 @@ def save(path, last_tid, entries, limit_bytes, key=None, mark=0):
         if existing is not None and (existing.database_key or 0) != (key or 0):
             log.info("Replacing cache file %s, written for another database", path)
             existing = None
+        if existing is not None and existing.pack_mark != (mark or 0):
+            # Entries learned under two pack marks: those of the older one
+            # may describe what a zap_all since emptied.  The newer mark's
+            # go (a review finding: keeping the older mark, the file
+            # never moved on and was ignored for good after two packs).
+            if existing.pack_mark > (mark or 0):
+                log.info("Keeping cache file %s as it is: written after a pack this "
+                         "process has not seen yet", path)
+                return 0
+            existing = None
         if existing is not None:
             last_tid = max(last_tid, existing.last_tid)
-            # (The oldest: its entries are checked against all that since.)
-            mark = min(mark or 0, existing.pack_mark)
             sources.append(reversed(existing.entries))
         for source in sources:
             for oid, tid, state in source:
@@ -241,22 +250,23 @@ def load_validated(path, adapter, put, record, key=None):
     ``key``, None if unknown) confirms go to ``put(oid, tid, state)`` and
     ``record(oid, tid, snapshot)``.
 
-    Returns (snapshot_tid, loaded, dropped); snapshot_tid is None when
-    nothing could be checked (no file, damaged, or the database is behind).
+    Returns (snapshot_tid, loaded, dropped, pack_mark); snapshot_tid is
+    None when nothing could be checked (no file, damaged, or the database
+    is behind); pack_mark is the database's as the entries were checked.
     """
     try:
         content = read_file(path)
     except (CacheFileError, OSError) as exc:
         log.warning("Ignoring cache file %s: %s", path, exc)
-        return None, 0, 0
+        return None, 0, 0, None
     if content is None:
-        return None, 0, 0
+        return None, 0, 0, None
     last_tid, entries, file_key, file_mark = content
     if file_key and key and file_key != key:
         log.warning("Ignoring cache file %s: it was written for another database "
                     "(made again at the same place, or copied there with zodbconvert "
                     "--clear)", path)
-        return None, 0, len(entries)
+        return None, 0, len(entries), None
     conn = adapter.open_load()
     try:
         adapter.begin_snapshot(conn)
@@ -266,13 +276,13 @@ def load_validated(path, adapter, put, record, key=None):
                 "Ignoring cache file %s: it was written after transaction %x but the "
                 "database's last transaction is %x (restored from an older backup?)",
                 path, last_tid, snapshot)
-            return None, 0, len(entries)
+            return None, 0, len(entries), None
         mark = adapter.pack_mark(conn)
         if file_mark != mark and (
                 file_mark > mark or adapter.pack_removals(conn, file_mark, mark) is None):
             log.info("Ignoring cache file %s: the database was emptied (zap_all), restored "
                      "or packed more than once since it was written", path)
-            return None, 0, len(entries)
+            return None, 0, len(entries), None
         loaded = dropped = 0
         for i in range(0, len(entries), VALIDATE_BATCH):
             batch = entries[i:i + VALIDATE_BATCH]
@@ -284,7 +294,7 @@ def load_validated(path, adapter, put, record, key=None):
                     loaded += 1
                 else:
                     dropped += 1
-        return snapshot, loaded, dropped
+        return snapshot, loaded, dropped, mark
     finally:
         conn.rollback()
         conn.close()

@@ -221,9 +221,10 @@ class SharedStateCache:
     def set(self, oid, tid, state):
         self.set_many({(oid, tid): state})
 
-    def set_many(self, states, hints=None, wait=False):
+    def set_many(self, states, hints=None, wait=False, hint_prefix=None):
         """Store ``states`` {(oid, tid): state} and ``hints`` {oid: (tid,
-        as_of)}; never raises.
+        as_of)} (under ``hint_prefix``, by default the current one); never
+        raises.
 
         With ``wait`` false the replies may not be awaited (states read
         from the database: a lost one only costs a later miss).  With
@@ -236,8 +237,9 @@ class SharedStateCache:
             if state is not None and len(state) <= MAX_VALUE:
                 values[self.key(oid, tid)] = bytes(state)
         if hints:
+            prefix = hint_prefix or self.hint_prefix
             for oid, (tid, as_of) in hints.items():
-                values[self.hint_key(oid)] = _HINT.pack(tid, as_of)
+                values['%s:t:%x' % (prefix, oid)] = _HINT.pack(tid, as_of)
         self._set_keys(values, wait)
 
     # ------------------------------------------------------------------

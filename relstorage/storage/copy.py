@@ -788,11 +788,13 @@ def run(txns, writer, stats, progress=None):
     return stats
 
 
-def copy_transactions(source, dest, start=None, progress=None, dry_run=False, stats=None):
-    """Copy every source transaction from ``start`` (a tid, inclusive) on."""
+def copy_transactions(source, dest, start=None, progress=None, dry_run=False, stats=None,
+                      stop=None):
+    """Copy every source transaction from ``start`` on, up to ``stop``
+    (tids, inclusive; None: the end)."""
     stats = stats if stats is not None else Stats()
     writer = make_writer(source, dest, stats, dry_run)
-    return run(history_txns(source, start, stats=stats), writer, stats, progress)
+    return run(history_txns(source, start, stop, stats=stats), writer, stats, progress)
 
 
 def copy_current(source, dest, as_of, progress=None, dry_run=False, stats=None,

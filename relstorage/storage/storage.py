@@ -239,7 +239,7 @@ class RelStorage(ConflictResolvingStorage):
         # (The storage made from the configuration's) {thread ident:
         # instance} of the instances between the start of their vote and
         # the end of their commit, see _check_one_voter.
-        self._voters = {}
+        self._voters = weakref.WeakValueDictionary()
         self._voting_as = None
         self._iterators = history.IteratorSnapshots()    # see loadBlob
         self._commit = None             # commit.Commit from tpc_begin to its end
@@ -921,9 +921,11 @@ class RelStorage(ConflictResolvingStorage):
         root = self._parent if self._parent is not None else self
         me = threading.get_ident()
         other = root._voters.setdefault(me, self)
-        if other is not self and (other._commit is None or other._voting_as != me
-                                  or other._closed):
-            # (Left by an instance released or closed in its commit.)
+        if other is not self and (other._commit is None or not other._commit.voted
+                                  or other._voting_as != me or other._closed):
+            # (Left by an instance released or closed in its commit, or
+            # whose vote failed: only a vote that succeeded holds the
+            # commit lock.)
             root._voters[me] = other = self
         if other is not self:
             raise SameDatabaseTwiceError(

@@ -1405,6 +1405,28 @@ class RootStorageTests(FactoryCase):
             conn1.close()
             conn2.close()
 
+    def test_a_failed_vote_left_unaborted_does_not_refuse_others(self):
+        # A review finding: an instance whose vote failed (it holds no
+        # lock) and that nobody aborted counted as a voter of the thread,
+        # and every other instance's vote there was refused.
+        storage = self.storage()
+        oid = storage.new_oid()
+        tid = self.commit(storage, oid, z64, 1)
+        self.commit(storage, oid, tid, 2)
+        a, b = storage.new_instance(), storage.new_instance()
+        for inst in (a, b):
+            inst.poll_invalidations()
+        txn = begin_store(a, oid, tid, 'stale')          # a conflict
+        with self.assertRaises(ConflictError):
+            a.tpc_vote(txn)
+        other = b.new_oid()
+        txn_b = begin_store(b, other, z64, 'new')
+        b.tpc_vote(txn_b)
+        b.tpc_finish(txn_b)
+        a.tpc_abort(txn)
+        a.release()
+        b.release()
+
     def test_undo_log_lists_empty_transactions_as_filestorage_does(self):
         # A helper agent's check: a transaction that stored nothing (a
         # commit that only called readCurrent, zodbshootout's tpc) was in

@@ -172,14 +172,21 @@ class PersistentCacheTests(unittest.TestCase):
             for i in range(20, 30):
                 del conn.root()[i]              # garbage for the pack
         db.close()
-        packer = self.open_db(cache=False)
-        packer.storage.pack(time.time() + 1, referencesf)
-        packer.close()
-        db = self.open_db()
-        stats = db.storage.cache_stats()
-        self.assertGreaterEqual(stats['persistent_loaded'], 20)
-        self.assertEqual(self.read_all(db), ['kept'] * 20)
-        db.close()
+        # Pack after pack, each followed by a restart (a review finding:
+        # the file kept its first mark, and was ignored for good after two).
+        for n in range(3):
+            packer = self.open_db(cache=False)
+            with packer.transaction() as conn:
+                conn.root()['g%d' % n] = PersistentMapping()
+            with packer.transaction() as conn:
+                del conn.root()['g%d' % n]          # garbage again
+            packer.storage.pack(time.time() + 1, referencesf)
+            packer.close()
+            db = self.open_db()
+            stats = db.storage.cache_stats()
+            self.assertGreaterEqual(stats['persistent_loaded'], 20, n)
+            self.assertEqual(self.read_all(db), ['kept'] * 20)
+            db.close()
 
     def _made_again_with_the_same_tids(self, empty, said, level=logging.WARNING):
         from ZODB.FileStorage import FileStorage
@@ -229,7 +236,7 @@ class PersistentCacheTests(unittest.TestCase):
             return original(conn, oids)
         adapter.current_tids = counting
         kept = {}
-        snapshot, loaded, dropped = persistent.load_validated(
+        snapshot, loaded, dropped, _ = persistent.load_validated(
             self.cache_file(), adapter, lambda o, t, s: kept.__setitem__(o, t),
             lambda o, t, snap: None)
         adapter.close()

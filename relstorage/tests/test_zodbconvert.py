@@ -821,6 +821,46 @@ class TestIncremental(ConvertTestCase):
         self.assertIn('object 0x00 differs', ' '.join(err.split()))
         self.assertIn('--clear', err)
 
+    def test_incremental_verify_while_a_writer_appends_to_the_source(self):
+        # A helper agent's check (a live site's cron copy): the copy read on
+        # into what a writer appended to the FileStorage after zodbconvert
+        # opened it, and --verify, comparing with the source as opened,
+        # found the history-free destination newer: exit 1.
+        for keep_history in (False, True):
+            with self.subTest(keep_history=keep_history):
+                src = self.path('live-%s.fs' % keep_history)
+                make_source(src)
+                db = self.database()
+                dest = rs_section('destination', db, keep_history)
+                self.assertConverted(self.convert(fs_section('source', src), dest))
+                writer = ZODB.DB(FileStorage(src))
+                try:
+                    with writer.transaction() as conn:
+                        conn.root()['before'] = 1
+                    original = copy.history_txns
+
+                    appended = []
+
+                    def appending(*args, **kw):
+                        if not appended:        # (--verify reads history too)
+                            appended.append(1)
+                            with writer.transaction() as conn:
+                                conn.root()['during'] = 1   # after the open
+                        return original(*args, **kw)
+                    copy.history_txns = appending
+                    try:
+                        out, _ = self.assertConverted(self.convert(
+                            fs_section('source', src), dest, '--incremental', '--verify'))
+                    finally:
+                        copy.history_txns = original
+                    self.assertIn('Copied 1 transactions', out)
+                    self.assertIn('Verified:', out)
+                    out, _ = self.assertConverted(self.convert(
+                        fs_section('source', src), dest, '--incremental', '--verify'))
+                    self.assertIn('Copied 1 transactions', out)
+                finally:
+                    writer.close()
+
     def _commit_fs(self, path, **items):
         fs_db = ZODB.DB(FileStorage(path))
         try:
