@@ -1034,6 +1034,8 @@ class RelStorage(ConflictResolvingStorage):
     def loadBlob(self, oid, serial):
         if self._blobs is None:
             raise POSException.Unsupported("No blob-dir is configured")
+        if u64(oid) > MAX_OID:
+            raise POSException.POSKeyError(oid)
         return self._blobs.load(self._read_blob_chunks, u64(oid), u64(serial))
 
     def openCommittedBlobFile(self, oid, serial, blob=None):
@@ -1112,6 +1114,8 @@ class RelStorage(ConflictResolvingStorage):
         return self._adapter.keep_history
 
     def history(self, oid, size=1):
+        if u64(oid) > MAX_OID:
+            raise POSException.POSKeyError(oid)
         with self._read() as conn:
             return history.object_history(self._adapter, conn, oid, size)
 

@@ -1339,6 +1339,8 @@ class RootStorageTests(FactoryCase):
             with self.assertRaises(POSKeyError):
                 storage.loadSerial(p64(oid), p64(1))
             self.assertIsNone(storage.loadBefore(p64(oid), p64(2 ** 62)))
+            with self.assertRaises(POSKeyError):
+                storage.history(p64(oid))
         storage.prefetch([p64(2 ** 64 - 1)])
         # The last OID stored, then new_oid says they are used up.
         last = OID_LIMIT - 1
