@@ -597,21 +597,26 @@ class DisconnectTests(MySQLTestCase):
 
 class LargeStateTests(MySQLTestCase):
 
-    def test_state_larger_than_max_allowed_packet(self):
-        storage = self.make_storage()
+    def _refused_state(self, storage, size_from_packet):
+        """Store a state of max_allowed_packet + ``size_from_packet`` bytes;
+        (its size, the packet size, the refusal's message)."""
         [(oid, serial)] = self.create_objects(storage, 1)
         packet = storage._adapter.max_allowed_packet
         self.assertTrue(packet)
-        big = b'x' * (packet + 1)
+        size = packet + size_from_packet
         txn = TransactionMetaData()
         storage.tpc_begin(txn)
-        storage.store(oid, serial, big, '', txn)
+        storage.store(oid, serial, b'x' * size, '', txn)
         with self.assertRaises(StateTooLargeError) as cm:
             storage.tpc_vote(txn)
         storage.tpc_abort(txn)
-        message = str(cm.exception)
+        return size, packet, ' '.join(str(cm.exception).split()), oid, serial
+
+    def test_state_larger_than_max_allowed_packet(self):
+        storage = self.make_storage()
+        size, packet, message, oid, serial = self._refused_state(storage, 1)
         self.assertIn('max_allowed_packet', message)
-        self.assertIn(str(len(big)), message)
+        self.assertIn(str(size), message)
         self.assertIn(str(packet), message)
         self.assert_no_locks_held()
         # Other clients, and this one, go on.
@@ -620,26 +625,14 @@ class LargeStateTests(MySQLTestCase):
         txn = self.begin_store(storage, [(oid, serial, 'small')])
         storage.tpc_vote(txn)
         storage.tpc_finish(txn)
-        del big
 
     def test_state_just_under_max_allowed_packet_is_refused_saying_the_limit(self):
         # A helper agent's check: "is 16776960 bytes, more than ... accepts:
         # its max_allowed_packet is 16777216 bytes".
-        storage = self.make_storage()
-        [(oid, serial)] = self.create_objects(storage, 1)
-        packet = storage._adapter.max_allowed_packet
-        big = b'x' * (packet - 300)
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn)
-        storage.store(oid, serial, big, '', txn)
-        with self.assertRaises(StateTooLargeError) as cm:
-            storage.tpc_vote(txn)
-        storage.tpc_abort(txn)
-        message = ' '.join(str(cm.exception).split())
-        self.assertIn('is %d bytes, more than the %d bytes' % (len(big), packet - 1024),
+        size, packet, message, _, _ = self._refused_state(self.make_storage(), -300)
+        self.assertIn('is %d bytes, more than the %d bytes' % (size, packet - 1024),
                       message)
         self.assertIn('max_allowed_packet, %d bytes, less 1024' % packet, message)
-        del big
 
     def test_metadata_larger_than_max_allowed_packet(self):
         # A helper agent's check (history-preserving): a transaction whose
