@@ -327,12 +327,14 @@ def _progress_factory():
     except ImportError:
         return None
 
-    # A terminal that reports no size (some ptys) would get empty bars.
-    width = shutil.get_terminal_size((80, 24)).columns
+    # A terminal that reports no size (some ptys) would get empty bars, or
+    # none at all: tqdm draws nothing on a screen of 0 rows (a helper
+    # agent's check).
+    size = shutil.get_terminal_size((80, 24))
 
     def make(description, total, unit):
         return tqdm.tqdm(desc=description, total=total, unit=' ' + unit, leave=True,
-                         file=sys.stderr, ncols=width)
+                         file=sys.stderr, ncols=size.columns, nrows=size.lines)
     return make
 
 

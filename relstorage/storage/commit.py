@@ -68,6 +68,8 @@ from ..interfaces import CommitFailedError
 from ..interfaces import CommitUnknownError
 from ..interfaces import DisconnectedError
 from ..interfaces import NewObjectExistsError
+from ..interfaces import RelStorageError
+from ..interfaces import UnableToLockRowsError
 from ..messages import one_line as _one_line
 from .faults import fault_point
 from .tempstore import TempStore
@@ -88,6 +90,17 @@ FIRST_COMMITTED_POINT = 'finish.committed'
 #: connect timeout.)
 OUTCOME_PATIENCE = 6.0
 OUTCOME_FIRST_DELAY = 0.1
+
+
+def _is_lock_error(adapter, exc):
+    """Whether ``exc`` is the driver's lock timeout or deadlock (not one
+    of ours, which are already ConflictErrors or say what they are)."""
+    if isinstance(exc, (POSException.POSError, RelStorageError)):
+        return False
+    try:
+        return adapter.classify_error(exc) == 'lock'
+    except Exception:  # pylint:disable=broad-except
+        return False
 
 
 class CopiedTransaction:
@@ -178,6 +191,19 @@ class Commit:
             # them for; a lock timeout has already rolled back.
             if not (self.lost and self._hold_locks()):
                 self._rollback()
+            raise
+        except Exception as exc:
+            self._rollback()
+            if _is_lock_error(self.adapter, exc):
+                # A deadlock or lock wait timeout in a statement of the vote
+                # other than the locking ones (which say so themselves): the
+                # database rolled back, and a retry may well pass.  (A
+                # helper agent's check: MariaDB's deletion of a written
+                # blob's old chunks deadlocked with a pack batch, and the
+                # driver's error reached the application, not retried.)
+                raise UnableToLockRowsError(
+                    "Could not complete the vote on %s (lock timeout or deadlock: %s)"
+                    % (self.adapter.describe(), _one_line(exc))) from exc
             raise
         except BaseException:
             self._rollback()

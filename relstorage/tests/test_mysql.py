@@ -14,9 +14,11 @@ import atexit
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -907,6 +909,67 @@ class ConnectionSettingsTests(MySQLTestCase):
             self.make_storage(keep_history=False)
 
 
+class VoteLockErrorTests(MySQLTestCase):
+    """A lock timeout or deadlock in a statement of the vote other than
+    the locking ones is a retryable ConflictError, not the driver's error
+    (a helper agent's check: the deletion of a written blob's old chunks
+    deadlocked with a pack batch; MySQLdb's OperationalError 1213 reached
+    the application, and attempts() did not retry it)."""
+    keep_history = False
+
+    def test_blob_chunks_held_by_another_session(self):
+        from ZODB.blob import Blob
+        from relstorage.interfaces import UnableToLockRowsError
+        blob_dir = tempfile.mkdtemp(prefix='relstoragetest_blobs_')
+        self.addCleanup(shutil.rmtree, blob_dir, True)
+        db = self.make_db(blob_dir=blob_dir, shared_blob_dir=False, commit_lock_timeout=1)
+        with db.transaction() as conn:
+            conn.root()['b'] = Blob(b'first')
+        with db.transaction() as conn:
+            oid = u64(conn.root()['b']._p_oid)
+        other = admin_connect(self.factory.driver, self.factory.db_name)
+        self.addCleanup(other.close)
+        cur = other.cursor()
+        cur.execute('CREATE TABLE scratch (x INTEGER) ENGINE = InnoDB')
+        cur.execute('START TRANSACTION')
+        # (Heavier than the commit: InnoDB rolls back the lighter one of a
+        # deadlock, so the commit is its victim, as it was the pack's.)
+        cur.execute('INSERT INTO scratch VALUES ' + ','.join(['(1)'] * 5000))
+        cur.execute('SELECT zoid FROM blob_chunk WHERE zoid = %s FOR UPDATE', (oid,))
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        tm.begin()
+        with conn.root()['b'].open('w') as f:
+            f.write(b'second')
+
+        def wait_for_the_commit_lock():
+            # The commit, under the commit lock, waits for the chunks this
+            # session holds; this session now waits for the commit lock.
+            time.sleep(1.0)
+            cur.execute('SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE')
+        waiter = threading.Thread(target=wait_for_the_commit_lock)
+        waiter.start()
+        started = time.monotonic()
+        try:
+            with self.assertRaises(UnableToLockRowsError) as cm:
+                tm.commit()
+        finally:
+            waiter.join(60)
+        tm.abort()
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertIn('lock timeout or deadlock', str(cm.exception))
+        cur.execute('ROLLBACK')
+        # Its retry passes.
+        tm.begin()
+        with conn.root()['b'].open('w') as f:
+            f.write(b'second')
+        tm.commit()
+        conn.close()
+        with db.transaction() as c:
+            with c.root()['b'].open() as f:
+                self.assertEqual(f.read(), b'second')
+
+
 class OidBlockTests(MySQLTestCase):
     """OIDs: each round trip is a durable commit of the OID connection,
     so a process allocating many draws more counter values per trip (a
@@ -1001,7 +1064,7 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
 
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
                DisconnectTests, LargeStateTests, ConnectionSettingsTests,
-               OidBlockTests, PrivilegeTests)
+               OidBlockTests, PrivilegeTests, VoteLockErrorTests)
 
 
 # ----------------------------------------------------------------------

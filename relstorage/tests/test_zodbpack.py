@@ -1,6 +1,7 @@
 """zodbpack from the command line, on SQLite."""
 import io
 import os
+import sys
 import shutil
 import tempfile
 import threading
@@ -131,6 +132,44 @@ class ZodbpackTests(unittest.TestCase):
             self.assertEqual(len(storage), 2)     # root and 'keep'
         finally:
             storage.close()
+
+    def test_progress_on_a_terminal_that_reports_no_size(self):
+        # A helper agent's check: on a pty of 0 rows and columns, the
+        # phases showed only blank lines (tqdm draws nothing on a screen of
+        # 0 rows).
+        import pty
+        import subprocess
+        conf = self.write_config()
+        db = ZODB.DB(ZODB.config.storageFromFile(open(conf)))
+        with db.transaction() as conn:
+            conn.root()['g'] = PersistentMapping({i: PersistentMapping() for i in range(50)})
+        with db.transaction() as conn:
+            del conn.root()['g']
+        db.close()
+        main, child = pty.openpty()         # a new pty: 0 x 0
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, '-c', 'import sys; from relstorage.zodbpack import main; '
+                 'sys.exit(main(["-d", "0", sys.argv[1]]))', conf],
+                stdin=child, stdout=child, stderr=child, close_fds=True)
+            os.close(child)
+            child = None
+            output = b''
+            while True:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:         # (the child closed its side)
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            self.assertEqual(proc.wait(60), 0, output)
+        finally:
+            os.close(main)
+            if child is not None:
+                os.close(child)
+        self.assertIn(b'analysing references', output)
+        self.assertIn(b'deleting', output)
 
     def test_bad_config_is_a_usage_error(self):
         path = os.path.join(self.tmp, 'bad.conf')

@@ -94,8 +94,12 @@ class MySQLStatements(Statements):
 
     # Blobs: replace the history-free blobs of what we write (a join, not
     # IN (SELECT ...)).
+    # temp_store first (STRAIGHT_JOIN), then blob_chunk by its primary key:
+    # a plan that scanned blob_chunk (chosen while it is small) locked the
+    # rows of other objects, and deadlocked with a pack batch deleting
+    # garbage chunks (a helper agent's check).
     DELETE_BLOBS_OF_WRITTEN_HF = """
-        DELETE b FROM blob_chunk b JOIN temp_store t ON t.zoid = b.zoid
+        DELETE b FROM temp_store t STRAIGHT_JOIN blob_chunk b ON b.zoid = t.zoid
     """
 
     DELETE_TRANSACTIONS_WITHOUT_STATES = """
