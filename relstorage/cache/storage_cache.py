@@ -114,6 +114,10 @@ class StorageCache:
         # (pack_removals).
         self._removals_memo = {}
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
+        # No index entry from an earlier snapshot: set where the index keeps
+        # its log across a pack (its removal lists); a full clear empties
+        # it, and a zap_all fences off the old tids (ChangeIndex.rolled_back).
+        self._records_from = 0
         self.warmed = 0             # states copied from the shared cache at start
         self._hot_published = time.monotonic()
         self._backfilled = False
@@ -167,7 +171,7 @@ class StorageCache:
             self.index_mismatches += 1
             log.error("Cache index said oid %x is at %x in snapshot %x but the database "
                       "says %x; using the database's answer.", oid, tid, snapshot, found)
-        if snapshot >= self._hints_from:
+        if snapshot >= self._records_from:
             # (An instance still in a snapshot from before a pack may
             # read a removed object again: that must not tell later
             # snapshots it is current.  A review finding.)
@@ -261,7 +265,7 @@ class StorageCache:
         rows = adapter.load_current_many(conn, missing)
         self.db_loads += len(rows)
         fresh = [(oid, tid, state) for oid, (state, tid) in rows.items()]
-        if snapshot >= self._hints_from:
+        if snapshot >= self._records_from:
             self.index.record_many([(oid, tid) for oid, tid, _ in fresh], snapshot)
         if len(fresh) != len(missing) or any(state is None for _, _, state in fresh):
             # Deleted objects (state None) are known to the index, not
@@ -524,7 +528,7 @@ class StorageCache:
                     # the hints of other processes, and committed a
                     # reference to one.)
                     self.forget_removed(removed)
-                    self._hints_from = max(snapshot, newest) + 1
+                    self._hints_from = self._records_from = max(snapshot, newest) + 1
                     if self.shared is not None:
                         self.shared.hint_prefix = '%s:h%x' % (self.shared.prefix, mark)
                     return
