@@ -47,8 +47,8 @@ setup(
         'memcache': ['pymemcache'],
         'redis': redis,
         # zodbpack's progress display on a terminal (optional).
-        'progress': ['tqdm'],
-        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache', 'tqdm']
+        'progress': ['tqdm>=4.42'],
+        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache', 'tqdm>=4.42']
                 + redis + oracle + ['sqlglot'],
     },
     entry_points={

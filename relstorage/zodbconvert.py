@@ -520,7 +520,7 @@ class Converter:
                 # helper agent's check, a live site's cron copy).
                 copy.copy_transactions(source, dest, start, progress=progress,
                                        dry_run=args.dry_run, stats=stats,
-                                       stop=p64(source_last))
+                                       last=p64(source_last))
             finally:
                 progress.finish()
             self.say(_summary(stats, verb))
@@ -552,7 +552,8 @@ class Converter:
         try:
             for txn in iterator:
                 first = txn.tid
-                differs = _first_difference(txn, dest, copy.is_history_free(dest))
+                differs = _first_difference(txn, dest, copy.is_history_free(dest)
+                                            and source)
                 break
         finally:
             close = getattr(iterator, 'close', None)
@@ -610,7 +611,7 @@ class Converter:
 COMPARED_RECORDS = 1000
 
 
-def _first_difference(txn, dest, history_free=False):
+def _first_difference(txn, dest, history_free_from=None):
     """(oid, what) of the first record of the source's transaction ``txn``
     that the destination does not hold as it, or None.  Two commits get
     the same tid where clocks lag behind the last tid (a source written
@@ -625,16 +626,25 @@ def _first_difference(txn, dest, history_free=False):
         try:
             data = dest.loadSerial(record.oid, record.tid)
         except POSKeyError:
-            if history_free:
+            if history_free_from is not None and _replaced(history_free_from, record):
                 # A history-free destination holds a record of this
                 # transaction only while it is current; one copied with
-                # --strategy current and interrupted, not all of them
-                # (a helper agent's check: the resume was refused).
+                # --strategy current and interrupted, not those a later
+                # source transaction replaced (a helper agent's check: the
+                # resume was refused).
                 continue
             return record.oid, 'is missing there'
         if data != record.data:
             return record.oid, 'differs'
     return None
+
+
+def _replaced(source, record):
+    """Whether the source has a revision of the record's object after it."""
+    try:
+        return source.getTid(record.oid) != record.tid
+    except POSKeyError:
+        return True
 
 
 def _check_not_same(source, dest):

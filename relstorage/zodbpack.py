@@ -329,12 +329,12 @@ def _progress_factory():
 
     # A terminal that reports no size (some ptys) would get empty bars, or
     # none at all: tqdm draws nothing on a screen of 0 rows (a helper
-    # agent's check).
+    # agent's check).  (Python 3.10's get_terminal_size gives the 0 back.)
     size = shutil.get_terminal_size((80, 24))
 
     def make(description, total, unit):
         return tqdm.tqdm(desc=description, total=total, unit=' ' + unit, leave=True,
-                         file=sys.stderr, ncols=size.columns, nrows=size.lines)
+                         file=sys.stderr, ncols=size.columns or 80, nrows=size.lines or 24)
     return make
 
 

@@ -191,10 +191,10 @@ class _Locked:
         self.f.close()
 
 
-def save(path, last_tid, entries, limit_bytes, key=None, mark=0):
+def save(path, last_tid, entries, limit_bytes, key=None, mark=0, replace=False):
     """Merge ``entries`` (most important last), read from the database
     whose key is ``key`` (None: unknown) with pack mark ``mark``, into the
-    file at ``path``.
+    file at ``path`` (with ``replace``, over what it holds).
 
     Returns the number of entries written.
     """
@@ -216,7 +216,7 @@ def save(path, last_tid, entries, limit_bytes, key=None, mark=0):
             # may describe what a zap_all since emptied.  The newer mark's
             # go (a review finding: keeping the older mark, the file
             # never moved on and was ignored for good after two packs).
-            if existing.pack_mark > (mark or 0):
+            if existing.pack_mark > (mark or 0) and not replace:
                 log.info("Keeping cache file %s as it is: written after a pack this "
                          "process has not seen yet", path)
                 return 0

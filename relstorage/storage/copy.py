@@ -149,8 +149,10 @@ def _extension_bytes(txn):
     return TransactionMetaData(b'', b'', getattr(txn, 'extension', None) or {}).extension_bytes
 
 
-def history_txns(source, start=None, stop=None, stats=None):
-    """Yield a ``Txn`` for every source transaction in [start, stop].
+def history_txns(source, start=None, stop=None, stats=None, last=None):
+    """Yield a ``Txn`` for every source transaction in [start, stop], and
+    none after the one whose tid is ``last``, where the source's order puts
+    it (a FileStorage's last transaction need not have the greatest tid).
 
     Back pointers (records whose data is None but whose ``data_txn`` is set)
     are resolved with ``loadSerial``.  Transaction ids must increase; one that
@@ -180,6 +182,8 @@ def history_txns(source, start=None, stop=None, stats=None):
                 records.append((rec.oid, data, data_txn))
             yield Txn(tid, getattr(trans, 'status', ' ') or ' ', _bytes(trans.user),
                       _bytes(trans.description), _extension_bytes(trans), records)
+            if last is not None and trans.tid == last:
+                break
     finally:
         close = getattr(iterator, 'close', None)
         if close is not None:
@@ -789,12 +793,12 @@ def run(txns, writer, stats, progress=None):
 
 
 def copy_transactions(source, dest, start=None, progress=None, dry_run=False, stats=None,
-                      stop=None):
-    """Copy every source transaction from ``start`` on, up to ``stop``
-    (tids, inclusive; None: the end)."""
+                      last=None):
+    """Copy every source transaction from ``start`` (a tid, inclusive) on,
+    up to the one whose tid is ``last`` (None: the end)."""
     stats = stats if stats is not None else Stats()
     writer = make_writer(source, dest, stats, dry_run)
-    return run(history_txns(source, start, stop, stats=stats), writer, stats, progress)
+    return run(history_txns(source, start, stats=stats, last=last), writer, stats, progress)
 
 
 def copy_current(source, dest, as_of, progress=None, dry_run=False, stats=None,

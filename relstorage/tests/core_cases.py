@@ -117,7 +117,7 @@ class SchemaModeTests(FactoryCase):
         for keep_history in (True, False):
             with self.assertRaises(SchemaMismatchError) as cm:
                 self.storage(keep_history=keep_history)
-            self.assertIn('has a table object_state but no RelStorage schema',
+            self.assertIn('has a table object_state but no commit_lock table',
                           str(cm.exception))
 
     def test_create_schema_false_only_verifies(self):

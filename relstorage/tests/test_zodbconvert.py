@@ -861,6 +861,30 @@ class TestIncremental(ConvertTestCase):
                 finally:
                     writer.close()
 
+    def test_source_whose_last_transaction_is_not_its_greatest_tid(self):
+        # A review finding: a FileStorage's last transaction need not have
+        # its greatest tid (time-stamp reduction); copying "up to its last
+        # tid" stopped at the first greater one, copied half and exited 0.
+        src = self.path('ooo.fs')
+        self._commit_fs(src, a=1)
+        fs = FileStorage(src)
+        try:
+            last = u64(fs.lastTransaction())
+            data, _ = fs.load(p64(0))
+            for tid in (last + 1000, last + 10):
+                txn = TransactionMetaData()
+                fs.tpc_begin(txn, p64(tid))
+                fs.restore(p64(0), p64(tid), data, '', None, txn)
+                fs.tpc_vote(txn)
+                fs.tpc_finish(txn)
+            count = len(list(fs.iterator()))
+        finally:
+            fs.close()
+        db = self.database()
+        out, _ = self.assertConverted(self.convert(
+            fs_section('source', src), rs_section('destination', db)))
+        self.assertIn('Copied %d transactions' % count, out)
+
     def _commit_fs(self, path, **items):
         fs_db = ZODB.DB(FileStorage(path))
         try:
