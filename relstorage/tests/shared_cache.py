@@ -308,36 +308,12 @@ class SharedCacheTests(SqliteCacheCase):
         # pack read a removed object again; its process's index then said
         # the object was current for new transactions too, and the hot
         # list it published carried it to another running process.
-        from ZODB.serialize import referencesf
-        writer = self.storage()
-        self.commit(writer, {z64: 'root'})
-        oids = [writer.new_oid() for _ in range(5)]
-        self.commit(writer, {oid: 'garbage' for oid in oids})
         r1, r2 = self.storage(), self.storage()
-        for r in (r1, r2):
-            inst = r.new_instance()
-            inst.poll_invalidations()
-            inst.load(z64)
-            inst.release()
-        old = r1.new_instance()
-        old.poll_invalidations()                    # before the pack
-        self.storage().pack(time.time() + 1, referencesf)
-        for r in (r1, r2):
-            inst = r.new_instance()
-            inst.poll_invalidations()
-            inst.load(z64)
-            inst.release()
-        for oid in oids:
-            old.load(oid)               # a holder of a stale reference
-        r1._cache.publish_hot()
-        r2._cache.publish_hot()
-        for r in (r1, r2):
-            inst = r.new_instance()
-            inst.poll_invalidations()
-            for oid in oids:
-                self.assertRaises(POSKeyError, inst.load, oid)
-            inst.release()
-        old.release()
+
+        def publish():
+            r1._cache.publish_hot()
+            r2._cache.publish_hot()
+        self.reread_removed_across_a_pack([r1, r2], publish)
 
     def test_after_zap_all_no_process_takes_objects_from_the_shared_cache(self):
         # zap_all moves the pack mark on like a pack: a process that read

@@ -428,6 +428,41 @@ class SqliteCacheCase(unittest.TestCase):
         return zodb_unpickle(state).value, tid
 
 
+    def reread_removed_across_a_pack(self, readers, before_asking=None):
+        """Five garbage objects; each of ``readers`` polls; an instance of
+        the first stays in its snapshot across a pack that removes them,
+        then reads them again (a holder of a stale reference).  After
+        ``before_asking()``, no new instance of any reader may serve them."""
+        from ZODB.serialize import referencesf
+        writer = self.storage()
+        self.commit(writer, {z64: 'root'})
+        oids = [writer.new_oid() for _ in range(5)]
+        self.commit(writer, {oid: 'garbage' for oid in oids})
+
+        def poll_all():
+            for reader in readers:
+                inst = reader.new_instance()
+                inst.poll_invalidations()
+                inst.load(z64)
+                inst.release()
+        poll_all()
+        old = readers[0].new_instance()
+        old.poll_invalidations()
+        self.storage().pack(time.time() + 1, referencesf)
+        poll_all()
+        for oid in oids:
+            old.load(oid)
+        if before_asking is not None:
+            before_asking()
+        for reader in readers:
+            inst = reader.new_instance()
+            inst.poll_invalidations()
+            for oid in oids:
+                self.assertRaises(POSException.POSKeyError, inst.load, oid)
+            inst.release()
+        old.release()
+
+
 class SnapshotIsolationTests(SqliteCacheCase):
     """No connection ever sees a state newer or older than its snapshot."""
 
@@ -748,34 +783,11 @@ class SnapshotIsolationTests(SqliteCacheCase):
         # pack (of the same tid as those after it: a pack makes no tid)
         # read a removed object again after its process cleared its cache,
         # and the index then told new snapshots the object was current.
-        from ZODB.serialize import referencesf
-        writer = self.storage()
-        self.commit(writer, {z64: 'root'})
-        oids = [writer.new_oid() for _ in range(5)]
-        self.commit(writer, {oid: 'garbage' for oid in oids})
         reader = self.storage()
         if not with_lists:
             # (As when the lists are gone: two packs while it was idle.)
             reader._adapter.pack_removals = lambda conn, after, upto: None
-        inst = reader.new_instance()
-        inst.poll_invalidations()
-        inst.load(z64)
-        inst.release()
-        old = reader.new_instance()
-        old.poll_invalidations()
-        self.storage().pack(time.time() + 1, referencesf)
-        inst = reader.new_instance()
-        inst.poll_invalidations()
-        inst.load(z64)
-        inst.release()
-        for oid in oids:
-            old.load(oid)           # a holder of a stale reference
-        inst = reader.new_instance()
-        inst.poll_invalidations()
-        for oid in oids:
-            self.assertRaises(POSException.POSKeyError, inst.load, oid)
-        inst.release()
-        old.release()
+        self.reread_removed_across_a_pack([reader])
 
     def test_removed_object_reread_before_the_pack_with_its_lists(self):
         self._reread_before_the_pack(True)
