@@ -862,9 +862,10 @@ class RelStorage(ConflictResolvingStorage):
         if data is None and prev_txn is not None:
             # A back pointer: the record repeats the state of prev_txn.
             data = self.loadSerial(oid, prev_txn)
-        if u64(oid) >= OID_LIMIT:
-            _refuse_oid(u64(oid))
-        pending.restore(u64(oid), u64(serial), data)
+        oid_int = u64(oid)
+        if oid_int >= OID_LIMIT:
+            _refuse_oid(oid_int)
+        pending.restore(oid_int, u64(serial), data)
 
     def deleteObject(self, oid, oldserial, txn):
         if self._is_read_only:
@@ -907,6 +908,13 @@ class RelStorage(ConflictResolvingStorage):
             resolved = self._vote(pending)
         return [p64(oid) for oid in resolved]
 
+    @property
+    def _root(self):
+        """The storage made from the configuration, whose instances this
+        one's siblings are.  (Not ``self._parent or self``: a storage's
+        truth is its __len__, a query.)"""
+        return self._parent if self._parent is not None else self
+
     def _check_one_voter(self):
         """Refuse a vote while another instance of this database voted in
         this thread and is not finished: it holds the commit lock until
@@ -916,9 +924,7 @@ class RelStorage(ConflictResolvingStorage):
         its own, waited commit-lock-timeout and failed with a transient
         error, which transaction managers retry in vain; FileStorage
         hangs)."""
-        # (Not ``self._parent or self``: a storage's truth is its __len__,
-        # a query.)
-        root = self._parent if self._parent is not None else self
+        root = self._root
         me = threading.get_ident()
         other = root._voters.setdefault(me, self)
         if other is not self and (other._commit is None or not other._commit.voted
@@ -984,7 +990,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _end_tpc(self):
         if self._voting_as is not None:
-            voters = (self._parent if self._parent is not None else self)._voters
+            voters = self._root._voters
             if voters.get(self._voting_as) is self:
                 del voters[self._voting_as]
             self._voting_as = None
