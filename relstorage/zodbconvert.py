@@ -552,8 +552,8 @@ class Converter:
         try:
             for txn in iterator:
                 first = txn.tid
-                differs = _first_difference(txn, dest, copy.is_history_free(dest)
-                                            and source)
+                differs = _first_difference(
+                    txn, dest, source if copy.is_history_free(dest) else None)
                 break
         finally:
             close = getattr(iterator, 'close', None)

@@ -885,6 +885,40 @@ class TestIncremental(ConvertTestCase):
             fs_section('source', src), rs_section('destination', db)))
         self.assertIn('Copied %d transactions' % count, out)
 
+    def test_incremental_check_of_a_record_the_destination_lacks(self):
+        # (A re-read: into a history-preserving destination, a record of the
+        # source's transaction missing there gave AttributeError.)  The
+        # source and the destination each commit one new object under the
+        # same tid, different objects.
+        from ZODB.tests.MinPO import MinPO
+        from ZODB.tests.StorageTestBase import zodb_pickle
+        src = self.path('lacks.fs')
+        self._commit_fs(src, a=1)
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+
+        def one_new_object(storage, oid, tid):
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn, tid)
+            storage.restore(oid, tid, zodb_pickle(MinPO(u64(oid))), '', None, txn)
+            storage.tpc_vote(txn)
+            storage.tpc_finish(txn)
+        fs = FileStorage(src)
+        try:
+            tid = p64(u64(fs.lastTransaction()) + 1)
+            one_new_object(fs, p64(100), tid)
+        finally:
+            fs.close()
+        storage = self.open_rs(db, True)
+        try:
+            one_new_object(storage, p64(200), tid)
+        finally:
+            storage.close()
+        _, err = self.assertConverted(
+            self.convert(fs_section('source', src), dest, '--incremental'), rc=1)
+        self.assertIn('object 0x64 is missing there', ' '.join(err.split()))
+
     def _commit_fs(self, path, **items):
         fs_db = ZODB.DB(FileStorage(path))
         try:
