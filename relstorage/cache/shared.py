@@ -237,9 +237,8 @@ class SharedStateCache:
             if state is not None and len(state) <= MAX_VALUE:
                 values[self.key(oid, tid)] = bytes(state)
         if hints:
-            prefix = hint_prefix or self.hint_prefix
             for oid, (tid, as_of) in hints.items():
-                values['%s:t:%x' % (prefix, oid)] = _HINT.pack(tid, as_of)
+                values[self.hint_key(oid, hint_prefix)] = _HINT.pack(tid, as_of)
         self._set_keys(values, wait)
 
     # ------------------------------------------------------------------
@@ -254,8 +253,8 @@ class SharedStateCache:
     # its snapshot.  It lets a fresh process find states in the shared
     # cache without asking the database which tid is current.
 
-    def hint_key(self, oid):
-        return '%s:t:%x' % (self.hint_prefix, oid)
+    def hint_key(self, oid, prefix=None):
+        return '%s:t:%x' % (prefix or self.hint_prefix, oid)
 
     def get_hints(self, oids):
         """{oid: (tid, as_of)} for the oids the shared cache has a hint for."""
