@@ -323,7 +323,8 @@ class IRelStorageAdapter(Interface):
         """For restore: base every uploaded row on the current revision."""
 
     def advance_tid(conn, now_tid, requested=None):
-        """Take the commit lock and publish a new last tid; return it.
+        """Take the commit lock and publish a new last tid; return it with
+        the pack mark as read once the lock is held: (tid, mark).
 
         ``requested`` (restore) when that is after the last tid, else the
         later of ``now_tid`` and last + 1.  The lock is held until the

@@ -956,17 +956,26 @@ class Adapter(PackVerbs):
             % (self.options.commit_lock_timeout, _one_line(exc))) from exc
 
     def advance_tid(self, conn, now_tid, requested=None):
-        """Take the commit lock and publish a new last tid; return it.
+        """Take the commit lock and publish a new last tid; return it and
+        the pack mark as a read after the lock was taken sees it:
+        (tid, mark).
 
         The new tid is ``requested`` (restore) when that is after the last
         committed one, else the later of ``now_tid`` and last + 1: strictly
         greater than every committed tid, whatever the clock says.  Vendors
-        with ``ADVANCE_TID`` do it in one statement.
+        with ``ADVANCE_TID`` (a script whose last result is (tid, mark),
+        ``now_tid`` written into it) do it in one round trip
+        (query_script).  The mark is read after the lock because a pack
+        batch moves it on under that lock (see Commit._check_not_removed):
+        a read in the statement that waited for the lock could miss the
+        batch it waited for.
         """
         try:
             if requested is None and getattr(self.sql, 'ADVANCE_TID', None):
-                return conn.query_value(self.q(self.sql.ADVANCE_TID), (now_tid,))
-            last = self.lock_commit(conn)
+                tid, mark = self.query_script(
+                    conn, self.sql.ADVANCE_TID.format(now=int(now_tid)))
+                return tid, mark or 0
+            last, mark = self.lock_commit_marked(conn)
         except Exception as exc:
             self._raise_commit_lock_error(conn, exc)
         if requested is not None:
@@ -979,7 +988,19 @@ class Adapter(PackVerbs):
         else:
             tid = max(now_tid, last + 1)
         self.set_last_tid(conn, tid)
-        return tid
+        return tid, mark
+
+    def lock_commit_marked(self, conn):
+        """lock_commit, and the pack mark as a statement run once the lock
+        is held sees it: (last tid, mark)."""
+        last = self.lock_commit(conn)
+        return last, self.pack_mark(conn)
+
+    def query_script(self, conn, script):
+        """The first row of the last result of ``script``, statements run
+        in one round trip without parameters (vendors whose statements
+        include such scripts)."""
+        raise NotImplementedError
 
     def set_last_tid(self, conn, tid):
         """Publish ``tid`` as the last committed one (commit lock held)."""

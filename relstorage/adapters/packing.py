@@ -810,17 +810,17 @@ class PackVerbs:
 
     # --- deletion -----------------------------------------------------------
 
-    def delete_pack_batch(self, conn, after_oid, limit, mark=None):
-        """Delete the next ``limit`` candidates after ``after_oid``; a
-        ``mark`` callable is called first when there is something to
-        delete (it moves the pack mark on: see new_removal_mark).
+    def delete_pack_batch(self, conn, after_oid, limit):
+        """Delete the next ``limit`` candidates after ``after_oid`` (the
+        batch moves the pack mark on later, under the commit lock: see
+        new_removal_mark).
 
         Returns (rows, revisions, objects, blobs): rows are (oid, below,
         garbage) of the batch, empty when nothing is left."""
         rows = self.prepare_pack_batch(conn, after_oid, limit)
         if not rows:
             return rows, 0, 0, 0
-        return (rows,) + self.delete_prepared_batch(conn, mark)
+        return (rows,) + self.delete_prepared_batch(conn)
 
     def prepare_pack_batch(self, conn, after_oid, limit):
         """Choose the next ``limit`` candidates after ``after_oid`` (into
@@ -832,12 +832,10 @@ class PackVerbs:
         self._analyze_temp(conn, 'temp_pack_batch')
         return conn.query_all(self.q(self.sql.PACK_BATCH_ROWS))
 
-    def delete_prepared_batch(self, conn, mark=None):
+    def delete_prepared_batch(self, conn):
         """Delete what prepare_pack_batch chose; returns (revisions,
-        objects, blobs).  See delete_pack_batch for ``mark``."""
+        objects, blobs)."""
         sql = self.sql
-        if mark is not None:
-            mark()
         blobs = 0
         if self.has_blob_chunk:
             blobs = conn.query_value(self.q(sql.PACK_BATCH_BLOBS)) or 0
@@ -913,9 +911,13 @@ class PackVerbs:
     # --- what other processes drop from their caches ---------------------
 
     def new_removal_mark(self, conn):
-        """Move the pack mark on for a deletion batch (in its transaction);
-        returns it.  The batch then lists what it removed under it
-        (log_pack_removals), in the same transaction."""
+        """Move the pack mark on for a deletion batch (in its transaction,
+        which holds the commit lock); returns it.  The batch then lists
+        what it removed under it (log_pack_removals), in the same
+        transaction.  Under the lock, not before the deletions: a commit
+        reads the mark once it holds the lock (advance_tid) and, where that
+        read is a locking one (MySQL), would otherwise wait for a whole
+        batch's deletions."""
         return self.bump_pack_mark(conn)
 
     def log_pack_removals(self, conn, mark, removed, trimmed):

@@ -55,6 +55,7 @@ Fault points (see faults.py) name the moments between the steps; the
 crash-point tests (tests/crash_cases.py) end a committing process at each:
 FAULT_POINTS lists them in the order a commit reaches them.
 """
+import itertools
 import logging
 import os
 import time
@@ -122,7 +123,7 @@ class Commit:
     """The two-phase commit of one transaction (or one batch of copied
     transactions) on one storage instance."""
 
-    def __init__(self, adapter, cache, blobs, txn, meta=None, tid=None):
+    def __init__(self, adapter, cache, blobs, txn, meta=None, tid=None, read_mark=None):
         self.adapter = adapter
         self.cache = cache
         self.blobs = blobs
@@ -131,6 +132,10 @@ class Commit:
         self.meta = meta
         #: The tid asked for by tpc_begin (restore), as an int, or None.
         self.requested_tid = tid
+        #: The pack mark of the snapshot this transaction began reading
+        #: from (the ZODB connection's poll), or None: see
+        #: _check_not_removed.
+        self.read_mark = read_mark
         self.tstore = TempStore()
         self.read_current = {}          # oid_int -> tid_int seen (filled by the storage's
                                         # checkCurrentSerialInTransaction)
@@ -267,8 +272,10 @@ class Commit:
             self.blobs.vote(adapter, conn, self.btxn, tstore)
         if read_current:
             self._lost_if_raises(self._check_read_current, conn, read_current, current)
-        self.tid = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
+        self.tid, mark = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
+        if self.read_mark is not None and mark != self.read_mark and not self.restoring:
+            self._check_not_removed(conn, mark)
         user, description, extension, status = self.meta
         in_temp = len(tstore) - len(new_rows)
         try:
@@ -310,6 +317,63 @@ class Commit:
                 nbytes += sum(os.path.getsize(path) for path in self.btxn.pending.values())
             adapter.check_commit_room(conn, len(tstore), nbytes)
         fault_point('vote.moved')
+
+    def _check_not_removed(self, conn, mark):
+        """The pack mark moved since the snapshot this transaction began
+        reading from (``read_mark``): pack batches committed since.  Refuse
+        to store a reference to an object one of them removed, or a state
+        of one: the object is gone, and the reference would dangle.  An
+        application can hold such an object (garbage when the pack
+        analysed the database) from a state it read before the batch, and
+        link it again: a pack re-checks the commits made before each of
+        its batches commits (pack._touched), and a commit made after one
+        is checked here.  Under the commit lock: a batch moves the mark on
+        and lists what it removed under that lock (pack._Batch.log), so
+        none commits between this check and ours.  Costs nothing unless a
+        batch committed during the transaction."""
+        adapter, cache = self.adapter, self.cache
+        after = self.read_mark
+
+        def read(after, upto):
+            return adapter.pack_removals(conn, after, upto)
+        if mark < after:
+            lists = None
+        elif cache is not None:
+            lists = cache.pack_removals(after, mark, read)
+        else:
+            lists = read(after, mark)
+        if lists is None:
+            # zap_all, a restored backup, or a transaction older than the
+            # start of a pack's deletion (which clears earlier lists):
+            # anything it read may be gone.
+            raise POSException.ConflictError(
+                "Objects of %s were removed (zap_all, a restored backup, or a pack) "
+                "since this transaction began; retry it" % adapter.describe())
+        removed = set(lists.garbage_ints())
+        if not removed:
+            return
+        from .pack import stored_references
+        rows = self.tstore.rows()
+        while True:
+            group = list(itertools.islice(rows, 1000))
+            if not group:
+                return
+            for (oid, _, _), refs in zip(
+                    group, stored_references([state for _, _, state in group])):
+                if oid in removed:
+                    gone = oid
+                elif refs:
+                    gone = next((ref for ref in refs if ref in removed), None)
+                else:
+                    gone = None
+                if gone is not None:
+                    raise POSException.ConflictError(
+                        oid=p64(oid),
+                        message="object 0x%x was removed by a pack (garbage when the pack "
+                                "analysed %s) after this transaction began; this "
+                                "transaction %s it.  A retry reads the current states."
+                                % (gone, adapter.describe(),
+                                   'changes' if gone == oid else 'stores a reference to'))
 
     def _lost_if_raises(self, check, *args):
         """Run a conflict check and return what it returns; a
@@ -446,7 +510,7 @@ class Commit:
         if oids:
             adapter.lock_objects_checked(conn, oids, [])
         fault_point('vote.locked')
-        adapter.advance_tid(conn, None, copied[0].tid)
+        adapter.advance_tid(conn, None, copied[0].tid)  # (copies: no pack check)
         fault_point('vote.commit_locked')
         keep_history = adapter.keep_history
         removed_any = False

@@ -694,6 +694,31 @@ def _found_oids(found):
     return oids
 
 
+def stored_references(states):
+    """The OIDs (ints) each of ``states`` (ZODB pickles, or None for a
+    deletion) references, in order; None for a state whose references
+    cannot be read.  For a commit's check against what a pack removed
+    (Commit._check_not_removed), which leaves a state it cannot read to
+    the pack's own check of it."""
+    read = _ZODBReferences()
+    try:
+        found = read.many(states)
+    except _Unreadable:
+        found = []
+        for state in states:
+            try:
+                found.append(None if state is None else read(bytes(state)))
+            except Exception:   # pylint:disable=broad-except
+                found.append(None)
+    result = []
+    for refs in found:
+        try:
+            result.append(_as_ints(0, 0, refs) if refs else ())
+        except PackError:
+            result.append(None)
+    return result
+
+
 def _zodb_references(state):
     """_ZODBReferences for one state."""
     return _ZODBReferences()(state)
@@ -1004,25 +1029,22 @@ class _Batch:
         self.mark = None
         self.prepared = None
 
-    def _mark(self, adapter, conn):
-        # In the batch's transaction: whoever sees its deletions sees the
-        # new pack mark, and under it the list of what went (log), so
-        # other processes drop only that from their caches.
-        if self.mark is None:
-            self.mark = adapter.new_removal_mark(conn)
-        return self.mark
-
     def log(self, adapter, conn):
-        """List what the batch removed under its mark (before its commit)."""
-        if self.mark is not None:
+        """Move the pack mark on and list what the batch removed under it
+        (under the commit lock, before the batch's commit).  In the batch's
+        transaction: whoever sees its deletions sees the new mark, and
+        under it the list of what went, so other processes drop only that
+        from their caches, and a commit that began before the batch checks
+        what it references against the list (Commit._check_not_removed)."""
+        if self.rows:
+            self.mark = adapter.new_removal_mark(conn)
             adapter.log_pack_removals(conn, self.mark, self.removed, self.trimmed)
 
     def delete_part(self, adapter, conn, after_oid, size):
         """Delete the next ``size`` candidates; False when none is left."""
         if self.first_after is None:
             self.first_after = after_oid
-        rows, revisions, objects, blobs = adapter.delete_pack_batch(
-            conn, after_oid, size, mark=lambda: self._mark(adapter, conn))
+        rows, revisions, objects, blobs = adapter.delete_pack_batch(conn, after_oid, size)
         if not rows:
             self.finished = True
             return False
@@ -1041,8 +1063,7 @@ class _Batch:
         return bool(self.prepared)
 
     def delete_prepared(self, adapter, conn):
-        revisions, objects, blobs = adapter.delete_prepared_batch(
-            conn, mark=lambda: self._mark(adapter, conn))
+        revisions, objects, blobs = adapter.delete_prepared_batch(conn)
         self._add(revisions, objects, blobs)
 
     def _count(self, rows, revisions, objects, blobs):

@@ -834,8 +834,10 @@ class RelStorage(ConflictResolvingStorage):
                     "Duplicate tpc_begin calls for same transaction")
             while self._commit is not None:
                 self._tpc_cond.wait()
+            # (What the transaction read came from snapshots at or after
+            # its poll: see Commit._check_not_removed.)
             self._commit = commit.Commit(self._adapter, self._cache, self._blobs,
-                                         txn, meta, tid)
+                                         txn, meta, tid, read_mark=self._poll_pack_mark)
         return self._commit
 
     def store(self, oid, serial, data, version, txn):

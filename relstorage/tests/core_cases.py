@@ -786,6 +786,39 @@ class PackVisibilityTests(FactoryCase):
             db2.close()
 
 
+    def test_the_commit_lock_reads_the_mark_a_batch_committed_while_it_waited(self):
+        # A commit checks what it stores against the pack batches committed
+        # since its transaction began (the pack mark, read as the commit
+        # lock is taken: Commit._check_not_removed).  A batch moves the
+        # mark on under the commit lock: the commit that waited for it must
+        # see the batch's mark, which a read in the statement that waited
+        # (on PostgreSQL, its snapshot taken before the wait) would not.
+        adapter = self.storage()._adapter
+        holder, waiter = adapter.open_store(), adapter.open_store()
+        try:
+            adapter.begin_store_checked(holder)
+            adapter.lock_commit_checked(holder)
+            found = []
+
+            def commit():
+                try:
+                    adapter.begin_store_checked(waiter)
+                    found.append(adapter.advance_tid(waiter, 1))
+                except BaseException as exc:  # pragma: no cover
+                    found.append(exc)
+            thread = threading.Thread(target=commit)
+            thread.start()
+            time.sleep(0.5)     # (so that it waits for the lock)
+            mark = adapter.bump_pack_mark(holder)
+            holder.commit()
+            thread.join(60)
+            self.assertEqual(found[0][1], mark)
+        finally:
+            waiter.rollback()
+            holder.rollback()
+            waiter.close()
+            holder.close()
+
 
 class TwoPhaseCommitTests(FactoryCase):
     """ZODB's contract: once tpc_vote has returned, tpc_finish must not

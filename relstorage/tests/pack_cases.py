@@ -20,6 +20,7 @@ import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import ConflictError
 from ZODB.POSException import POSKeyError
 from ZODB.serialize import referencesf
 from ZODB.tests.MinPO import MinPO
@@ -672,6 +673,55 @@ class PackBehaviourTests(PackCase):
             self.assertEqual(conn.root()['again']['child']['v'], 'child')
         self.assertFalse(self.exists(garbage._p_oid))
         self.assert_reachable_objects_load()
+
+    def test_commit_linking_what_a_batch_removed_since_it_began_is_refused(self):
+        # A helper agent's check (packs while writers relink subtrees): an
+        # application held an object that was garbage at the pack time (read
+        # before its last link went) and linked it again after the batch
+        # that removed it had committed.  The commit landed, with a
+        # reference to nothing.  It is now a ConflictError, which a retry
+        # (a new snapshot, without the object) gets past.
+        db = self.db()
+        with db.transaction() as conn:
+            box = conn.root()['box'] = PersistentMapping()
+            for name in ('a', 'b', 'unrelated'):
+                box[name] = PersistentMapping(v=name)
+                box[name]['child'] = PersistentMapping(v=name + '.child')
+        for name, link in (('unrelated', None),
+                           ('a', lambda root, held: root.__setitem__('again', held)),
+                           ('b', lambda root, held: root.__setitem__(
+                               'new', PersistentMapping(ref=held['child'])))):
+            tm = transaction.TransactionManager()
+            conn = db.open(tm)
+            self.addCleanup(conn.close)
+            tm.begin()
+            held = conn.root()['box'][name]
+            held['child']['v']
+            with db.transaction() as other:
+                del other.root()['box'][name]
+            report = db.storage.run_pack(time.time() + 1, referencesf)
+            self.assertEqual(report.objects_removed, 2)
+            if link is None:
+                # What the batch removed is not what the commit stores.
+                conn.root()['x'] = 1
+                tm.commit()
+                continue
+            link(conn.root(), held)
+            with self.assertRaises(ConflictError) as cm:
+                tm.commit()
+            self.assertIn('removed by a pack', str(cm.exception))
+            tm.abort()
+            tm.begin()
+            self.assertNotIn(name, conn.root()['box'])
+            conn.root()['x'] = name
+            tm.commit()
+            conn.close()
+        self.assertNotIn('again', self.assert_reachable_names(db))
+        self.assert_reachable_objects_load()
+
+    def assert_reachable_names(self, db):
+        with db.transaction() as conn:
+            return set(conn.root())
 
     def test_commit_after_the_analysis_keeps_what_the_object_reached(self):
         # Regression (history-free): an object changed by a commit made

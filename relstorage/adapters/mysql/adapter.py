@@ -430,6 +430,15 @@ class MySQLAdapter(Adapter):
         with self._bounded_lock_wait(conn) as bounded:
             return conn.query_value(bounded(self.sql.LOCK_COMMIT)) or 0
 
+    def lock_commit_marked(self, conn):
+        # One locking read of both rows: it returns their newest committed
+        # values, whenever the statement began (a plain read of the mark in
+        # it would not).  A pack batch moves the mark on only once it holds
+        # the commit lock, so the mark's row is never waited for.
+        with self._bounded_lock_wait(conn) as bounded:
+            rows = dict(conn.query_all(bounded(self.sql.LOCK_COMMIT_MARKED)))
+        return rows.get(0) or 0, rows.get(1) or 0
+
     def hold_locks(self, conn, seconds):
         # MySQL has no limit on an idle transaction, only on an idle
         # session: shorten it (the server closing the session rolls the

@@ -111,6 +111,10 @@ class MySQLStatements(Statements):
 
     # The commit lock: one row, locked until commit or rollback.
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
+    # ... and the pack mark (Adapter.lock_commit_marked), rows locked in
+    # id order.
+    LOCK_COMMIT_MARKED = ("SELECT id, tid FROM commit_lock WHERE id IN (0, 1) "
+                          "ORDER BY id FOR UPDATE")
 
     # Row locks taken during vote (see MySQLAdapter.lock_objects).  A
     # locking read returns the newest committed tid of each row: the

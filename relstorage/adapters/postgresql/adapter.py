@@ -271,6 +271,12 @@ class PostgreSQLAdapter(Adapter):
     def lock_commit(self, conn):
         return conn.query_value(self.sql.LOCK_COMMIT)
 
+    def query_script(self, conn, script):
+        # (No parameters: the drivers send it as one simple query.)
+        conn.execute(script, None)
+        conn.call(self.driver.to_last_result, conn.cursor)
+        return conn.fetchone()
+
     def hold_locks(self, conn, seconds):
         # SET LOCAL lasts until the transaction ends: a rollback, or the
         # server ending the session, undoes it with the locks.

@@ -149,6 +149,10 @@ class Driver:
     def connect(self, dsn, purpose):
         raise NotImplementedError
 
+    def to_last_result(self, cursor):
+        """After a script of several statements, make ``cursor`` fetch the
+        last one's result (psycopg2 keeps only that one)."""
+
     def copy_in(self, cursor, stmt, rows):
         """Stream ``rows`` of (int, int, bytes-or-None) with ``stmt`` (COPY)."""
         raise NotImplementedError
@@ -183,6 +187,11 @@ class Psycopg3Driver(Driver):
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
             conn.read_only = False
         return conn
+
+    def to_last_result(self, cursor):
+        # psycopg 3 keeps every result, the first one current.
+        while cursor.nextset():
+            pass
 
     def copy_in(self, cursor, stmt, rows):
         self._copy(cursor, stmt, ['int8', 'int8', 'bytea'], rows)

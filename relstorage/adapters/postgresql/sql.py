@@ -118,9 +118,16 @@ class PostgreSQLStatements(Statements):
         DELETE FROM blob_chunk WHERE zoid = ANY(ARRAY(SELECT zoid FROM temp_store))
     """
 
-    # Commit lock, choice of the tid and its publication in one round trip.
+    # Commit lock, choice of the tid and its publication, and the pack
+    # mark, in one round trip (Adapter.advance_tid).  The mark in a
+    # statement of its own: read committed gives it a snapshot taken once
+    # the UPDATE holds the lock, so it sees a pack batch that committed
+    # while the UPDATE waited (which the UPDATE's own snapshot, taken
+    # before the wait, would not).
     ADVANCE_TID = """
-        UPDATE commit_lock SET tid = GREATEST(tid + 1, %s) WHERE id = 0 RETURNING tid
+        UPDATE commit_lock SET tid = GREATEST(tid + 1, {now}) WHERE id = 0;
+        SELECT MAX(CASE WHEN id = 0 THEN tid END), MAX(CASE WHEN id = 1 THEN tid END)
+        FROM commit_lock WHERE id IN (0, 1)
     """
 
     # Exact below SMALL_TABLE_BYTES, else the planner's estimate: an exact
