@@ -773,6 +773,12 @@ class Adapter(PackVerbs):
         the first pack)."""
         return conn.query_value(self.q(self.sql.GET_PACK_MARK)) or 0
 
+    def zap_mark(self, conn):
+        """The pack mark zap_all last moved the database to, as the
+        transaction of ``conn`` sees it (0 if never): the shared cache's
+        namespace of states (StorageCache._use_namespace_of)."""
+        return conn.query_value(self.q(self.sql.GET_ZAP_MARK)) or 0
+
     def bump_pack_mark(self, conn):
         """Increment the pack mark, inside the pack's store transaction
         (which holds the commit lock, so two packs cannot race)."""
@@ -1317,6 +1323,8 @@ class Adapter(PackVerbs):
                     conn.execute('DELETE FROM %s' % table)
             self.set_last_tid(conn, 0)
             mark = self.bump_pack_mark(conn)
+            conn.execute(self.q(self.sql.CLEAR_ZAP_MARK))
+            conn.execute(self.q(self.sql.INSERT_ZAP_MARK), (mark,))
             conn.commit()
         except BaseException:
             conn.rollback()

@@ -16,8 +16,9 @@ Tables (both modes):
                      increments, so that other processes learn, with the
                      same query, that cached revisions and objects may be
                      gone; ``pack_removed_list`` says which.  Row 3: the
-                     database's key (Adapter.database_key).  Row 2 is
-                     Oracle's pack lock.
+                     database's key (Adapter.database_key).  Row 4
+                     (written by zap_all): the pack mark zap_all moved
+                     to (Adapter.zap_mark).  Row 2 is Oracle's pack lock.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
@@ -151,6 +152,9 @@ class Statements:
     GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
     SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"
     INSERT_PACK_MARK = "INSERT INTO commit_lock (id, tid) VALUES (1, %s)"
+    GET_ZAP_MARK = "SELECT tid FROM commit_lock WHERE id = 4"
+    CLEAR_ZAP_MARK = "DELETE FROM commit_lock WHERE id = 4"
+    INSERT_ZAP_MARK = "INSERT INTO commit_lock (id, tid) VALUES (4, %s)"
 
     LOAD_CURRENT = """
         SELECT s.state, s.tid

@@ -250,23 +250,24 @@ def load_validated(path, adapter, put, record, key=None):
     ``key``, None if unknown) confirms go to ``put(oid, tid, state)`` and
     ``record(oid, tid, snapshot)``.
 
-    Returns (snapshot_tid, loaded, dropped, pack_mark); snapshot_tid is
-    None when nothing could be checked (no file, damaged, or the database
-    is behind); pack_mark is the database's as the entries were checked.
+    Returns (snapshot_tid, loaded, dropped, pack_mark, zap_mark);
+    snapshot_tid is None when nothing could be checked (no file, damaged,
+    or the database is behind); pack_mark and zap_mark
+    (Adapter.zap_mark) are the database's as the entries were checked.
     """
     try:
         content = read_file(path)
     except (CacheFileError, OSError) as exc:
         log.warning("Ignoring cache file %s: %s", path, exc)
-        return None, 0, 0, None
+        return None, 0, 0, None, None
     if content is None:
-        return None, 0, 0, None
+        return None, 0, 0, None, None
     last_tid, entries, file_key, file_mark = content
     if file_key and key and file_key != key:
         log.warning("Ignoring cache file %s: it was written for another database "
                     "(made again at the same place, or copied there with zodbconvert "
                     "--clear)", path)
-        return None, 0, len(entries), None
+        return None, 0, len(entries), None, None
     conn = adapter.open_load()
     try:
         adapter.begin_snapshot(conn)
@@ -276,13 +277,13 @@ def load_validated(path, adapter, put, record, key=None):
                 "Ignoring cache file %s: it was written after transaction %x but the "
                 "database's last transaction is %x (restored from an older backup?)",
                 path, last_tid, snapshot)
-            return None, 0, len(entries), None
+            return None, 0, len(entries), None, None
         mark = adapter.pack_mark(conn)
         if file_mark != mark and (
                 file_mark > mark or adapter.pack_removals(conn, file_mark, mark) is None):
             log.info("Ignoring cache file %s: the database was emptied (zap_all), restored "
                      "or packed more than once since it was written", path)
-            return None, 0, len(entries), None
+            return None, 0, len(entries), None, None
         loaded = dropped = 0
         for i in range(0, len(entries), VALIDATE_BATCH):
             batch = entries[i:i + VALIDATE_BATCH]
@@ -294,7 +295,7 @@ def load_validated(path, adapter, put, record, key=None):
                     loaded += 1
                 else:
                     dropped += 1
-        return snapshot, loaded, dropped, mark
+        return snapshot, loaded, dropped, mark, adapter.zap_mark(conn)
     finally:
         conn.rollback()
         conn.close()

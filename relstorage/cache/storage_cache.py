@@ -484,17 +484,18 @@ class StorageCache:
         self.index.clear()
         self._forget_own_commits()
 
-    def note_pack_mark(self, mark, snapshot, removals=None):
+    def note_pack_mark(self, mark, snapshot, removals=None, zap_mark=None):
         """A snapshot ``snapshot`` saw pack mark ``mark`` (see
         adapters/sql.py, commit_lock).  The first time a greater mark is
         seen, what is cached may describe objects or revisions the pack
         removed.  ``removals(after, upto)`` (on the snapshot's connection)
         lists them per pack batch: only those are forgotten.  Without a
         list (zap_all, or a list of an earlier pack already emptied),
-        forget it all, and move to a shared-cache namespace of the new
-        mark, where only what is learned from now on goes.  Marks only
-        grow; an older snapshot still showing the previous mark changes
-        nothing."""
+        forget it all.  ``zap_mark()`` (on the same connection; without
+        it, ``mark``) is the mark of the database's last zap_all, which
+        names the shared cache's namespace (_use_namespace_of).  Marks
+        only grow; an older snapshot still showing the previous mark
+        changes nothing."""
         with self._mark_lock:
             newest = self._newest_snapshot
             if snapshot > newest:
@@ -531,7 +532,7 @@ class StorageCache:
                     if self.shared is not None:
                         self.shared.hint_prefix = '%s:h%x' % (self.shared.prefix, mark)
                     return
-            self._use_namespace_of(mark)
+            self._use_namespace_of(zap_mark() if zap_mark is not None else mark, mark)
             if first:
                 return
             # Hints must describe post-pack snapshots: an instance still
@@ -559,12 +560,21 @@ class StorageCache:
             log.info("The database was packed or zapped (pack mark %d): cleared the cache.",
                      mark)
 
-    def _use_namespace_of(self, mark):
-        """The shared cache's keys of pack mark ``mark`` (see note_pack_mark)."""
+    def _use_namespace_of(self, zap, mark):
+        """The shared cache's keys at pack mark ``mark`` of a database last
+        emptied by zap_all at mark ``zap`` (see note_pack_mark).  States
+        live in a namespace of the zap (a copy into the emptied database
+        may reuse every tid), hints in one of the pack mark as well (one
+        may say that an object a pack removed is current).  Both come
+        from the database alone, so that every process uses the same
+        keys, whatever it saw: a helper agent's check found the processes
+        started after a pack in a namespace of their own (of that pack's
+        mark), sharing nothing with those started before."""
         if self.shared is not None:
             base = self.shared_prefix
-            self.shared.prefix = self.shared.hint_prefix = (
-                base if not mark else '%s:p%x' % (base, mark))
+            states = base if not zap else '%s:p%x' % (base, zap)
+            self.shared.prefix = states
+            self.shared.hint_prefix = states if mark == zap else '%s:h%x' % (states, mark)
 
     def pack_removals(self, after_mark, upto_mark, read):
         """``read(after_mark, upto_mark)``: the lists of what pack
@@ -654,7 +664,7 @@ class StorageCache:
         path = self.persistent_path
         started = time.time()
         try:
-            snapshot, loaded, dropped, mark = persistent.load_validated(
+            snapshot, loaded, dropped, mark, zap = persistent.load_validated(
                 path, adapter, self.local.put, self.index.record, self.database_key)
             # (Ignored: this process's entries replace it, whatever its
             # mark; a review finding: a file of a mark the database, restored
@@ -670,7 +680,7 @@ class StorageCache:
             # review finding: taken as the first mark, it forgot nothing).
             with self._mark_lock:
                 self._pack_mark = mark
-                self._use_namespace_of(mark)
+                self._use_namespace_of(zap, mark)
             self.index.start_log(snapshot)
             log.info("Loaded %d cached states from %s in %.2fs (%d were out of date)",
                      loaded, path, time.time() - started, dropped)

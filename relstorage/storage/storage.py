@@ -358,7 +358,8 @@ class RelStorage(ConflictResolvingStorage):
         # A pack happened since the cache last looked: it drops what
         # may be gone (see StorageCache.note_pack_mark).
         self._cache.note_pack_mark(
-            pack_mark, tid, lambda after, upto: self._adapter.pack_removals(conn, after, upto))
+            pack_mark, tid, lambda after, upto: self._adapter.pack_removals(conn, after, upto),
+            lambda: self._adapter.zap_mark(conn))
         if self._poll_tid is None:
             self._poll_tid = tid
         return conn

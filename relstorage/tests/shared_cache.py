@@ -271,8 +271,40 @@ class SharedCacheTests(SqliteCacheCase):
             self.assertRaises(POSKeyError, inst.load, oid)
         inst.release()
         self.assertEqual(fresh.cache_stats()['warmed_from_shared'], 0)
-        self.assertIn(':p1', fresh._cache.shared.prefix)
+        # (States are immutable per revision: only hints and the hot list,
+        # which say what is current, move to a namespace of the mark.)
+        self.assertEqual(fresh._cache.shared.prefix, writer._cache.shared.prefix)
+        self.assertTrue(fresh._cache.shared.hint_prefix.endswith(':h1'))
         self.assertTrue(tid)
+
+    def test_processes_started_before_and_after_a_pack_share_states(self):
+        # A helper agent's check (a soak with packs from cron): a process
+        # started after a pack used a namespace of that pack's mark for
+        # everything, the processes running since before it kept theirs:
+        # none found what the other group stored (two copies of every
+        # state in the shared cache, and loads from the database).
+        from ZODB.serialize import referencesf
+        writer = self.storage()
+        self.commit(writer, {writer.new_oid(): 'garbage' for _ in range(3)})
+        running = self.storage()
+        inst = running.new_instance()
+        inst.poll_invalidations()
+        inst.release()
+        self.storage().pack(time.time() + 1, referencesf)
+        inst = running.new_instance()
+        inst.poll_invalidations()                   # learns of the pack
+        oid = inst.new_oid()
+        tid = self.commit(inst, {oid: 'after'})
+        inst.release()
+        fresh = self.storage()
+        inst = fresh.new_instance()
+        inst.poll_invalidations()
+        state, serial = inst.load(oid)
+        self.assertEqual((zodb_unpickle(state).value, serial), ('after', tid))
+        inst.release()
+        self.assertEqual(fresh.cache_stats()['db_loads'], 0)
+        self.assertEqual((fresh._cache.shared.prefix, fresh._cache.shared.hint_prefix),
+                         (running._cache.shared.prefix, running._cache.shared.hint_prefix))
 
     def test_running_process_takes_no_hint_of_what_a_pack_removed(self):
         # A helper agent's check: a process running across a pack (which it

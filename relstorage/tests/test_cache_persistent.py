@@ -236,7 +236,7 @@ class PersistentCacheTests(unittest.TestCase):
             return original(conn, oids)
         adapter.current_tids = counting
         kept = {}
-        snapshot, loaded, dropped, _ = persistent.load_validated(
+        snapshot, loaded, dropped, _, _ = persistent.load_validated(
             self.cache_file(), adapter, lambda o, t, s: kept.__setitem__(o, t),
             lambda o, t, snap: None)
         adapter.close()

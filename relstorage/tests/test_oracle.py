@@ -345,6 +345,7 @@ def drive_every_verb(adapter, recorder):
     recorder.pack_mark = 1
     adapter.bump_pack_mark(store)
     adapter.pack_mark(store)
+    adapter.zap_mark(store)
     store.commit()
     store.close()
 
