@@ -484,6 +484,11 @@ class StorageCache:
         self.index.clear()
         self._forget_own_commits()
 
+    def newest_pack_mark(self):
+        """The newest pack mark a snapshot of this process has shown
+        (None before the first)."""
+        return self._pack_mark
+
     def note_pack_mark(self, mark, snapshot, removals=None, zap_mark=None):
         """A snapshot ``snapshot`` saw pack mark ``mark`` (see
         adapters/sql.py, commit_lock).  The first time a greater mark is

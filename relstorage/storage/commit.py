@@ -272,10 +272,17 @@ class Commit:
             self.blobs.vote(adapter, conn, self.btxn, tstore)
         if read_current:
             self._lost_if_raises(self._check_read_current, conn, read_current, current)
+        check = self.read_mark is not None and not self.restoring and len(tstore) > 0
+        refs = None
+        if check and self.cache is not None and self.cache.newest_pack_mark() != self.read_mark:
+            # A batch is known to have committed since our snapshot (another
+            # instance of the process saw it): the references are read now,
+            # not under the commit lock.
+            refs = self._stored_references()
         self.tid, mark = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
-        if self.read_mark is not None and mark != self.read_mark and not self.restoring:
-            self._check_not_removed(conn, mark)
+        if check and mark != self.read_mark:
+            self._check_not_removed(conn, mark, refs)
         user, description, extension, status = self.meta
         in_temp = len(tstore) - len(new_rows)
         try:
@@ -318,7 +325,7 @@ class Commit:
             adapter.check_commit_room(conn, len(tstore), nbytes)
         fault_point('vote.moved')
 
-    def _check_not_removed(self, conn, mark):
+    def _check_not_removed(self, conn, mark, refs=None):
         """The pack mark moved since the snapshot this transaction began
         reading from (``read_mark``): pack batches committed since.  Refuse
         to store a reference to an object one of them removed, or a state
@@ -330,7 +337,8 @@ class Commit:
         is checked here.  Under the commit lock: a batch moves the mark on
         and lists what it removed under that lock (pack._Batch.log), so
         none commits between this check and ours.  Costs nothing unless a
-        batch committed during the transaction."""
+        batch committed during the transaction.  ``refs``: what
+        _stored_references returned before the lock, or None."""
         adapter, cache = self.adapter, self.cache
         after = self.read_mark
 
@@ -342,38 +350,50 @@ class Commit:
             lists = cache.pack_removals(after, mark, read)
         else:
             lists = read(after, mark)
+        if lists is not None:
+            removed = set(lists.garbage_ints())
+            if not removed:
+                return
+        if refs is None:
+            refs = self._stored_references()
         if lists is None:
-            # zap_all, a restored backup, or a transaction older than the
-            # start of a pack's deletion (which clears earlier lists):
-            # anything it read may be gone.
-            raise POSException.ConflictError(
-                "Objects of %s were removed (zap_all, a restored backup, or a pack) "
-                "since this transaction began; retry it" % adapter.describe())
-        removed = set(lists.garbage_ints())
-        if not removed:
-            return
+            # The list of some mark since is gone (zap_all, the start of a
+            # later pack's deletion, which empties the lists of the one
+            # before; a history-free restore of undone creations): ask the
+            # database whether what we reference still exists, exactly.
+            # (A review finding: refusing such commits outright refused
+            # them forever where the transaction's mark could not move.)
+            stored = set(self.tstore.oids())
+            wanted = sorted({ref for _, found in refs for ref in found} - stored)
+            removed = set(wanted) - set(adapter.current_tids(conn, wanted))
+            if not removed:
+                return
+        for oid, found in refs:
+            if oid in removed:
+                gone = oid
+            else:
+                gone = next((ref for ref in found if ref in removed), None)
+            if gone is not None:
+                raise POSException.ConflictError(
+                    oid=p64(oid),
+                    message="object 0x%x was removed by a pack (garbage when the pack "
+                            "analysed %s) after this transaction began; this "
+                            "transaction %s it.  A retry reads the current states."
+                            % (gone, adapter.describe(),
+                               'changes' if gone == oid else 'stores a reference to'))
+
+    def _stored_references(self):
+        """[(oid, the OIDs its stored state references)] of every object
+        this transaction stores."""
         from .pack import stored_references
+        result = []
         rows = self.tstore.rows()
         while True:
             group = list(itertools.islice(rows, 1000))
             if not group:
-                return
-            for (oid, _, _), refs in zip(
-                    group, stored_references([state for _, _, state in group])):
-                if oid in removed:
-                    gone = oid
-                elif refs:
-                    gone = next((ref for ref in refs if ref in removed), None)
-                else:
-                    gone = None
-                if gone is not None:
-                    raise POSException.ConflictError(
-                        oid=p64(oid),
-                        message="object 0x%x was removed by a pack (garbage when the pack "
-                                "analysed %s) after this transaction began; this "
-                                "transaction %s it.  A retry reads the current states."
-                                % (gone, adapter.describe(),
-                                   'changes' if gone == oid else 'stores a reference to'))
+                return result
+            result.extend(zip([oid for oid, _, _ in group],
+                              stored_references([state for _, _, state in group])))
 
     def _lost_if_raises(self, check, *args):
         """Run a conflict check and return what it returns; a

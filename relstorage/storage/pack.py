@@ -696,7 +696,7 @@ def _found_oids(found):
 
 def stored_references(states):
     """The OIDs (ints) each of ``states`` (ZODB pickles, or None for a
-    deletion) references, in order; None for a state whose references
+    deletion) references, in order; none for a state whose references
     cannot be read.  For a commit's check against what a pack removed
     (Commit._check_not_removed), which leaves a state it cannot read to
     the pack's own check of it."""
@@ -715,7 +715,7 @@ def stored_references(states):
         try:
             result.append(_as_ints(0, 0, refs) if refs else ())
         except PackError:
-            result.append(None)
+            result.append(())
     return result
 
 

@@ -208,6 +208,10 @@ class RelStorage(ConflictResolvingStorage):
         self._diverged_at = None
         self._snapshot_pack_mark = 0    # the pack mark in our snapshot
         self._poll_pack_mark = None     # ... when the ZODB connection last polled
+        # ... in the first snapshot of the transaction under way (set by the
+        # poll, or the first snapshot after the end of the last one): what
+        # it read is at least that recent (Commit._check_not_removed).
+        self._read_mark = None
         self._last_commit_tid = 0
         # Read-only replicas (ro-replica-conf) may be behind what this
         # instance has seen: the highest tid seen, see _replica_behind.
@@ -334,6 +338,8 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_open = True
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
+        if self._read_mark is None:
+            self._read_mark = pack_mark
         # A witness's object older than the revision a poll reported, in
         # a snapshot that has that revision's transaction: this is not the
         # history the witness came from (a restored backup, committed to
@@ -463,6 +469,7 @@ class RelStorage(ConflictResolvingStorage):
         self._autorefresh = False
         previous = self._poll_tid
         self._end_snapshot()
+        self._read_mark = None
         conn = self._ensure_snapshot(polling=True)
         current = self._snapshot_tid
         if self._stale_snapshot:
@@ -576,6 +583,7 @@ class RelStorage(ConflictResolvingStorage):
     def sync(self, force=True):
         with self._lock:
             self._end_snapshot()
+            self._read_mark = None
 
     def afterCompletion(self):
         # The end of a transaction, or the ZODB connection was closed: the
@@ -583,6 +591,7 @@ class RelStorage(ConflictResolvingStorage):
         with self._lock:
             self._end_snapshot()
             self._give_back_load_conn()
+            self._read_mark = None
 
     # ------------------------------------------------------------------
     # Loading
@@ -836,9 +845,11 @@ class RelStorage(ConflictResolvingStorage):
             while self._commit is not None:
                 self._tpc_cond.wait()
             # (What the transaction read came from snapshots at or after
-            # its poll: see Commit._check_not_removed.)
+            # _read_mark: see Commit._check_not_removed.  A review finding:
+            # the mark of the last poll never moved for a storage used
+            # without ZODB.DB.)
             self._commit = commit.Commit(self._adapter, self._cache, self._blobs,
-                                         txn, meta, tid, read_mark=self._poll_pack_mark)
+                                         txn, meta, tid, read_mark=self._read_mark)
         return self._commit
 
     def store(self, oid, serial, data, version, txn):
@@ -992,6 +1003,7 @@ class RelStorage(ConflictResolvingStorage):
             self._end_tpc()
 
     def _end_tpc(self):
+        self._read_mark = None
         if self._voting_as is not None:
             voters = self._root._voters
             if voters.get(self._voting_as) is self:

@@ -798,17 +798,24 @@ class PackVisibilityTests(FactoryCase):
         try:
             adapter.begin_store_checked(holder)
             adapter.lock_commit_checked(holder)
-            found = []
+            found, asked = [], threading.Event()
 
             def commit():
                 try:
+                    # (SQLite's commit lock is taken by the BEGIN.)
+                    asked.set()
                     adapter.begin_store_checked(waiter)
                     found.append(adapter.advance_tid(waiter, 1))
                 except BaseException as exc:  # pragma: no cover
                     found.append(exc)
+                    asked.set()
             thread = threading.Thread(target=commit)
             thread.start()
-            time.sleep(0.5)     # (so that it waits for the lock)
+            # The waiter asks for the lock before the holder commits (and
+            # cannot have it before), so it waited for it.
+            asked.wait(60)
+            time.sleep(0.2)
+            self.assertTrue(thread.is_alive())
             mark = adapter.bump_pack_mark(holder)
             holder.commit()
             thread.join(60)
@@ -818,6 +825,53 @@ class PackVisibilityTests(FactoryCase):
             holder.rollback()
             waiter.close()
             holder.close()
+
+    def unlink_and_pack(self, db):
+        with db.transaction() as conn:
+            conn.root()['junk'] = PersistentMapping()
+        with db.transaction() as conn:
+            del conn.root()['junk']
+        db.storage.pack(time.time() + 1, referencesf)
+
+    def test_commits_of_an_instance_that_polled_once_long_ago(self):
+        # A review finding: the check of what a commit references against
+        # the pack's removal lists started from the mark of the instance's
+        # last poll, which never moved for a storage used without ZODB.DB:
+        # once a later pack had emptied those lists, every commit was
+        # refused ("retry it"), for good.
+        db = ZODB.DB(self.storage())
+        self.addCleanup(db.close)
+        inst = db.storage.new_instance()
+        self.addCleanup(inst.release)
+        inst.poll_invalidations()
+        for _ in range(2):
+            self.unlink_and_pack(db)
+        for value in range(3):
+            self.commit(inst, inst.new_oid(), z64, value)
+
+    def test_commit_across_zap_all_checks_what_it_references(self):
+        # Without removal lists (zap_all moves the mark without one), the
+        # commit asks the database whether what it references exists.
+        for refers in (True, False):
+            db = ZODB.DB(self.storage())      # (makes the root again)
+            self.addCleanup(db.close)
+            with db.transaction() as conn:
+                conn.root()['a'] = PersistentMapping(v=1)
+            tm = transaction.TransactionManager()
+            conn = db.open(tm)
+            tm.begin()
+            held = conn.root()['a']
+            self.storage().zap_all()
+            # A new object, referring to an object the zap removed or not.
+            conn.add(PersistentMapping(ref=held) if refers else PersistentMapping())
+            if refers:
+                with self.assertRaises(ConflictError) as cm:
+                    tm.commit()
+                self.assertIn('removed by a pack', str(cm.exception))
+                tm.abort()
+            else:
+                tm.commit()
+            conn.close()
 
 
 class TwoPhaseCommitTests(FactoryCase):

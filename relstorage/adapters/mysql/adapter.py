@@ -13,8 +13,8 @@ Connections, by purpose:
 ``store``  READ COMMITTED, autocommit off, with a ``temp_store`` TEMPORARY
            table.  Vote locks the current rows it changes (``FOR UPDATE``)
            and the rows read with readCurrent (shared), in OID order,
-           then, last, the single ``commit_lock`` row, held until the
-           COMMIT in finish.
+           then, last, ``commit_lock``'s rows 0 (the commit lock) and 1
+           (the pack mark, read with it), held until the COMMIT in finish.
 ``oid``    READ COMMITTED, autocommit on: OIDs come from an AUTO_INCREMENT
            table, whose values are never rolled back.
 
