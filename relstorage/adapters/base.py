@@ -957,8 +957,11 @@ class Adapter(PackVerbs):
         if self.classify_error(exc) != 'lock':
             raise exc
         conn.rollback()
+        # (Not "within N s" alone: a helper agent's check saw a deadlock,
+        # broken by the database at once, reported as a 30 s wait.)
         raise UnableToAcquireCommitLockError(
-            "Could not acquire the commit lock within %ss: %s"
+            "Could not acquire the commit lock (commit-lock-timeout %ss, or a deadlock "
+            "the database broke): %s"
             % (self.options.commit_lock_timeout, _one_line(exc))) from exc
 
     def advance_tid(self, conn, now_tid, requested=None):

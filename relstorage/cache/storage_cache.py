@@ -408,12 +408,22 @@ class StorageCache:
         (see rolled_back)."""
         return self.index.abandoned(snapshot)
 
-    def rolled_back(self, new_last, old_last):
-        """The database went back in time: forget every tid we knew."""
+    def rolled_back(self, new_last, old_last, pack_mark=None):
+        """The database went back in time: forget every tid we knew.
+        ``pack_mark``: the pack mark it went back to, if it did."""
         self.index.rolled_back(new_last, old_last)
         # Its pack marks may count again from older values.
         self._removals_memo = {}
         self._forget_own_commits()
+        if pack_mark is not None:
+            with self._mark_lock:
+                if self._pack_mark is not None and pack_mark < self._pack_mark:
+                    # The marks that come next are news again (a helper
+                    # agent's check: after zodbconvert --clear, which
+                    # makes the tables again, a running process ignored
+                    # the packs up to its old mark and went on serving
+                    # the objects they removed).
+                    self._pack_mark = pack_mark
 
     def _forget_own_commits(self):
         with self._own_lock:

@@ -499,7 +499,7 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's pack mark went backwards (from %d to %d; restored "
                         "from a backup?); invalidating all caches.",
                         mark, self._snapshot_pack_mark)
-            self._cache.rolled_back(0, max(previous, current))
+            self._cache.rolled_back(0, max(previous, current), self._snapshot_pack_mark)
             self._forget_history()
             return None
         removed = []

@@ -833,6 +833,54 @@ class PackVisibilityTests(FactoryCase):
             del conn.root()['junk']
         db.storage.pack(time.time() + 1, referencesf)
 
+    def test_running_process_learns_of_packs_after_the_tables_were_made_again(self):
+        # A helper agent's check: zodbconvert --clear drops and makes the
+        # tables again, so the pack mark counts from 0 again; a process
+        # running across it ignored the packs up to its old mark, and went
+        # on serving the objects they removed from its cache.
+        db = ZODB.DB(self.storage())
+        self.addCleanup(db.close)
+        # (Explicit: no snapshot stays open between transactions, which
+        # the dropping of the tables would wait for.)
+        tm = transaction.TransactionManager(explicit=True)
+        conn = db.open(tm)
+        self.addCleanup(conn.close)
+
+        def garbage_read_then_packed():
+            """An object made garbage, read by ``conn``, removed by a pack."""
+            tm.begin()
+            conn.root()['junk'] = junk = PersistentMapping(v=1)
+            tm.commit()
+            tm.begin()
+            del conn.root()['junk']
+            tm.commit()
+            tm.begin()
+            conn._storage.load(junk._p_oid)     # in this process's cache
+            tm.abort()
+            packer = self.storage()
+            packer.pack(time.time() + 1, referencesf)
+            packer.close()
+            return junk._p_oid
+
+        def assert_gone(oid):
+            tm.begin()
+            self.assertRaises(POSKeyError, conn._storage.load, oid)
+            tm.abort()
+        for _ in range(2):
+            assert_gone(garbage_read_then_packed())
+        clearer = self.storage()
+        clearer.close()
+        try:
+            clearer._adapter.drop_all()
+        except RelStorageError as exc:
+            # (SQLite refuses while another storage has the database open.)
+            self.skipTest(str(exc))
+        ZODB.DB(self.storage()).close()         # the schema and the root again
+        tm.begin()                              # the mark went back
+        tm.abort()
+        for _ in range(2):
+            assert_gone(garbage_read_then_packed())
+
     def test_commits_of_an_instance_that_polled_once_long_ago(self):
         # A review finding: the check of what a commit references against
         # the pack's removal lists started from the mark of the instance's
