@@ -415,14 +415,18 @@ class StorageCache:
         # Its pack marks may count again from older values.
         self._removals_memo = {}
         self._forget_own_commits()
+        self.pack_mark_at_most(pack_mark)
+
+    def pack_mark_at_most(self, pack_mark):
+        """The database went back in time, to pack mark ``pack_mark``
+        (None: unknown): the marks that come next are news again (a
+        helper agent's check: after zodbconvert --clear, which makes the
+        tables again, a running process ignored the packs up to its old
+        mark and went on serving the objects they removed).  Lower than
+        needed only makes the next mark's lists read again."""
         if pack_mark is not None:
             with self._mark_lock:
                 if self._pack_mark is not None and pack_mark < self._pack_mark:
-                    # The marks that come next are news again (a helper
-                    # agent's check: after zodbconvert --clear, which
-                    # makes the tables again, a running process ignored
-                    # the packs up to its old mark and went on serving
-                    # the objects they removed).
                     self._pack_mark = pack_mark
 
     def _forget_own_commits(self):

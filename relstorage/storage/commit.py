@@ -363,8 +363,13 @@ class Commit:
             # database whether what we reference still exists, exactly.
             # (A review finding: refusing such commits outright refused
             # them forever where the transaction's mark could not move.)
-            stored = set(self.tstore.oids())
-            wanted = sorted({ref for _, found in refs for ref in found} - stored)
+            # (Objects we change too: a review finding, their rows written
+            # again brought a removed object back.  Not those we create.)
+            new = {oid for oid, prev_tid in self.tstore.prev_tids() if not prev_tid}
+            wanted = sorted(({ref for _, found in refs for ref in found}
+                             | {oid for oid, _ in refs}) - new)
+            if not wanted:
+                return
             removed = set(wanted) - set(adapter.current_tids(conn, wanted))
             if not removed:
                 return

@@ -368,6 +368,10 @@ class RelStorage(ConflictResolvingStorage):
             lambda: self._adapter.zap_mark(conn))
         if self._poll_tid is None:
             self._poll_tid = tid
+            # (With the tid, its mark: the next poll invalidates what packs
+            # removed since.  A review finding: without it, what a new
+            # connection read before its first poll stayed in its cache.)
+            self._poll_pack_mark = pack_mark
         return conn
 
     def _high_water(self):
@@ -475,7 +479,12 @@ class RelStorage(ConflictResolvingStorage):
         if self._stale_snapshot:
             # Nothing to invalidate: the connection keeps what it has,
             # and its loads raise ReadConflictError until the replica
-            # catches up.
+            # catches up.  What it caches is as of the last poll's mark
+            # (a review finding: a commit of objects it holds was checked
+            # from the replica's mark only).
+            if self._poll_pack_mark is not None:
+                self._read_mark = (self._poll_pack_mark if self._read_mark is None
+                                   else min(self._read_mark, self._poll_pack_mark))
             return []
         self._poll_tid = current
         if self._reverted:
@@ -489,6 +498,7 @@ class RelStorage(ConflictResolvingStorage):
             # Another instance of this process found that the database's
             # history changed under the snapshot we polled last (see
             # below): what our ZODB connection caches is from it.
+            self._cache.pack_mark_at_most(self._marks_from(conn))
             self._forget_history()
             return None
         if (previous is not None and mark is not None
@@ -499,7 +509,7 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's pack mark went backwards (from %d to %d; restored "
                         "from a backup?); invalidating all caches.",
                         mark, self._snapshot_pack_mark)
-            self._cache.rolled_back(0, max(previous, current), self._snapshot_pack_mark)
+            self._cache.rolled_back(0, max(previous, current), self._marks_from(conn))
             self._forget_history()
             return None
         removed = []
@@ -529,7 +539,7 @@ class RelStorage(ConflictResolvingStorage):
             # nothing the connection caches can be trusted.
             log.warning("The database's last transaction went backwards "
                         "(from %x to %x); invalidating all caches.", previous, current)
-            self._cache.rolled_back(current, previous)
+            self._cache.rolled_back(current, previous, self._marks_from(conn))
             self._forget_history()
             return None
         if self._diverged_at is not None:
@@ -543,7 +553,7 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's history changed after transaction %x (objects "
                         "older than this connection saw them; restored from a backup?); "
                         "invalidating all caches.", self._diverged_at)
-            self._cache.rolled_back(self._diverged_at, previous)
+            self._cache.rolled_back(self._diverged_at, previous, self._marks_from(conn))
             self._forget_history()
             return None
         # One query at most, often none: the change log shared by all
@@ -560,6 +570,13 @@ class RelStorage(ConflictResolvingStorage):
         # What this instance committed itself is already in its ZODB
         # connection's cache: invalidating it would only cost reloads.
         return [_oid_bytes(oid) for oid, tid in changes if tid not in own] + removed
+
+    def _marks_from(self, conn):
+        """The pack mark the process's cache goes back to when the
+        database went back in time (its marks may count again from there:
+        zodbconvert --clear makes the tables again); None on a read-only
+        replica, whose mark may only be behind."""
+        return None if conn.replica else self._snapshot_pack_mark
 
     def _forget_history(self):
         """After a restored backup: what this instance knew of the
@@ -958,6 +975,9 @@ class RelStorage(ConflictResolvingStorage):
         self._voting_as = me
 
     def _vote(self, pending):
+        if pending.read_mark is None:
+            # What it read since tpc_begin (an undo reads then).
+            pending.read_mark = self._read_mark
         for attempt in (1, 2):
             conn = self._take_store_conn()
             try:
@@ -1003,7 +1023,10 @@ class RelStorage(ConflictResolvingStorage):
             self._end_tpc()
 
     def _end_tpc(self):
-        self._read_mark = None
+        if not self._snapshot_open:
+            # (An open snapshot goes on serving the next transaction's
+            # reads: a review finding.)
+            self._read_mark = None
         if self._voting_as is not None:
             voters = self._root._voters
             if voters.get(self._voting_as) is self:

@@ -881,6 +881,50 @@ class PackVisibilityTests(FactoryCase):
         for _ in range(2):
             assert_gone(garbage_read_then_packed())
 
+    def test_what_an_instance_read_before_its_first_poll(self):
+        # A review finding: an instance that read an object before its
+        # first poll was not told, by that poll, that a pack had removed
+        # it since (its ZODB connection kept it, and a reference to it
+        # could be committed unchecked).
+        db = ZODB.DB(self.storage())
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['a'] = a = PersistentMapping(v=1)
+        inst = db.storage.new_instance()
+        self.addCleanup(inst.release)
+        inst.load(a._p_oid)
+        inst.sync()
+        with db.transaction() as conn:
+            del conn.root()['a']
+        db.storage.pack(time.time() + 1, referencesf)
+        self.assertIn(a._p_oid, inst.poll_invalidations())
+
+    def test_an_aborted_commit_leaves_the_check_in_place(self):
+        # A review finding: tpc_abort forgot the mark of the snapshot the
+        # instance went on reading from, and the next commit went
+        # unchecked.
+        db = ZODB.DB(self.storage())
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['a'] = a = PersistentMapping(v=1)
+        inst = db.storage.new_instance()
+        self.addCleanup(inst.release)
+        inst.poll_invalidations()
+        inst.load(a._p_oid)
+        txn = TransactionMetaData()
+        inst.tpc_begin(txn)
+        inst.tpc_abort(txn)
+        with db.transaction() as conn:
+            del conn.root()['a']
+        db.storage.pack(time.time() + 1, referencesf)
+        oid = inst.new_oid()
+        txn = TransactionMetaData()
+        inst.tpc_begin(txn)
+        inst.store(oid, z64, zodb_pickle(PersistentMapping(ref=a)), '', txn)
+        with self.assertRaises(ConflictError):
+            inst.tpc_vote(txn)
+        inst.tpc_abort(txn)
+
     def test_commits_of_an_instance_that_polled_once_long_ago(self):
         # A review finding: the check of what a commit references against
         # the pack's removal lists started from the mark of the instance's
@@ -900,7 +944,7 @@ class PackVisibilityTests(FactoryCase):
     def test_commit_across_zap_all_checks_what_it_references(self):
         # Without removal lists (zap_all moves the mark without one), the
         # commit asks the database whether what it references exists.
-        for refers in (True, False):
+        for refers in (True, 'changes', False):
             db = ZODB.DB(self.storage())      # (makes the root again)
             self.addCleanup(db.close)
             with db.transaction() as conn:
@@ -910,8 +954,13 @@ class PackVisibilityTests(FactoryCase):
             tm.begin()
             held = conn.root()['a']
             self.storage().zap_all()
-            # A new object, referring to an object the zap removed or not.
-            conn.add(PersistentMapping(ref=held) if refers else PersistentMapping())
+            if refers == 'changes':
+                # (A review finding: a change of an object the zap removed
+                # wrote its row again.)
+                held['v'] = 2
+            else:
+                # A new object, referring to an object the zap removed or not.
+                conn.add(PersistentMapping(ref=held) if refers else PersistentMapping())
             if refers:
                 with self.assertRaises(ConflictError) as cm:
                     tm.commit()
