@@ -389,6 +389,14 @@ class Adapter(PackVerbs):
 
     def translate_error(self, exc, conn):
         kind = self.classify_error(exc)
+        if kind == 'snapshot' and conn.purpose == 'load':
+            # A helper agent's check: a hot standby cancelled a snapshot
+            # whose rows its replay (a pack's deletions, vacuumed) removed
+            # ("conflict with recovery"; max_standby_streaming_delay), and
+            # the driver's error reached the application, which
+            # transaction managers do not retry.  The session may be gone
+            # too: a new one, and the transaction is retried.
+            kind = 'disconnect'
         if kind == 'missing' and conn.replica:
             # A helper agent's check: a new database opened with
             # ro-replica-conf before its replica had the schema failed

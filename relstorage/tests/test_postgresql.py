@@ -844,6 +844,23 @@ class ReadOnlySnapshotTests(PGCase):
             store.close()
 
 
+    def test_a_snapshot_the_server_cancelled_is_a_transient_error(self):
+        # A helper agent's check (ro-replica-conf, packs on the primary): a
+        # hot standby cancelled a load snapshot ("conflict with recovery",
+        # SQLSTATE 40001) and the driver's SerializationFailure reached the
+        # application, which transaction managers do not retry.  (Raised
+        # here by the server itself, with that SQLSTATE.)
+        import transaction.interfaces
+        storage = self.storage()
+        storage.poll_invalidations()
+        conn = storage._load_conn
+        with self.assertRaises(DisconnectedError) as cm:
+            conn.execute("DO $$ BEGIN RAISE EXCEPTION 'canceling statement due to conflict "
+                         "with recovery' USING ERRCODE = '40001'; END $$")
+        self.assertIsInstance(cm.exception, transaction.interfaces.TransientError)
+        self.assertIn('conflict with recovery', str(cm.exception))
+        self.assertTrue(conn.broken)
+
     def test_commit_lock_timeout_beyond_what_postgresql_takes(self):
         # A helper agent's check: 30 days failed every connection ("invalid
         # value for parameter lock_timeout"); the longest PostgreSQL takes

@@ -23,6 +23,10 @@ LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 UNIQUE_VIOLATION = '23505'
 INSUFFICIENT_PRIVILEGE = '42501'
 UNDEFINED_TABLE = '42P01'
+#: serialization_failure: for a read-only snapshot (a load session), only
+#: a hot standby's "conflict with recovery" (it replayed changes, e.g. a
+#: pack's deletions and their vacuum, that the snapshot needed).
+SERIALIZATION_FAILURE = '40001'
 #: admin_shutdown, crash_shutdown, cannot_connect_now,
 #: idle_session_timeout (PostgreSQL 14's, often set on managed servers and
 #: behind poolers), idle_in_transaction_session_timeout (the server ended
@@ -112,7 +116,7 @@ class Driver:
 
     def classify_error(self, exc):
         """'lock', 'disconnect', 'duplicate', 'permission', 'missing' (a
-        table) or None."""
+        table), 'snapshot' (the server cancelled a snapshot) or None."""
         if not isinstance(exc, self.Error):
             return None
         state = self.sqlstate(exc)
@@ -124,6 +128,8 @@ class Driver:
             return 'permission'
         if state == UNDEFINED_TABLE:
             return 'missing'
+        if state == SERIALIZATION_FAILURE:
+            return 'snapshot'
         if state is not None:
             if state.startswith('08') or state in DISCONNECT_STATES:
                 return 'disconnect'
