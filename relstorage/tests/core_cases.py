@@ -886,37 +886,39 @@ class PackVisibilityTests(FactoryCase):
         # first poll was not told, by that poll, that a pack had removed
         # it since (its ZODB connection kept it, and a reference to it
         # could be committed unchecked).
+        db, a, inst = self.object_and_instance()
+        inst.load(a._p_oid)
+        inst.sync()
+        self.removed_by_a_pack(db)
+        self.assertIn(a._p_oid, inst.poll_invalidations())
+
+    def object_and_instance(self):
+        """A database whose root holds ``a``, ``a`` and an instance of the
+        database's storage."""
         db = ZODB.DB(self.storage())
         self.addCleanup(db.close)
         with db.transaction() as conn:
             conn.root()['a'] = a = PersistentMapping(v=1)
         inst = db.storage.new_instance()
         self.addCleanup(inst.release)
-        inst.load(a._p_oid)
-        inst.sync()
+        return db, a, inst
+
+    def removed_by_a_pack(self, db):
         with db.transaction() as conn:
             del conn.root()['a']
         db.storage.pack(time.time() + 1, referencesf)
-        self.assertIn(a._p_oid, inst.poll_invalidations())
 
     def test_an_aborted_commit_leaves_the_check_in_place(self):
         # A review finding: tpc_abort forgot the mark of the snapshot the
         # instance went on reading from, and the next commit went
         # unchecked.
-        db = ZODB.DB(self.storage())
-        self.addCleanup(db.close)
-        with db.transaction() as conn:
-            conn.root()['a'] = a = PersistentMapping(v=1)
-        inst = db.storage.new_instance()
-        self.addCleanup(inst.release)
+        db, a, inst = self.object_and_instance()
         inst.poll_invalidations()
         inst.load(a._p_oid)
         txn = TransactionMetaData()
         inst.tpc_begin(txn)
         inst.tpc_abort(txn)
-        with db.transaction() as conn:
-            del conn.root()['a']
-        db.storage.pack(time.time() + 1, referencesf)
+        self.removed_by_a_pack(db)
         oid = inst.new_oid()
         txn = TransactionMetaData()
         inst.tpc_begin(txn)
