@@ -132,9 +132,9 @@ class Commit:
         self.meta = meta
         #: The tid asked for by tpc_begin (restore), as an int, or None.
         self.requested_tid = tid
-        #: The pack mark of the snapshot this transaction began reading
-        #: from (the ZODB connection's poll), or None: see
-        #: _check_not_removed.
+        #: The pack mark of the first snapshot this transaction read from
+        #: (RelStorage._read_mark: its poll's, or the first after the last
+        #: transaction ended), or None: see _check_not_removed.
         self.read_mark = read_mark
         self.tstore = TempStore()
         self.read_current = {}          # oid_int -> tid_int seen (filled by the storage's
