@@ -514,9 +514,14 @@ class IRelStorageAdapter(Interface):
         """Drop from the candidates what commits after ``after_tid`` made
         reachable again, transitively."""
 
+    def prepare_pack_deletion(conn):
+        """Before the first deletion batch: what makes every batch
+        upward-closed (the references between garbage candidates)."""
+
     def delete_pack_batch(conn, after_oid, limit):
-        """Delete the next ``limit`` candidates after ``after_oid`` (joins
-        against a temporary table); return what was removed."""
+        """Delete the next ``limit`` candidates after ``after_oid``, and the
+        garbage candidates after them that lead to garbage among them
+        (joins against temporary tables); return what was removed."""
 
     def finish_pack(conn, pack_tid):
         """History-preserving: mark transactions up to ``pack_tid`` packed

@@ -810,31 +810,99 @@ class PackVerbs:
 
     # --- deletion -----------------------------------------------------------
 
+    def prepare_pack_deletion(self, conn):
+        """Before the deletion's first batch: the references between
+        garbage candidates, by the object referenced (temp_pack_edges),
+        from which each batch finds what must go with it
+        (prepare_pack_batch).  Returns how many there are."""
+        self.clear_pack_temp(conn, 'temp_pack_edges')
+        conn.execute(self.q(self.sql.PACK_EDGES_FILL))
+        count = self._count(conn, 'temp_pack_edges')
+        if count:
+            self._analyze_temp(conn, 'temp_pack_edges')
+        settings = conn.session_settings
+        settings['pack_edges'] = count
+        settings['pack_extra'] = True       # (not known to be empty)
+        return count
+
     def delete_pack_batch(self, conn, after_oid, limit):
-        """Delete the next ``limit`` candidates after ``after_oid`` (the
-        batch moves the pack mark on later, under the commit lock: see
+        """Delete the next ``limit`` candidates after ``after_oid`` and
+        what must go with them (see prepare_pack_batch; the batch moves
+        the pack mark on later, under the commit lock: see
         new_removal_mark).
 
-        Returns (rows, revisions, objects, blobs): rows are (oid, below,
-        garbage) of the batch, empty when nothing is left."""
-        rows = self.prepare_pack_batch(conn, after_oid, limit)
+        Returns (rows, extra, revisions, objects, blobs): rows are (oid,
+        below, garbage) of the batch, empty when nothing is left; extra
+        the OIDs that went with them."""
+        rows, extra = self.prepare_pack_batch(conn, after_oid, limit)
         if not rows:
-            return rows, 0, 0, 0
-        return (rows,) + self.delete_prepared_batch(conn)
+            return rows, extra, 0, 0, 0
+        return (rows, extra) + self.delete_prepared_batch(conn, extra)
 
     def prepare_pack_batch(self, conn, after_oid, limit):
         """Choose the next ``limit`` candidates after ``after_oid`` (into
-        temp_pack_batch) and return their rows (oid, below, garbage).
-        It reads only the pack's tables, so a single-writer database runs
-        it before taking the commit lock for delete_prepared_batch."""
+        temp_pack_batch) and what must go with them (into
+        temp_pack_extra); return (rows, extra): the rows (oid, below,
+        garbage) of the candidates, and the OIDs of the others.  It reads
+        only the pack's tables, so a single-writer database runs it
+        before taking the commit lock for delete_prepared_batch.
+
+        What must go with a batch: every garbage candidate after it that
+        references garbage of the batch, directly or through other such
+        candidates.  Each batch is so upward-closed: once an object is
+        removed, no garbage candidate that led to it is left.  A commit
+        that links such a candidate again during the deletion (an
+        application held it, or read it in a snapshot from before its
+        last link went) is then either refused, the candidate being
+        gone (Commit._check_not_removed), or keeps it with everything it
+        reaches (rescue_candidates): never the candidate without the
+        objects an earlier batch removed under it (a candidate with a
+        higher OID than its child went in a later batch: a helper
+        agent's check found it kept, its child gone).  Candidates before
+        the batch are gone or rescued already, and those of the batch's
+        range are in it: only those after it are looked for (through
+        temp_pack_edges, made by prepare_pack_deletion)."""
         self.clear_pack_temp(conn, 'temp_pack_batch')
         conn.execute(self.q(self.sql.PACK_FILL_BATCH), (ALL_REVISIONS, after_oid, limit))
         self._analyze_temp(conn, 'temp_pack_batch')
-        return conn.query_all(self.q(self.sql.PACK_BATCH_ROWS))
+        rows = conn.query_all(self.q(self.sql.PACK_BATCH_ROWS))
+        extra = self._upward_closure(conn, rows[-1][0]) if rows else []
+        return rows, extra
 
-    def delete_prepared_batch(self, conn):
-        """Delete what prepare_pack_batch chose; returns (revisions,
-        objects, blobs)."""
+    def _upward_closure(self, conn, last_oid):
+        """The OIDs of the garbage candidates after ``last_oid`` that
+        lead to garbage of the batch, into temp_pack_extra."""
+        sql = self.sql
+        settings = conn.session_settings
+        if settings.get('pack_extra'):
+            self.clear_pack_temp(conn, 'temp_pack_extra')
+            settings['pack_extra'] = False
+        if not settings.get('pack_edges'):
+            # (No garbage references other garbage: the usual case, at no
+            # cost per batch.)
+            return []
+        self.clear_pack_temp(conn, 'temp_pack_next')
+        step = sql.PACK_EXTRA_FIRST
+        while True:
+            conn.execute(self.q(step), (last_oid,))
+            found = conn.cursor.rowcount
+            if not found or found < 0 and not self._any(conn, 'temp_pack_next'):
+                break
+            settings['pack_extra'] = True
+            conn.execute(self.q(sql.PACK_EXTRA_ADD))
+            self.clear_pack_temp(conn, 'temp_pack_frontier')
+            conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
+            self.clear_pack_temp(conn, 'temp_pack_next')
+            step = sql.PACK_EXTRA_STEP
+        if not settings['pack_extra']:
+            return []
+        self._analyze_temp(conn, 'temp_pack_extra')
+        return [oid for (oid,) in conn.query_all(self.q(sql.PACK_EXTRA_ROWS))]
+
+    def delete_prepared_batch(self, conn, extra=()):
+        """Delete what prepare_pack_batch chose (with ``extra``, what it
+        returned as such, the objects that go with it); returns
+        (revisions, objects, blobs)."""
         sql = self.sql
         blobs = 0
         if self.has_blob_chunk:
@@ -850,6 +918,26 @@ class PackVerbs:
         if not self.pack_tables_apart:
             # (The batch's candidates stay: see PACK_CLEAR_DONE.)
             conn.execute(self.q(sql.PACK_DELETE_REFS))
+        if extra:
+            more = self._delete_extra(conn)
+            revisions += more[0]
+            objects += more[1]
+            blobs += more[2]
+        return revisions, objects, blobs
+
+    def _delete_extra(self, conn):
+        sql = self.sql
+        blobs = 0
+        if self.has_blob_chunk:
+            blobs = conn.query_value(self.q(sql.PACK_EXTRA_BLOBS)) or 0
+            conn.execute(self.q(sql.PACK_EXTRA_DELETE_BLOBS))
+        conn.execute(self.q(sql.PACK_EXTRA_DELETE_STATES))
+        revisions = objects = max(conn.cursor.rowcount, 0)
+        if self.keep_history:
+            conn.execute(self.q(sql.PACK_EXTRA_DELETE_CURRENT))
+            objects = max(conn.cursor.rowcount, 0)
+        if not self.pack_tables_apart:
+            conn.execute(self.q(sql.PACK_EXTRA_DELETE_REFS))
         return revisions, objects, blobs
 
     #: Seconds between two removals, from the pack's tables where they are

@@ -89,6 +89,11 @@ def _old_rows_only(upsert):
     return old
 
 
+def _extra_delete(table):
+    """The deletion of every row of ``table`` about the objects of
+    temp_pack_extra (ANSI form)."""
+    return "DELETE FROM %s WHERE zoid IN (SELECT zoid FROM temp_pack_extra)" % table
+
 class Statements:
     """Statements for one history mode; adapters subclass per vendor."""
 
@@ -856,6 +861,48 @@ class Statements:
         LIMIT %s
     """
     PACK_BATCH_ROWS = "SELECT zoid, below, garbage FROM temp_pack_batch ORDER BY zoid"
+    # Upward-closed batches (PackVerbs.prepare_pack_batch).  The references
+    # between garbage candidates, by the referenced object, once per
+    # deletion: object_ref has no index on to_zoid.
+    PACK_EDGES_FILL = """
+        INSERT INTO temp_pack_edges (to_zoid, zoid)
+        SELECT r.to_zoid, r.zoid FROM pack_object p
+        JOIN object_ref r ON r.zoid = p.zoid AND r.tid = p.keep_tid
+        JOIN pack_object q ON q.zoid = r.to_zoid
+        WHERE p.garbage = 1 AND q.garbage = 1 AND r.to_zoid <> r.zoid
+    """
+    # The garbage candidates after the batch's last OID (%s) that still
+    # exist and reference garbage of the batch; then (PACK_EXTRA_STEP)
+    # those that reference what the last step found.
+    PACK_EXTRA_FIRST = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT e.zoid FROM temp_pack_batch b
+        JOIN temp_pack_edges e ON e.to_zoid = b.zoid
+        JOIN pack_object p ON p.zoid = e.zoid
+        JOIN {current} c ON c.zoid = e.zoid
+        WHERE b.garbage = 1 AND e.zoid > %s AND p.garbage = 1
+    """
+    PACK_EXTRA_STEP = """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT e.zoid FROM temp_pack_frontier f
+        JOIN temp_pack_edges e ON e.to_zoid = f.zoid
+        JOIN pack_object p ON p.zoid = e.zoid
+        JOIN {current} c ON c.zoid = e.zoid
+        LEFT JOIN temp_pack_extra x ON x.zoid = e.zoid
+        WHERE e.zoid > %s AND p.garbage = 1 AND x.zoid IS NULL
+    """
+    PACK_EXTRA_ADD = "INSERT INTO temp_pack_extra (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1"
+    PACK_EXTRA_ROWS = "SELECT zoid FROM temp_pack_extra ORDER BY zoid"
+    PACK_EXTRA_BLOBS = """
+        SELECT COUNT(*) FROM temp_pack_extra t JOIN blob_chunk b ON b.zoid = t.zoid
+        WHERE b.chunk_num = 0
+    """
+    # Every row of the extra objects: they are few, and spread over the
+    # OIDs (the range join of a batch would not fit them).
+    PACK_EXTRA_DELETE_BLOBS = _extra_delete('blob_chunk')
+    PACK_EXTRA_DELETE_STATES = _extra_delete('object_state')
+    PACK_EXTRA_DELETE_CURRENT = _extra_delete('current_object')
+    PACK_EXTRA_DELETE_REFS = _extra_delete('object_ref')
     PACK_BATCH_BLOBS = """
         SELECT COUNT(*) FROM temp_pack_batch t JOIN blob_chunk b ON b.zoid = t.zoid
         WHERE b.chunk_num = 0 AND b.tid < t.below

@@ -820,6 +820,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     last = adapter.get_last_tid(conn)
     report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last, gc)
     adapter.set_pack_info(conn, checked_tid=last)
+    adapter.prepare_pack_deletion(conn)
     conn.commit()
     adapter.begin_store_checked(conn)
     adapter.clear_pack_removals(conn)
@@ -1028,6 +1029,7 @@ class _Batch:
         self.finished = False
         self.mark = None
         self.prepared = None
+        self.extra = ()
 
     def log(self, adapter, conn):
         """Move the pack mark on and list what the batch removed under it
@@ -1044,38 +1046,41 @@ class _Batch:
         """Delete the next ``size`` candidates; False when none is left."""
         if self.first_after is None:
             self.first_after = after_oid
-        rows, revisions, objects, blobs = adapter.delete_pack_batch(conn, after_oid, size)
+        rows, extra, revisions, objects, blobs = adapter.delete_pack_batch(
+            conn, after_oid, size)
         if not rows:
             self.finished = True
             return False
-        self._count(rows, revisions, objects, blobs)
+        self._sort_out(rows, extra)
+        self._add(revisions, objects, blobs)
         return True
 
     def prepare(self, adapter, conn, after_oid, size):
         """Choose the next ``size`` candidates (the whole batch, for
         delete_prepared); False when none is left."""
         self.first_after = after_oid
-        self.prepared = adapter.prepare_pack_batch(conn, after_oid, size)
+        self.prepared, self.extra = adapter.prepare_pack_batch(conn, after_oid, size)
         if self.prepared:
             # Sorted out now: delete_prepared runs under a lock that every
             # commit waits for, and the duty cycle doubles its time.
-            self._sort_out(self.prepared)
+            self._sort_out(self.prepared, self.extra)
         return bool(self.prepared)
 
     def delete_prepared(self, adapter, conn):
-        revisions, objects, blobs = adapter.delete_prepared_batch(conn)
+        revisions, objects, blobs = adapter.delete_prepared_batch(conn, self.extra)
         self._add(revisions, objects, blobs)
 
-    def _count(self, rows, revisions, objects, blobs):
-        self._sort_out(rows)
-        self._add(revisions, objects, blobs)
-
-    def _sort_out(self, rows):
+    def _sort_out(self, rows, extra):
+        # The deletion goes on after the last candidate of the range; what
+        # went with them (``extra``, garbage after it that leads to them:
+        # see PackVerbs.prepare_pack_batch) is listed as removed, and
+        # re-checked against commits like the rest.
         self.last_oid = rows[-1][0]
-        self.rows += len(rows)
+        self.rows += len(rows) + len(extra)
         removed = [oid for oid, _below, garbage in rows if garbage]
         if len(removed) < len(rows):
             self.trimmed.extend([(oid, below) for oid, below, garbage in rows if not garbage])
+        removed.extend(extra)
         self.removed.extend(removed)
         self.removed_set.update(removed)
 

@@ -146,6 +146,16 @@ class PackCase(FactoryCase):
         Returns the set of reachable OIDs."""
         return assert_reachable_objects_load(self, storage or self.storage())
 
+    def existing(self):
+        """The objects the database holds; history-preserving, also how
+        many revisions it holds."""
+        with self.connection() as conn:
+            table = 'current_object' if self.keep_history else 'object_state'
+            oids = {p64(row[0]) for row in conn.query_all('SELECT zoid FROM %s' % table)}
+            if self.keep_history:
+                self.revisions = conn.query_value('SELECT COUNT(*) FROM object_state')
+            return oids
+
     def exists(self, oid):
         return self.count_existing([oid]) == 1
 
@@ -673,6 +683,54 @@ class PackBehaviourTests(PackCase):
             self.assertEqual(conn.root()['again']['child']['v'], 'child')
         self.assertFalse(self.exists(garbage._p_oid))
         self.assert_reachable_objects_load()
+
+    def test_garbage_leading_to_a_batch_goes_with_it(self):
+        # A garbage object with a higher OID than its child outlived the
+        # batch that removed the child.  An application that read it in a
+        # snapshot from before that batch linked it again: the commit
+        # passed (the object was still there), and the pack kept it, with a
+        # reference to nothing.  Each batch now takes along the garbage
+        # after it that leads to its garbage (here a chain through a
+        # cycle): the object went with its child, and the commit linking
+        # it is refused.
+        db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
+        with db.transaction() as conn:
+            conn.root()['child'] = PersistentMapping(v='child')
+        with db.transaction() as conn:
+            garbage = garbage_tree(conn)
+            top = garbage['top'] = PersistentMapping(v='top')
+            mid = top['mid'] = PersistentMapping(v='mid', child=conn.root().pop('child'))
+            mid['up'] = top
+        oids = [mid['child']._p_oid, top._p_oid, mid._p_oid]
+        self.assertLess(oids[0], garbage._p_oid)
+        self.assertLess(garbage[299]._p_oid, oids[1])
+        with db.transaction() as conn:
+            del conn.root()['garbage']
+        tm = transaction.TransactionManager()
+        app = db.open(tm)
+        self.addCleanup(app.close)
+        tm.begin()
+        held = app.get(mid._p_oid)
+        self.assertEqual(held['child']['v'], 'child')
+        seen = []
+
+        def relink():
+            seen.append([self.exists(oid) for oid in oids])
+            app.root()['again'] = held
+            with self.assertRaises(ConflictError) as cm:
+                tm.commit()
+            self.assertIn('removed by a pack', str(cm.exception))
+            tm.abort()
+
+        def progress(description, total, unit):
+            return Progress(description, batches, relink)
+        batches = []
+        report = db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
+        self.assertGreater(len(batches), 1)
+        self.assertEqual(seen, [[False, False, False]])
+        self.assertEqual(report.objects_removed, 304)
+        self.assertNotIn('again', self.assert_reachable_names(db))
+        self.assertEqual(self.existing(), self.assert_reachable_objects_load())
 
     def test_commit_linking_what_a_batch_removed_since_it_began_is_refused(self):
         # A helper agent's check (packs while writers relink subtrees): an
@@ -1312,16 +1370,6 @@ class IncrementalPackTests(PackCase):
     Each pack must remove exactly what the root no longer reaches (and,
     history-preserving, every revision but the current one: the packs run
     to a time after the last commit)."""
-
-    def existing(self):
-        """The objects the database holds; history-preserving, also how
-        many revisions it holds."""
-        with self.connection() as conn:
-            table = 'current_object' if self.keep_history else 'object_state'
-            oids = {p64(row[0]) for row in conn.query_all('SELECT zoid FROM %s' % table)}
-            if self.keep_history:
-                self.revisions = conn.query_value('SELECT COUNT(*) FROM object_state')
-            return oids
 
     def pack_exactly(self, db, incremental=True, **kw):
         report = db.storage.run_pack(time.time() + 1, referencesf, **kw)

@@ -385,10 +385,11 @@ def drive_every_verb(adapter, recorder):
     adapter.new_revisions(conn, 200, 300)
     adapter.rescue_candidates(conn, 200, {3, 4})
     adapter.seed_unreached(conn, {3, 4})
+    adapter.prepare_pack_deletion(conn)
+    adapter.delete_pack_batch(conn, 0, 100)    # with what goes with it
     recorder.first_rowcount = False
     adapter.any_garbage_candidate(conn, {3, 4})
     adapter.clear_pack_removals(conn)
-    adapter.delete_pack_batch(conn, 0, 100)
     adapter.new_removal_mark(conn)
     adapter.log_pack_removals(conn, 1, [3], [(4, 150)])
     adapter.forget_deleted(conn, 4)       # (nothing: the batch did it)
@@ -940,6 +941,7 @@ class ErrorTests(unittest.TestCase):
                          for stmt, _, _ in recorder.calls if stmt.startswith('CREATE'))
         self.assertEqual(created, ['pack_info', 'pack_object', 'pack_removed_list', 'pack_seed',
                                    'temp_pack_batch', 'temp_pack_current', 'temp_pack_dom',
+                                   'temp_pack_edges', 'temp_pack_extra',
                                    'temp_pack_frontier', 'temp_pack_next', 'temp_pack_seed'])
 
     def test_replica_conf_lists_dsns_and_moves_to_the_next(self):

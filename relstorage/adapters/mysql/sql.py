@@ -41,6 +41,11 @@ TEMP_BLOB_CHUNK = """
 """
 
 
+def _extra_delete(table):
+    """Deleting every row of ``table`` about the objects of temp_pack_extra
+    (a join)."""
+    return "DELETE x FROM %s x JOIN temp_pack_extra t ON t.zoid = x.zoid" % table
+
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
@@ -186,6 +191,10 @@ class MySQLStatements(Statements):
         DELETE c FROM current_object c JOIN temp_pack_batch t ON t.zoid = c.zoid
         WHERE t.garbage = 1
     """
+    PACK_EXTRA_DELETE_BLOBS = _extra_delete('blob_chunk')
+    PACK_EXTRA_DELETE_STATES = _extra_delete('object_state')
+    PACK_EXTRA_DELETE_CURRENT = _extra_delete('current_object')
+    PACK_EXTRA_DELETE_REFS = _extra_delete('object_ref')
     PACK_UNMARK = """
         UPDATE pack_object p JOIN temp_pack_frontier f ON f.zoid = p.zoid
         SET p.garbage = 0
@@ -273,6 +282,11 @@ PACK_TEMP_TABLES = {
     'temp_pack_batch': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_batch (
         zoid BIGINT NOT NULL PRIMARY KEY, below BIGINT NOT NULL,
         garbage SMALLINT NOT NULL) ENGINE = InnoDB""",
+    'temp_pack_edges': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_edges (
+        to_zoid BIGINT NOT NULL, zoid BIGINT NOT NULL,
+        PRIMARY KEY (to_zoid, zoid)) ENGINE = InnoDB""",
+    'temp_pack_extra': """CREATE TEMPORARY TABLE IF NOT EXISTS temp_pack_extra (
+        zoid BIGINT NOT NULL PRIMARY KEY) ENGINE = InnoDB""",
 }
 
 _BLOB_CHUNK = """CREATE TABLE blob_chunk (

@@ -403,6 +403,14 @@ PACK_TEMP_TABLES = {
         below NUMBER(20) NOT NULL,
         garbage NUMBER(1) NOT NULL
     ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_edges': """CREATE GLOBAL TEMPORARY TABLE temp_pack_edges (
+        to_zoid NUMBER(20) NOT NULL,
+        zoid NUMBER(20) NOT NULL,
+        PRIMARY KEY (to_zoid, zoid)
+    ) ON COMMIT PRESERVE ROWS""",
+    'temp_pack_extra': """CREATE GLOBAL TEMPORARY TABLE temp_pack_extra (
+        zoid NUMBER(20) NOT NULL PRIMARY KEY
+    ) ON COMMIT PRESERVE ROWS""",
 }
 
 #: Every table RelStorage owns, in an order that can be dropped.

@@ -22,6 +22,11 @@ OID_DRAWS_MAX = 128
 SMALL_TABLE_BYTES = 32 << 20
 
 
+def _extra_delete(table):
+    """Deleting every row of ``table`` about the objects of temp_pack_extra
+    (a join: the table is analysed, and small)."""
+    return "DELETE FROM %s x USING temp_pack_extra t WHERE x.zoid = t.zoid" % table
+
 class PostgreSQLStatements(Statements):
 
     PACK_REFS_MAY_VANISH = True     # object_ref is UNLOGGED (see PACK_SCHEMA)
@@ -179,6 +184,10 @@ class PostgreSQLStatements(Statements):
     PACK_DELETE_CURRENT = """
         DELETE FROM current_object c USING temp_pack_batch t
         WHERE c.zoid = t.zoid AND t.garbage = 1 AND c.zoid """ + _IN_BATCH
+    PACK_EXTRA_DELETE_BLOBS = _extra_delete('blob_chunk')
+    PACK_EXTRA_DELETE_STATES = _extra_delete('object_state')
+    PACK_EXTRA_DELETE_CURRENT = _extra_delete('current_object')
+    PACK_EXTRA_DELETE_REFS = _extra_delete('object_ref')
     PACK_UNMARK = """
         UPDATE pack_object p SET garbage = 0
         FROM temp_pack_frontier f WHERE p.zoid = f.zoid
@@ -332,6 +341,9 @@ PACK_TEMP_TABLES = {
     'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid BIGINT PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid BIGINT PRIMARY KEY, below BIGINT NOT NULL, garbage SMALLINT NOT NULL)""",
+    'temp_pack_edges': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_edges (
+        to_zoid BIGINT, zoid BIGINT, PRIMARY KEY (to_zoid, zoid))""",
+    'temp_pack_extra': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_extra (zoid BIGINT PRIMARY KEY)",
 }
 
 DROP_ALL = (

@@ -53,6 +53,9 @@ class SqliteStatements(Statements):
     PACK_LATE_DOM = _in_written_order(Statements.PACK_LATE_DOM)
     PACK_LATE_ENTRIES = _in_written_order(Statements.PACK_LATE_ENTRIES)
     PACK_REACH_STEP_DOM = _in_written_order(Statements.PACK_REACH_STEP_DOM)
+    PACK_EDGES_FILL = _in_written_order(Statements.PACK_EDGES_FILL)
+    PACK_EXTRA_FIRST = _in_written_order(Statements.PACK_EXTRA_FIRST)
+    PACK_EXTRA_STEP = _in_written_order(Statements.PACK_EXTRA_STEP)
 
     # The pack's tables are in a file of their own (PACK_APART_SCHEMA):
     # the references and candidates of what the deletion batches removed
@@ -124,6 +127,10 @@ PACK_TEMP_TABLES = {
     'temp_pack_seed': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_seed (zoid INTEGER PRIMARY KEY)",
     'temp_pack_batch': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_batch (
         zoid INTEGER PRIMARY KEY, below INTEGER NOT NULL, garbage INTEGER NOT NULL)""",
+    'temp_pack_edges': """CREATE TEMP TABLE IF NOT EXISTS temp_pack_edges (
+        to_zoid INTEGER NOT NULL, zoid INTEGER NOT NULL, PRIMARY KEY (to_zoid, zoid))
+        WITHOUT ROWID""",
+    'temp_pack_extra': "CREATE TEMP TABLE IF NOT EXISTS temp_pack_extra (zoid INTEGER PRIMARY KEY)",
 }
 
 # Blob bytes, the same in both history modes.
