@@ -810,19 +810,21 @@ class PackVerbs:
 
     # --- deletion -----------------------------------------------------------
 
-    def prepare_pack_deletion(self, conn):
+    def prepare_pack_deletion(self, conn, gc=True):
         """Before the deletion's first batch: the references between
         garbage candidates, by the object referenced (temp_pack_edges),
         from which each batch finds what must go with it
-        (prepare_pack_batch).  Returns how many there are."""
-        self.clear_pack_temp(conn, 'temp_pack_edges')
-        conn.execute(self.q(self.sql.PACK_EDGES_FILL))
-        count = self._count(conn, 'temp_pack_edges')
+        (prepare_pack_batch).  Returns how many there are.  Without GC
+        (``gc`` false) the only garbage is objects whose creation was
+        undone, which reference nothing."""
+        count = 0
+        if gc:
+            self.clear_pack_temp(conn, 'temp_pack_edges')
+            conn.execute(self.q(self.sql.PACK_EDGES_FILL))
+            count = self._count(conn, 'temp_pack_edges')
         if count:
             self._analyze_temp(conn, 'temp_pack_edges')
-        settings = conn.session_settings
-        settings['pack_edges'] = count
-        settings['pack_extra'] = True       # (not known to be empty)
+        conn.session_settings['pack_edges'] = count
         return count
 
     def delete_pack_batch(self, conn, after_oid, limit):
@@ -873,31 +875,41 @@ class PackVerbs:
         """The OIDs of the garbage candidates after ``last_oid`` that
         lead to garbage of the batch, into temp_pack_extra."""
         sql = self.sql
-        settings = conn.session_settings
-        if settings.get('pack_extra'):
-            self.clear_pack_temp(conn, 'temp_pack_extra')
-            settings['pack_extra'] = False
-        if not settings.get('pack_edges'):
-            # (No garbage references other garbage: the usual case, at no
-            # cost per batch.)
+        if not conn.session_settings.get('pack_edges'):
+            # (No garbage references other garbage, or no GC: nothing to
+            # do per batch.)
             return []
+        # (Emptied every time: a rollback may have brought back rows.)
+        self.clear_pack_temp(conn, 'temp_pack_extra')
         self.clear_pack_temp(conn, 'temp_pack_next')
-        step = sql.PACK_EXTRA_FIRST
-        while True:
-            conn.execute(self.q(step), (last_oid,))
-            found = conn.cursor.rowcount
-            if not found or found < 0 and not self._any(conn, 'temp_pack_next'):
-                break
-            settings['pack_extra'] = True
-            conn.execute(self.q(sql.PACK_EXTRA_ADD))
-            self.clear_pack_temp(conn, 'temp_pack_frontier')
-            conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
-            self.clear_pack_temp(conn, 'temp_pack_next')
-            step = sql.PACK_EXTRA_STEP
-        if not settings['pack_extra']:
+        # Those that reference the batch, by the batch's range of OIDs;
+        # usually none.
+        conn.execute(self.q(sql.PACK_EXTRA_FIRST), (last_oid,))
+        if not self._found(conn, 'temp_pack_next'):
             return []
+        if sql.PACK_EXTRA_CLOSURE:
+            # Then all that leads to them, in one recursive statement: a
+            # chain of garbage that references older garbage is as deep as
+            # it is long (a step per level took 1.7 ms on PostgreSQL, 5 s
+            # for a 3,000-object chain).
+            self._analyze_temp(conn, 'temp_pack_next')
+            conn.execute(self.q(sql.PACK_EXTRA_CLOSURE), (last_oid,))
+        else:
+            while True:
+                conn.execute(self.q(sql.PACK_EXTRA_ADD))
+                self.clear_pack_temp(conn, 'temp_pack_frontier')
+                conn.execute(self.q(sql.PACK_FRONTIER_FROM_NEXT))
+                self.clear_pack_temp(conn, 'temp_pack_next')
+                conn.execute(self.q(sql.PACK_EXTRA_STEP), (last_oid,))
+                if not self._found(conn, 'temp_pack_next'):
+                    break
         self._analyze_temp(conn, 'temp_pack_extra')
         return [oid for (oid,) in conn.query_all(self.q(sql.PACK_EXTRA_ROWS))]
+
+    def _found(self, conn, name):
+        """Whether the INSERT just run into table ``name`` added rows."""
+        found = conn.cursor.rowcount
+        return bool(found) and (found > 0 or self._any(conn, name))
 
     def delete_prepared_batch(self, conn, extra=()):
         """Delete what prepare_pack_batch chose (with ``extra``, what it
@@ -1059,6 +1071,10 @@ class PackVerbs:
     def finish_pack(self, conn, pack_tid):
         """History-preserving: transactions up to the pack time can no
         longer be undone, and those left without any state go."""
+        if self.sql.PACK_REFS_MAY_VANISH:
+            # The batches removed the references of what they removed:
+            # perhaps all of them (see pack_refs_tid).
+            self.set_pack_info(conn, no_refs=None if self.any_refs(conn) else 1)
         if self.keep_history:
             conn.execute(self.q(self.sql.PACK_MARK_PACKED), (True, pack_tid, True))
             conn.execute(self.q(self.sql.DELETE_TRANSACTIONS_WITHOUT_STATES), (pack_tid, True))

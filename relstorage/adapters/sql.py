@@ -891,6 +891,23 @@ class Statements:
         LEFT JOIN temp_pack_extra x ON x.zoid = e.zoid
         WHERE e.zoid > %s AND p.garbage = 1 AND x.zoid IS NULL
     """
+    # From those (temp_pack_next), everything that leads to them, in one
+    # recursive statement (UNION: a cycle ends); None where the vendor
+    # has no such statement (PACK_EXTRA_ADD and PACK_EXTRA_STEP go a step
+    # at a time).
+    PACK_EXTRA_CLOSURE = """
+        INSERT INTO temp_pack_extra (zoid)
+        WITH RECURSIVE up (zoid) AS (
+            SELECT zoid FROM temp_pack_next
+            UNION
+            SELECT e.zoid FROM up
+            JOIN temp_pack_edges e ON e.to_zoid = up.zoid
+            JOIN pack_object p ON p.zoid = e.zoid
+            JOIN {current} c ON c.zoid = e.zoid
+            WHERE e.zoid > %s AND p.garbage = 1
+        )
+        SELECT zoid FROM up
+    """
     PACK_EXTRA_ADD = "INSERT INTO temp_pack_extra (zoid) SELECT zoid FROM temp_pack_next WHERE 1 = 1"
     PACK_EXTRA_ROWS = "SELECT zoid FROM temp_pack_extra ORDER BY zoid"
     PACK_EXTRA_BLOBS = """
@@ -936,9 +953,11 @@ class Statements:
     PACK_REMOVED_GET = """
         SELECT garbage, trimmed FROM pack_removed_list WHERE mark > %s AND mark <= %s
     """
-    # Candidates after the OID where the deletion stands (%s).
+    # Candidates after the OID where the deletion stands (%s) that still
+    # exist (a batch may have taken some along: prepare_pack_batch).
     PACK_ANY_GARBAGE = """
-        SELECT zoid FROM pack_object WHERE garbage = 1 AND zoid > %s AND zoid IN ({in_list})
+        SELECT p.zoid FROM pack_object p JOIN {current} c ON c.zoid = p.zoid
+        WHERE p.garbage = 1 AND p.zoid > %s AND p.zoid IN ({in_list})
     """
 
     # The candidates once the deletion went through them all.  The

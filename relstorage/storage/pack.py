@@ -820,7 +820,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     last = adapter.get_last_tid(conn)
     report.kept_by_new_commits += _recheck(adapter, conn, referencesf, checked, last, gc)
     adapter.set_pack_info(conn, checked_tid=last)
-    adapter.prepare_pack_deletion(conn)
+    adapter.prepare_pack_deletion(conn, gc)
     conn.commit()
     adapter.begin_store_checked(conn)
     adapter.clear_pack_removals(conn)

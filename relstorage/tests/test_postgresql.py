@@ -1015,6 +1015,22 @@ class UnloggedPackTablesTests(PGCase):
         self.assertEqual(self._pack(db), [])
         self._lose_the_tables_then_pack(db)
 
+    def test_a_pack_that_removed_every_reference_is_not_taken_for_a_crash(self):
+        # A helper agent's check: a pack whose garbage held the only
+        # references left object_ref empty, and the next pack took it for
+        # a table lost by crash recovery.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(b=PersistentMapping())
+        self.assertEqual(self._pack(db), [])
+        with db.transaction() as conn:
+            del conn.root()['a']
+        self.assertEqual(self._pack(db), [])
+        self.assertEqual(self._query(db, 'SELECT count(*) FROM object_ref')[0][0], 0)
+        with db.transaction() as conn:
+            conn.root()['n'] = 1
+        self.assertEqual(self._pack(db), [])
+
     def _lose_the_tables_then_pack(self, db):
         """Empty object_ref and pack_object as crash recovery does, commit a
         change to the root, pack: one warning, and every revision is

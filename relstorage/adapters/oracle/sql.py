@@ -216,6 +216,9 @@ class OracleStatements(Statements):
           AND NOT EXISTS (SELECT 1 FROM temp_pack_seed s WHERE s.zoid = r.to_zoid)
     """
     PACK_FILL_BATCH = _fetch_first(Statements.PACK_FILL_BATCH)
+    # (Oracle's recursive queries need UNION ALL and a CYCLE clause: the
+    # closure goes a step at a time instead.)
+    PACK_EXTRA_CLOSURE = None
     # Semi-joins: Oracle has no DELETE ... USING / multi-table DELETE.
     PACK_DELETE_STATES = """
         DELETE FROM object_state s WHERE EXISTS (

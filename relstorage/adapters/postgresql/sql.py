@@ -184,6 +184,11 @@ class PostgreSQLStatements(Statements):
     PACK_DELETE_CURRENT = """
         DELETE FROM current_object c USING temp_pack_batch t
         WHERE c.zoid = t.zoid AND t.garbage = 1 AND c.zoid """ + _IN_BATCH
+    # The batch's range of OIDs said (see _IN_BATCH): a 5,000-row batch
+    # hash-joined the whole edge table otherwise (33 ms for 383,000
+    # edges, 2 ms this way).
+    PACK_EXTRA_FIRST = Statements.PACK_EXTRA_FIRST.rstrip() + """
+          AND e.to_zoid """ + _IN_BATCH
     PACK_EXTRA_DELETE_BLOBS = _extra_delete('blob_chunk')
     PACK_EXTRA_DELETE_STATES = _extra_delete('object_state')
     PACK_EXTRA_DELETE_CURRENT = _extra_delete('current_object')

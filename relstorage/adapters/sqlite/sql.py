@@ -56,6 +56,7 @@ class SqliteStatements(Statements):
     PACK_EDGES_FILL = _in_written_order(Statements.PACK_EDGES_FILL)
     PACK_EXTRA_FIRST = _in_written_order(Statements.PACK_EXTRA_FIRST)
     PACK_EXTRA_STEP = _in_written_order(Statements.PACK_EXTRA_STEP)
+    PACK_EXTRA_CLOSURE = _in_written_order(Statements.PACK_EXTRA_CLOSURE)
 
     # The pack's tables are in a file of their own (PACK_APART_SCHEMA):
     # the references and candidates of what the deletion batches removed
