@@ -136,6 +136,9 @@ class Commit:
         #: (RelStorage._read_mark: its poll's, or the first after the last
         #: transaction ended), or None: see _check_not_removed.
         self.read_mark = read_mark
+        #: Whether it stores states read from history (an undo, states read
+        #: with loadSerial or loadBefore): see _check_not_removed.
+        self.from_history = False
         self.tstore = TempStore()
         self.read_current = {}          # oid_int -> tid_int seen (filled by the storage's
                                         # checkCurrentSerialInTransaction)
@@ -273,16 +276,18 @@ class Commit:
         if read_current:
             self._lost_if_raises(self._check_read_current, conn, read_current, current)
         check = self.read_mark is not None and not self.restoring and len(tstore) > 0
+        exact = self.from_history and not self.restoring and len(tstore) > 0
         refs = None
-        if check and self.cache is not None and self.cache.newest_pack_mark() != self.read_mark:
+        if exact or check and self.cache is not None and \
+                self.cache.newest_pack_mark() != self.read_mark:
             # A batch is known to have committed since our snapshot (another
             # instance of the process saw it): the references are read now,
             # not under the commit lock.
             refs = self._stored_references()
         self.tid, mark = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
-        if check and mark != self.read_mark:
-            self._check_not_removed(conn, mark, refs)
+        if exact or check and mark != self.read_mark:
+            self._check_not_removed(conn, mark, refs, exact)
         user, description, extension, status = self.meta
         in_temp = len(tstore) - len(new_rows)
         try:
@@ -325,7 +330,7 @@ class Commit:
             adapter.check_commit_room(conn, len(tstore), nbytes)
         fault_point('vote.moved')
 
-    def _check_not_removed(self, conn, mark, refs=None):
+    def _check_not_removed(self, conn, mark, refs=None, exact=False):
         """The pack mark moved since the snapshot this transaction began
         reading from (``read_mark``): pack batches committed since.  Refuse
         to store a reference to an object one of them removed, or a state
@@ -338,13 +343,21 @@ class Commit:
         and lists what it removed under that lock (pack._Batch.log), so
         none commits between this check and ours.  Costs nothing unless a
         batch committed during the transaction.  ``refs``: what
-        _stored_references returned before the lock, or None."""
+        _stored_references returned before the lock, or None.
+
+        ``exact``: the transaction stores states read from history (an
+        undo, loadSerial, loadBefore), which may reference what a pack
+        removed before it began (a helper agent's check: an undo
+        committed during a pack's deletion restored a reference to an
+        object its first batch had removed): the database says whether
+        what they reference exists (a query, for these rare
+        transactions only)."""
         adapter, cache = self.adapter, self.cache
         after = self.read_mark
 
         def read(after, upto):
             return adapter.pack_removals(conn, after, upto)
-        if mark < after:
+        if exact or mark < after:
             lists = None
         elif cache is not None:
             lists = cache.pack_removals(after, mark, read)
@@ -382,9 +395,12 @@ class Commit:
                 raise POSException.ConflictError(
                     oid=p64(oid),
                     message="object 0x%x was removed by a pack (garbage when the pack "
-                            "analysed %s) after this transaction began; this "
-                            "transaction %s it.  A retry reads the current states."
+                            "analysed %s)%s; this transaction %s it.  A retry reads "
+                            "the current states."
                             % (gone, adapter.describe(),
+                               ' (this transaction read from history: an undo, '
+                               'loadSerial or loadBefore)' if exact
+                               else ' after this transaction began',
                                'changes' if gone == oid else 'stores a reference to'))
 
     def _stored_references(self):

@@ -14,6 +14,10 @@ from ZODB.blob import is_blob_record
 from ZODB.utils import p64
 from ZODB.utils import u64
 
+#: The largest tid (and row count) the databases' signed 64-bit columns
+#: hold: a larger one given to the storage names nothing that exists.
+MAX_TID = 2 ** 63 - 1
+
 log = logging.getLogger(__name__)
 
 
@@ -53,14 +57,20 @@ def undo_tid(transaction_id):
     if isinstance(transaction_id, str):
         transaction_id = transaction_id.encode('ascii', 'replace')
     if isinstance(transaction_id, bytes) and len(transaction_id) == 8:
-        return u64(transaction_id)
+        return _undoable(u64(transaction_id))
     try:
         tid = base64.decodebytes(transaction_id + b'\n')
     except (TypeError, binascii.Error):
         tid = None
     if tid is None or len(tid) != 8:
         raise POSException.UndoError("Invalid transaction id %r" % (transaction_id,))
-    return u64(tid)
+    return _undoable(u64(tid))
+
+
+def _undoable(tid):
+    if tid > MAX_TID:
+        raise POSException.UndoError("No transaction %016x to undo" % tid)
+    return tid
 
 
 def object_history(adapter, conn, oid, size):
@@ -68,7 +78,7 @@ def object_history(adapter, conn, oid, size):
         size = 1
     # (Asked for one at least: an object that does not exist raises
     # POSKeyError whatever the size, as FileStorage does.)
-    rows = adapter.history(conn, u64(oid), max(int(size), 1))
+    rows = adapter.history(conn, u64(oid), min(max(int(size), 1), MAX_TID))
     if not rows:
         raise POSException.POSKeyError(oid)
     if size < 1:
@@ -254,8 +264,9 @@ class TransactionIterator:
 
     def __init__(self, adapter, start, stop):
         self._adapter = adapter
-        self._start = u64(start) if start is not None else 0
-        self._stop = u64(stop) if stop is not None else None
+        # (Beyond MAX_TID: no transaction, rather than a driver's error.)
+        self._start = min(u64(start), MAX_TID) if start is not None else 0
+        self._stop = min(u64(stop), MAX_TID) if stop is not None else None
 
     def __iter__(self):
         return self

@@ -212,6 +212,9 @@ class RelStorage(ConflictResolvingStorage):
         # poll, or the first snapshot after the end of the last one): what
         # it read is at least that recent (Commit._check_not_removed).
         self._read_mark = None
+        # ... and whether it read from history (loadSerial, loadBefore):
+        # old states may reference what a pack removed since.
+        self._read_history = False
         self._last_commit_tid = 0
         # Read-only replicas (ro-replica-conf) may be behind what this
         # instance has seen: the highest tid seen, see _replica_behind.
@@ -474,6 +477,7 @@ class RelStorage(ConflictResolvingStorage):
         previous = self._poll_tid
         self._end_snapshot()
         self._read_mark = None
+        self._read_history = False
         conn = self._ensure_snapshot(polling=True)
         current = self._snapshot_tid
         if self._stale_snapshot:
@@ -601,6 +605,7 @@ class RelStorage(ConflictResolvingStorage):
         with self._lock:
             self._end_snapshot()
             self._read_mark = None
+            self._read_history = False
 
     def afterCompletion(self):
         # The end of a transaction, or the ZODB connection was closed: the
@@ -609,6 +614,7 @@ class RelStorage(ConflictResolvingStorage):
             self._end_snapshot()
             self._give_back_load_conn()
             self._read_mark = None
+            self._read_history = False
 
     # ------------------------------------------------------------------
     # Loading
@@ -694,10 +700,12 @@ class RelStorage(ConflictResolvingStorage):
                 self._snapshot_tid))
 
     def loadBefore(self, oid, tid):
+        self._read_history = True
         if u64(oid) > MAX_OID:
             return None
         with self._read() as conn:
-            result = history.revision_before(self._adapter, conn, oid, u64(tid))
+            result = history.revision_before(self._adapter, conn, oid,
+                                             min(u64(tid), history.MAX_TID))
         if result is None:
             return None
         state, start, end = result
@@ -710,8 +718,9 @@ class RelStorage(ConflictResolvingStorage):
 
     def loadSerial(self, oid, serial):
         self._check_open()      # (its cache hit opens no snapshot)
+        self._read_history = True
         oid_int, tid_int = u64(oid), u64(serial)
-        if oid_int > MAX_OID:
+        if oid_int > MAX_OID or tid_int > history.MAX_TID:
             raise POSException.POSKeyError(oid)
         state = self._cache.get(oid_int, tid_int)
         if state is not None:
@@ -851,6 +860,10 @@ class RelStorage(ConflictResolvingStorage):
         if ext is None:
             ext = history.dump_extension(getattr(txn, 'extension', None) or {})
         meta = (_as_bytes(txn.user), _as_bytes(txn.description), ext, status)
+        if tid is not None and u64(tid) > history.MAX_TID:
+            raise POSException.StorageTransactionError(
+                "Transaction id %016x is beyond the largest the database can hold "
+                "(%016x)" % (u64(tid), history.MAX_TID))
         self._begin_commit(txn, meta, u64(tid) if tid is not None else None)
 
     def _begin_commit(self, txn, meta=None, tid=None):
@@ -978,6 +991,8 @@ class RelStorage(ConflictResolvingStorage):
         if pending.read_mark is None:
             # What it read since tpc_begin (an undo reads then).
             pending.read_mark = self._read_mark
+        if self._read_history:
+            pending.from_history = True
         for attempt in (1, 2):
             conn = self._take_store_conn()
             try:
@@ -1027,6 +1042,7 @@ class RelStorage(ConflictResolvingStorage):
             # (An open snapshot goes on serving the next transaction's
             # reads: a review finding.)
             self._read_mark = None
+            self._read_history = False
         if self._voting_as is not None:
             voters = self._root._voters
             if voters.get(self._voting_as) is self:
@@ -1187,6 +1203,7 @@ class RelStorage(ConflictResolvingStorage):
         with self._read() as conn:
             oids = history.undo(self._adapter, conn, history.undo_tid(transaction_id),
                                 pending, self.tryToResolveConflict)
+        pending.from_history = True
         return None, [p64(oid) for oid in oids]
 
     def iterator(self, start=None, stop=None):

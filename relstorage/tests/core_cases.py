@@ -1542,6 +1542,41 @@ class RootStorageTests(FactoryCase):
                 other.new_oid()
         self.assertIn('are used up', str(cm.exception))
 
+    def test_tids_beyond_the_range(self):
+        # The tids are signed 64-bit columns: a larger tid given to
+        # loadBefore, loadSerial, iterator, undo or tpc_begin, or a larger
+        # history size, failed SQLite with OverflowError and PostgreSQL
+        # and MariaDB with their drivers' errors.  Now each answers as for
+        # a tid that names nothing.
+        from ZODB.POSException import StorageTransactionError
+        from ZODB.POSException import UndoError
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = 1
+        storage = db.storage
+        big = p64(2 ** 63 + 5)
+        state, serial = storage.load(z64)
+        self.assertEqual(storage.loadBefore(z64, big), (state, serial, None))
+        with self.assertRaises(POSKeyError):
+            storage.loadSerial(z64, big)
+        revisions = 2 if self.keep_history else 1
+        self.assertEqual(len(storage.history(z64, size=2 ** 64)), revisions)
+        self.assertEqual(list(storage.iterator(big)), [])
+        self.assertEqual(len(list(storage.iterator(None, big))), revisions)
+        txn = TransactionMetaData()
+        with self.assertRaises(StorageTransactionError) as cm:
+            storage.tpc_begin(txn, big)
+        self.assertIn('beyond the largest', str(cm.exception))
+        if self.keep_history:
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            with self.assertRaises(UndoError) as cm:
+                storage.undo(big, txn)
+            storage.tpc_abort(txn)
+            self.assertIn('No transaction 8000000000000005', str(cm.exception))
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['a'], 1)
+
     def test_two_connections_of_one_database_in_one_transaction(self):
         # A helper agent's check: an undo beside other changes of the same
         # database (ZODB's TransactionalUndo votes through an instance of

@@ -732,6 +732,71 @@ class PackBehaviourTests(PackCase):
         self.assertNotIn('again', self.assert_reachable_names(db))
         self.assertEqual(self.existing(), self.assert_reachable_objects_load())
 
+    def test_undo_during_the_deletion_of_what_it_would_link_again(self):
+        # A helper agent's check (history-preserving): an undo committed
+        # during the deletion restored an old state of a kept object that
+        # references an object the first batch had removed.  Its storage
+        # instance began reading after that batch, so the check of what
+        # batches removed since (Commit._check_not_removed) saw nothing.
+        # A transaction that stores states read from history (an undo,
+        # loadSerial) now asks the database whether what they reference
+        # exists.
+        self._revert_during_the_deletion(self._undo_unlink)
+
+    def test_revert_to_an_old_state_during_the_deletion(self):
+        # The same, with the old state read by Connection.oldstate
+        # (loadSerial) and stored again by the application.
+        self._revert_during_the_deletion(self._revert_holder)
+
+    def _undo_unlink(self, db, conn, holder):
+        info = [d for d in db.undoInfo(0, 5) if d['description'] == 'unlink']
+        db.undo(info[0]['id'], conn.transaction_manager.get())
+
+    def _revert_holder(self, db, conn, holder):
+        held = conn.get(holder._p_oid)
+        old = db.history(held._p_oid, 5)[1]['tid']
+        held.__setstate__(conn.oldstate(held, old))
+        held._p_changed = True
+
+    def _revert_during_the_deletion(self, revert):
+        if not self.keep_history:
+            self.skipTest('history-preserving only')
+        db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
+        with db.transaction() as conn:
+            child = conn.root()['child'] = PersistentMapping(v='child')
+            garbage_tree(conn)
+        with db.transaction() as conn:
+            holder = conn.root()['holder'] = PersistentMapping(x=conn.root().pop('child'))
+            del conn.root()['garbage']
+        with db.transaction() as conn:
+            conn.root()['holder'].pop('x')
+            conn.transaction_manager.get().note('unlink')
+        outcome = []
+
+        def revert_then_commit():
+            self.assertFalse(self.exists(child._p_oid))
+            tm = transaction.TransactionManager()
+            conn = db.open(tm)
+            try:
+                tm.begin()
+                revert(db, conn, holder)
+                with self.assertRaises(ConflictError) as cm:
+                    tm.commit()
+                outcome.append(str(cm.exception))
+            finally:
+                tm.abort()
+                conn.close()
+
+        def progress(description, total, unit):
+            return Progress(description, [], revert_then_commit)
+        db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
+        self.assertEqual(len(outcome), 1)
+        self.assertIn('0x%x was removed by a pack' % u64(child._p_oid), outcome[0])
+        self.assertIn('read from history', outcome[0])
+        self.assertEqual(self.existing(), self.assert_reachable_objects_load())
+        with db.transaction() as conn:
+            self.assertNotIn('x', conn.root()['holder'])
+
     def test_commit_linking_what_a_batch_removed_since_it_began_is_refused(self):
         # A helper agent's check (packs while writers relink subtrees): an
         # application held an object that was garbage at the pack time (read
