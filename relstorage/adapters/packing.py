@@ -916,41 +916,34 @@ class PackVerbs:
         returned as such, the objects that go with it); returns
         (revisions, objects, blobs)."""
         sql = self.sql
-        blobs = 0
-        if self.has_blob_chunk:
-            blobs = conn.query_value(self.q(sql.PACK_BATCH_BLOBS)) or 0
-            conn.execute(self.q(sql.PACK_DELETE_BLOBS))
-        conn.execute(self.q(sql.PACK_DELETE_STATES))
-        revisions = max(conn.cursor.rowcount, 0)
-        if self.keep_history:
-            conn.execute(self.q(sql.PACK_DELETE_CURRENT))
-            objects = max(conn.cursor.rowcount, 0)
-        else:
-            objects = revisions
-        if not self.pack_tables_apart:
-            # (The batch's candidates stay: see PACK_CLEAR_DONE.)
-            conn.execute(self.q(sql.PACK_DELETE_REFS))
+        counts = self._delete_rows(conn, sql.PACK_BATCH_BLOBS, sql.PACK_DELETE_BLOBS,
+                                   sql.PACK_DELETE_STATES, sql.PACK_DELETE_CURRENT,
+                                   sql.PACK_DELETE_REFS)
         if extra:
-            more = self._delete_extra(conn)
-            revisions += more[0]
-            objects += more[1]
-            blobs += more[2]
-        return revisions, objects, blobs
+            # (Blob records reference nothing, so none is taken along: their
+            # rows are deleted all the same should one be.)
+            more = self._delete_rows(conn, sql.PACK_EXTRA_BLOBS, sql.PACK_EXTRA_DELETE_BLOBS,
+                                     sql.PACK_EXTRA_DELETE_STATES,
+                                     sql.PACK_EXTRA_DELETE_CURRENT, sql.PACK_EXTRA_DELETE_REFS)
+            counts = tuple(a + b for a, b in zip(counts, more))
+        return counts
 
-    def _delete_extra(self, conn):
-        sql = self.sql
-        blobs = 0
+    def _delete_rows(self, conn, count_blobs, blobs, states, current, refs):
+        """Run one set of deletion statements (of the batch, or of what
+        goes with it); returns (revisions, objects, blobs)."""
+        blob_count = 0
         if self.has_blob_chunk:
-            blobs = conn.query_value(self.q(sql.PACK_EXTRA_BLOBS)) or 0
-            conn.execute(self.q(sql.PACK_EXTRA_DELETE_BLOBS))
-        conn.execute(self.q(sql.PACK_EXTRA_DELETE_STATES))
+            blob_count = conn.query_value(self.q(count_blobs)) or 0
+            conn.execute(self.q(blobs))
+        conn.execute(self.q(states))
         revisions = objects = max(conn.cursor.rowcount, 0)
         if self.keep_history:
-            conn.execute(self.q(sql.PACK_EXTRA_DELETE_CURRENT))
+            conn.execute(self.q(current))
             objects = max(conn.cursor.rowcount, 0)
         if not self.pack_tables_apart:
-            conn.execute(self.q(sql.PACK_EXTRA_DELETE_REFS))
-        return revisions, objects, blobs
+            # (The batch's candidates stay: see PACK_CLEAR_DONE.)
+            conn.execute(self.q(refs))
+        return revisions, objects, blob_count
 
     #: Seconds between two removals, from the pack's tables where they are
     #: apart, of the references and candidates of what the deletion

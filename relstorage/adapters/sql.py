@@ -89,6 +89,18 @@ def _old_rows_only(upsert):
     return old
 
 
+def _extra_step(source, alias, condition, join=''):
+    """The garbage candidates after the batch's last OID (%s) that still
+    exist and reference the objects of ``source`` (into temp_pack_next)."""
+    return """
+        INSERT INTO temp_pack_next (zoid)
+        SELECT DISTINCT e.zoid FROM %s
+        JOIN temp_pack_edges e ON e.to_zoid = %s.zoid
+        JOIN pack_object p ON p.zoid = e.zoid
+        JOIN {current} c ON c.zoid = e.zoid
+        %s
+        WHERE e.zoid > %%s AND p.garbage = 1 %s
+    """ % (source, alias, join, condition)
 def _extra_delete(table):
     """The deletion of every row of ``table`` about the objects of
     temp_pack_extra (ANSI form)."""
@@ -874,23 +886,10 @@ class Statements:
     # The garbage candidates after the batch's last OID (%s) that still
     # exist and reference garbage of the batch; then (PACK_EXTRA_STEP)
     # those that reference what the last step found.
-    PACK_EXTRA_FIRST = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT e.zoid FROM temp_pack_batch b
-        JOIN temp_pack_edges e ON e.to_zoid = b.zoid
-        JOIN pack_object p ON p.zoid = e.zoid
-        JOIN {current} c ON c.zoid = e.zoid
-        WHERE b.garbage = 1 AND e.zoid > %s AND p.garbage = 1
-    """
-    PACK_EXTRA_STEP = """
-        INSERT INTO temp_pack_next (zoid)
-        SELECT DISTINCT e.zoid FROM temp_pack_frontier f
-        JOIN temp_pack_edges e ON e.to_zoid = f.zoid
-        JOIN pack_object p ON p.zoid = e.zoid
-        JOIN {current} c ON c.zoid = e.zoid
-        LEFT JOIN temp_pack_extra x ON x.zoid = e.zoid
-        WHERE e.zoid > %s AND p.garbage = 1 AND x.zoid IS NULL
-    """
+    PACK_EXTRA_FIRST = _extra_step('temp_pack_batch b', 'b', 'AND b.garbage = 1')
+    PACK_EXTRA_STEP = _extra_step(
+        'temp_pack_frontier f', 'f', 'AND x.zoid IS NULL',
+        'LEFT JOIN temp_pack_extra x ON x.zoid = e.zoid')
     # From those (temp_pack_next), everything that leads to them, in one
     # recursive statement (UNION: a cycle ends); None where the vendor
     # has no such statement (PACK_EXTRA_ADD and PACK_EXTRA_STEP go a step
