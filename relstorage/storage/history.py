@@ -201,7 +201,7 @@ def undo(adapter, conn, tid, pending, resolve):
 
 def record_iternext(adapter, conn, next_oid):
     start = u64(next_oid) if next_oid is not None else 0
-    rows = adapter.record_iternext(conn, start)
+    rows = adapter.record_iternext(conn, start) if start <= MAX_TID else None
     if not rows:
         raise POSException.POSKeyError(next_oid if next_oid is not None else p64(0))
     oid, tid, state = rows[0]

@@ -90,6 +90,18 @@ def _refuse_oid(oid_int):
     raise POSException.StorageError(
         "OID 0x%x is beyond the OIDs a RelStorage database keeps (below 0x%x)"
         % (oid_int, OID_LIMIT))
+
+
+def _check_given_tid(tid_int):
+    """A tid given to a commit (tpc_begin's, a restored record's, a
+    copied transaction's) must leave room for a later one: the tid
+    columns are signed 64-bit, and tids only go up."""
+    if tid_int >= history.MAX_TID:
+        raise POSException.StorageTransactionError(
+            "Transaction id %016x is beyond the largest the database can hold "
+            "(below %016x)" % (tid_int, history.MAX_TID))
+
+
 #: Loads whose OIDs go forward by at most this much count as a run too:
 #: every other object of a range (a container's items, each created with
 #: a sub-object; zodbshootout's "conflicting updates" reads half of its
@@ -860,10 +872,8 @@ class RelStorage(ConflictResolvingStorage):
         if ext is None:
             ext = history.dump_extension(getattr(txn, 'extension', None) or {})
         meta = (_as_bytes(txn.user), _as_bytes(txn.description), ext, status)
-        if tid is not None and u64(tid) > history.MAX_TID:
-            raise POSException.StorageTransactionError(
-                "Transaction id %016x is beyond the largest the database can hold "
-                "(%016x)" % (u64(tid), history.MAX_TID))
+        if tid is not None:
+            _check_given_tid(u64(tid))
         self._begin_commit(txn, meta, u64(tid) if tid is not None else None)
 
     def _begin_commit(self, txn, meta=None, tid=None):
@@ -909,6 +919,7 @@ class RelStorage(ConflictResolvingStorage):
         oid_int = u64(oid)
         if oid_int >= OID_LIMIT:
             _refuse_oid(oid_int)
+        _check_given_tid(u64(serial))
         pending.restore(oid_int, u64(serial), data)
 
     def deleteObject(self, oid, oldserial, txn):
@@ -1063,6 +1074,7 @@ class RelStorage(ConflictResolvingStorage):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         for c in copied:
+            _check_given_tid(c.tid)
             for oid_int, _ in c.rows:
                 if oid_int >= OID_LIMIT:
                     _refuse_oid(oid_int)

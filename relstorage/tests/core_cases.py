@@ -1563,10 +1563,14 @@ class RootStorageTests(FactoryCase):
         self.assertEqual(len(storage.history(z64, size=2 ** 64)), revisions)
         self.assertEqual(list(storage.iterator(big)), [])
         self.assertEqual(len(list(storage.iterator(None, big))), revisions)
-        txn = TransactionMetaData()
-        with self.assertRaises(StorageTransactionError) as cm:
-            storage.tpc_begin(txn, big)
-        self.assertIn('beyond the largest', str(cm.exception))
+        for tid in (big, p64(2 ** 63 - 1)):
+            # (The largest would leave no tid for a later commit.)
+            txn = TransactionMetaData()
+            with self.assertRaises(StorageTransactionError) as cm:
+                storage.tpc_begin(txn, tid)
+            self.assertIn('beyond the largest', str(cm.exception))
+        with self.assertRaises(POSKeyError):
+            storage.record_iternext(big)
         if self.keep_history:
             txn = TransactionMetaData()
             storage.tpc_begin(txn)

@@ -732,6 +732,32 @@ class PackBehaviourTests(PackCase):
         self.assertNotIn('again', self.assert_reachable_names(db))
         self.assertEqual(self.existing(), self.assert_reachable_objects_load())
 
+    def test_a_deep_chain_goes_with_the_batch_of_its_oldest_object(self):
+        # A helper agent's check: MariaDB stops a recursive query after
+        # max_recursive_iterations (1000 by default), and every pack of a
+        # database holding a chain of garbage deeper than that failed (each
+        # object referencing the one created before it, as the buckets of
+        # a BTree filled in descending order do).
+        db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
+        with db.transaction() as conn:
+            nodes = [PersistentMapping(i=i) for i in range(1100)]
+            for node in nodes:
+                conn.add(node)
+            for node, before in zip(nodes[1:], nodes):
+                node['prev'] = before
+            conn.root()['head'] = nodes[-1]
+        with db.transaction() as conn:
+            del conn.root()['head']
+        seen = []
+
+        def progress(description, total, unit):
+            return Progress(description, [], lambda: seen.append(
+                self.count_existing([n._p_oid for n in nodes])))
+        report = db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
+        self.assertEqual(seen, [0])
+        self.assertEqual(report.objects_removed, 1100)
+        self.assertEqual(self.existing(), self.assert_reachable_objects_load())
+
     def test_undo_during_the_deletion_of_what_it_would_link_again(self):
         # A helper agent's check (history-preserving): an undo committed
         # during the deletion restored an old state of a kept object that
