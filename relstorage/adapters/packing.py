@@ -893,7 +893,12 @@ class PackVerbs:
             # it is long (a step per level took 1.7 ms on PostgreSQL, 5 s
             # for a 3,000-object chain).
             self._analyze_temp(conn, 'temp_pack_next')
+            for stmt in sql.PACK_CLOSURE_BEGIN:
+                conn.execute(stmt)
             conn.execute(self.q(sql.PACK_EXTRA_CLOSURE), (last_oid,))
+            # (After an error, the transaction's rollback undoes them.)
+            for stmt in sql.PACK_CLOSURE_END:
+                conn.execute(stmt)
         else:
             while True:
                 conn.execute(self.q(sql.PACK_EXTRA_ADD))

@@ -479,6 +479,9 @@ class Statements:
     #: misjudges its joins.
     PACK_LARGE_JOINS_BEGIN = None
     PACK_LARGE_JOINS_END = None
+    #: Statements said before and after PACK_EXTRA_CLOSURE, in the
+    #: deletion batch's transaction.
+    PACK_CLOSURE_BEGIN = PACK_CLOSURE_END = ()
 
     # --- pack -------------------------------------------------------------
 

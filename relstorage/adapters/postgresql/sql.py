@@ -24,8 +24,14 @@ SMALL_TABLE_BYTES = 32 << 20
 
 def _extra_delete(table):
     """Deleting every row of ``table`` about the objects of temp_pack_extra
-    (a join: the table is analysed, and small)."""
-    return "DELETE FROM %s x USING temp_pack_extra t WHERE x.zoid = t.zoid" % table
+    (a join, with their range of OIDs said: otherwise a merge join read
+    the table's key from its start to the highest of them, 56 ms a batch
+    at a million objects)."""
+    return """
+        DELETE FROM %s x USING temp_pack_extra t WHERE x.zoid = t.zoid
+        AND x.zoid BETWEEN (SELECT MIN(zoid) FROM temp_pack_extra)
+                       AND (SELECT MAX(zoid) FROM temp_pack_extra)
+    """ % table
 
 class PostgreSQLStatements(Statements):
 
@@ -40,6 +46,18 @@ class PostgreSQLStatements(Statements):
     # probed); history-free, the plan is the same either way.
     PACK_LARGE_JOINS_BEGIN = "SET LOCAL enable_nestloop = off"
     PACK_LARGE_JOINS_END = "SET LOCAL enable_nestloop TO DEFAULT"
+    # The closure of a deletion batch follows a few thousand references
+    # at most a step, each by the keys of the tables it joins; the
+    # planner guesses each step ten times its first, and from a few
+    # thousand objects (the children of a batch's containers, which
+    # reference them back) it hash-joined whole tables at every step:
+    # 0.9 s for 9,000 objects, 13 of the 17 s of a 480,000-object
+    # deletion.  Past jit_above_cost it also compiled each closure (3 ms
+    # for one that ran in 0.3).
+    PACK_CLOSURE_BEGIN = ("SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off",
+                          "SET LOCAL jit = off")
+    PACK_CLOSURE_END = ("SET LOCAL enable_hashjoin TO DEFAULT",
+                        "SET LOCAL enable_mergejoin TO DEFAULT", "SET LOCAL jit TO DEFAULT")
 
     LOCK_COMMIT = "SELECT tid FROM commit_lock WHERE id = 0 FOR UPDATE"
 
