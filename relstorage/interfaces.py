@@ -523,6 +523,10 @@ class IRelStorageAdapter(Interface):
         garbage candidates after them that lead to garbage among them
         (joins against temporary tables); return what was removed."""
 
+    def mark_packed(conn, pack_tid):
+        """History-preserving, as the deletion starts: transactions up to
+        ``pack_tid`` can no longer be undone."""
+
     def finish_pack(conn, pack_tid):
         """History-preserving: mark transactions up to ``pack_tid`` packed
         and remove those left without any state."""

@@ -1066,15 +1066,24 @@ class PackVerbs:
                 return True
         return False
 
+    def mark_packed(self, conn, pack_tid):
+        """History-preserving, as the deletion starts: transactions up to
+        the pack time can no longer be undone.  Their older revisions are
+        about to go: an undo during the deletion found some of them gone
+        and committed an empty transaction, or part of the undo (a helper
+        agent's check); it is now refused as packed away, as after the
+        pack.  (An undo that read them before still has them all.)"""
+        if self.keep_history:
+            conn.execute(self.q(self.sql.PACK_MARK_PACKED), (True, pack_tid, True))
+
     def finish_pack(self, conn, pack_tid):
-        """History-preserving: transactions up to the pack time can no
-        longer be undone, and those left without any state go."""
+        """History-preserving: transactions up to the pack time (which
+        mark_packed made packed) that are left without any state go."""
         if self.sql.PACK_REFS_MAY_VANISH:
             # The batches removed the references of what they removed:
             # perhaps all of them (see pack_refs_tid).
             self.set_pack_info(conn, no_refs=None if self.any_refs(conn) else 1)
         if self.keep_history:
-            conn.execute(self.q(self.sql.PACK_MARK_PACKED), (True, pack_tid, True))
             conn.execute(self.q(self.sql.DELETE_TRANSACTIONS_WITHOUT_STATES), (pack_tid, True))
             return max(conn.cursor.rowcount, 0)
         return 0

@@ -824,6 +824,7 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     conn.commit()
     adapter.begin_store_checked(conn)
     adapter.clear_pack_removals(conn)
+    adapter.mark_packed(conn, report.pack_tid)
     conn.commit()
     checked = last
 

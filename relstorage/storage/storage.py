@@ -224,9 +224,12 @@ class RelStorage(ConflictResolvingStorage):
         # poll, or the first snapshot after the end of the last one): what
         # it read is at least that recent (Commit._check_not_removed).
         self._read_mark = None
-        # ... and whether it read from history (loadSerial, loadBefore):
-        # old states may reference what a pack removed since.
-        self._read_history = False
+        # ... and the root's count of history reads then (see _history_read).
+        self._history_seen = None
+        # (The root's) reads from history by any of its instances, but those
+        # of a vote's conflict resolution.
+        self._history_reads = 0
+        self._resolving = False
         self._last_commit_tid = 0
         # Read-only replicas (ro-replica-conf) may be behind what this
         # instance has seen: the highest tid seen, see _replica_behind.
@@ -355,6 +358,8 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_pack_mark = pack_mark
         if self._read_mark is None:
             self._read_mark = pack_mark
+        if self._history_seen is None:
+            self._history_seen = self._root._history_reads
         # A witness's object older than the revision a poll reported, in
         # a snapshot that has that revision's transaction: this is not the
         # history the witness came from (a restored backup, committed to
@@ -489,7 +494,7 @@ class RelStorage(ConflictResolvingStorage):
         previous = self._poll_tid
         self._end_snapshot()
         self._read_mark = None
-        self._read_history = False
+        self._history_seen = None
         conn = self._ensure_snapshot(polling=True)
         current = self._snapshot_tid
         if self._stale_snapshot:
@@ -617,7 +622,7 @@ class RelStorage(ConflictResolvingStorage):
         with self._lock:
             self._end_snapshot()
             self._read_mark = None
-            self._read_history = False
+            self._history_seen = None
 
     def afterCompletion(self):
         # The end of a transaction, or the ZODB connection was closed: the
@@ -626,7 +631,7 @@ class RelStorage(ConflictResolvingStorage):
             self._end_snapshot()
             self._give_back_load_conn()
             self._read_mark = None
-            self._read_history = False
+            self._history_seen = None
 
     # ------------------------------------------------------------------
     # Loading
@@ -711,8 +716,25 @@ class RelStorage(ConflictResolvingStorage):
                 self._adapter, conn, range(oid_int, min(oid_int + READ_AHEAD, MAX_OID + 1)),
                 self._snapshot_tid))
 
+    def _history_read(self):
+        """Note a read from history (loadSerial, loadBefore): old states
+        may reference what a pack removed since, and a transaction that
+        stores them checks that what they reference exists
+        (Commit._check_not_removed).  Counted on the root storage, which
+        the commit compares with the count when its transaction began: the
+        application may read through one instance (``db.storage``, another
+        connection's) and store through another (a helper agent's check).
+        Not the reads of a vote's own conflict resolution, which merges
+        states the commit checks as it always does."""
+        if self._resolving:
+            return
+        root = self._root
+        if self._history_seen is None:
+            self._history_seen = root._history_reads
+        root._history_reads += 1
+
     def loadBefore(self, oid, tid):
-        self._read_history = True
+        self._history_read()
         if u64(oid) > MAX_OID:
             return None
         with self._read() as conn:
@@ -730,7 +752,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def loadSerial(self, oid, serial):
         self._check_open()      # (its cache hit opens no snapshot)
-        self._read_history = True
+        self._history_read()
         oid_int, tid_int = u64(oid), u64(serial)
         if oid_int > MAX_OID or tid_int > history.MAX_TID:
             raise POSException.POSKeyError(oid)
@@ -1002,10 +1024,12 @@ class RelStorage(ConflictResolvingStorage):
         if pending.read_mark is None:
             # What it read since tpc_begin (an undo reads then).
             pending.read_mark = self._read_mark
-        if self._read_history:
+        seen = self._history_seen
+        if seen is not None and self._root._history_reads != seen:
             pending.from_history = True
         for attempt in (1, 2):
             conn = self._take_store_conn()
+            self._resolving = True
             try:
                 return pending.vote(conn, self.tryToResolveConflict)
             except DisconnectedError:
@@ -1016,6 +1040,8 @@ class RelStorage(ConflictResolvingStorage):
                 if attempt == 2 or pending.tid is not None:
                     raise
                 self._give_back_store_conn()    # broken: the pool closes it
+            finally:
+                self._resolving = False
 
     def tpc_finish(self, txn, f=None):
         pending = self._check_txn(txn)
@@ -1053,7 +1079,7 @@ class RelStorage(ConflictResolvingStorage):
             # (An open snapshot goes on serving the next transaction's
             # reads: a review finding.)
             self._read_mark = None
-            self._read_history = False
+            self._history_seen = None
         if self._voting_as is not None:
             voters = self._root._voters
             if voters.get(self._voting_as) is self:

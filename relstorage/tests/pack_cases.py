@@ -759,24 +759,35 @@ class PackBehaviourTests(PackCase):
         self.assertEqual(self.existing(), self.assert_reachable_objects_load())
 
     def test_undo_during_the_deletion_of_what_it_would_link_again(self):
-        # A helper agent's check (history-preserving): an undo committed
+        # Helper agents' checks (history-preserving): an undo committed
         # during the deletion restored an old state of a kept object that
-        # references an object the first batch had removed.  Its storage
-        # instance began reading after that batch, so the check of what
-        # batches removed since (Commit._check_not_removed) saw nothing.
-        # A transaction that stores states read from history (an undo,
-        # loadSerial) now asks the database whether what they reference
-        # exists.
-        self._revert_during_the_deletion(self._undo_unlink)
+        # references an object the first batch had removed; an undo whose
+        # revisions a batch had removed committed an empty transaction.
+        # The transactions up to the pack time are now marked packed as
+        # the deletion starts: such an undo is refused as after the pack.
+        from ZODB.POSException import UndoError
+        self._revert_during_the_deletion(self._undo_unlink, UndoError, 'packed away')
 
     def test_revert_to_an_old_state_during_the_deletion(self):
         # The same, with the old state read by Connection.oldstate
         # (loadSerial) and stored again by the application.
         self._revert_during_the_deletion(self._revert_holder)
 
+    def test_revert_read_through_another_instance_during_the_deletion(self):
+        # A helper agent's check: the old state read through the storage
+        # the database was opened with (db.storage), not the connection's
+        # own instance, and stored through the connection: the check did
+        # not run (only the instance that read knew).
+        self._revert_during_the_deletion(self._revert_holder_from_db_storage)
+
+    def _revert_holder_from_db_storage(self, db, conn, holder):
+        held = conn.get(holder._p_oid)
+        old = db.history(held._p_oid, 5)[1]['tid']
+        held.__setstate__(conn._reader.getState(db.storage.loadSerial(held._p_oid, old)))
+        held._p_changed = True
+
     def _undo_unlink(self, db, conn, holder):
-        info = [d for d in db.undoInfo(0, 5) if d['description'] == 'unlink']
-        db.undo(info[0]['id'], conn.transaction_manager.get())
+        db.undo(self.unlink_id, conn.transaction_manager.get())
 
     def _revert_holder(self, db, conn, holder):
         held = conn.get(holder._p_oid)
@@ -784,7 +795,8 @@ class PackBehaviourTests(PackCase):
         held.__setstate__(conn.oldstate(held, old))
         held._p_changed = True
 
-    def _revert_during_the_deletion(self, revert):
+    def _revert_during_the_deletion(self, revert, error=ConflictError,
+                                    message='read from history'):
         if not self.keep_history:
             self.skipTest('history-preserving only')
         db = self.db(pack_batch_timeout=0.0001, pack_duty_cycle=1.0)
@@ -797,6 +809,7 @@ class PackBehaviourTests(PackCase):
         with db.transaction() as conn:
             conn.root()['holder'].pop('x')
             conn.transaction_manager.get().note('unlink')
+        self.unlink_id = db.undoInfo(0, 1)[0]['id']
         outcome = []
 
         def revert_then_commit():
@@ -806,7 +819,7 @@ class PackBehaviourTests(PackCase):
             try:
                 tm.begin()
                 revert(db, conn, holder)
-                with self.assertRaises(ConflictError) as cm:
+                with self.assertRaises(error) as cm:
                     tm.commit()
                 outcome.append(str(cm.exception))
             finally:
@@ -817,8 +830,9 @@ class PackBehaviourTests(PackCase):
             return Progress(description, [], revert_then_commit)
         db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
         self.assertEqual(len(outcome), 1)
-        self.assertIn('0x%x was removed by a pack' % u64(child._p_oid), outcome[0])
-        self.assertIn('read from history', outcome[0])
+        self.assertIn(message, outcome[0])
+        if error is ConflictError:
+            self.assertIn('0x%x was removed by a pack' % u64(child._p_oid), outcome[0])
         self.assertEqual(self.existing(), self.assert_reachable_objects_load())
         with db.transaction() as conn:
             self.assertNotIn('x', conn.root()['holder'])

@@ -394,6 +394,7 @@ def drive_every_verb(adapter, recorder):
     adapter.log_pack_removals(conn, 1, [3], [(4, 150)])
     adapter.forget_deleted(conn, 4)       # (nothing: the batch did it)
     adapter.pack_removals(conn, 0, 1)
+    adapter.mark_packed(conn, 150)
     adapter.finish_pack(conn, 150)
     adapter.missing_references(conn)
     conn.commit()
