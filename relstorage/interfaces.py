@@ -528,8 +528,8 @@ class IRelStorageAdapter(Interface):
         ``pack_tid`` can no longer be undone."""
 
     def finish_pack(conn, pack_tid):
-        """History-preserving: mark transactions up to ``pack_tid`` packed
-        and remove those left without any state."""
+        """History-preserving: remove the transactions up to ``pack_tid``
+        (marked packed by mark_packed) left without any state."""
 
     def missing_references(conn):
         """(oid, tid, missing oid) of references to objects that do not

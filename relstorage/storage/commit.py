@@ -139,6 +139,8 @@ class Commit:
         #: Whether it stores states read from history (an undo, states read
         #: with loadSerial or loadBefore): see _check_not_removed.
         self.from_history = False
+        #: The transactions it undoes (see _check_not_packed).
+        self.undone_tids = set()
         self.tstore = TempStore()
         self.read_current = {}          # oid_int -> tid_int seen (filled by the storage's
                                         # checkCurrentSerialInTransaction)
@@ -286,6 +288,8 @@ class Commit:
             refs = self._stored_references()
         self.tid, mark = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
         fault_point('vote.commit_locked')
+        if self.undone_tids:
+            self._check_not_packed(conn)
         if exact or check and mark != self.read_mark:
             self._check_not_removed(conn, mark, refs, exact)
         user, description, extension, status = self.meta
@@ -329,6 +333,19 @@ class Commit:
                 nbytes += sum(os.path.getsize(path) for path in self.btxn.pending.values())
             adapter.check_commit_room(conn, len(tstore), nbytes)
         fault_point('vote.moved')
+
+    def _check_not_packed(self, conn):
+        """Under the commit lock: none of the transactions this one undoes
+        was packed since the undo read them.  A pack's deletion marks the
+        transactions up to its pack time packed before its first batch
+        (PackVerbs.mark_packed), and a batch may then remove the revisions
+        the undo copies on the database side (a blob's chunks: a review
+        finding, the undo committed a blob without data)."""
+        for tid in sorted(self.undone_tids):
+            if self.adapter.transaction_packed(conn, tid):
+                raise POSException.UndoError(
+                    "Transaction %016x was packed away (by a pack that ran while "
+                    "this undo was under way)" % tid)
 
     def _check_not_removed(self, conn, mark, refs=None, exact=False):
         """The pack mark moved since the snapshot this transaction began

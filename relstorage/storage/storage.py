@@ -224,12 +224,13 @@ class RelStorage(ConflictResolvingStorage):
         # poll, or the first snapshot after the end of the last one): what
         # it read is at least that recent (Commit._check_not_removed).
         self._read_mark = None
-        # ... and the root's count of history reads then (see _history_read).
+        # ... and this thread's count of history reads then (_history_read).
         self._history_seen = None
-        # (The root's) reads from history by any of its instances, but those
-        # of a vote's conflict resolution.
-        self._history_reads = 0
-        self._resolving = False
+        # (The root's) {thread ident: reads from history by any of its
+        # instances in that thread}, but those of a vote's conflict
+        # resolution (made in the thread _resolving names).
+        self._history_reads = {}
+        self._resolving = None
         self._last_commit_tid = 0
         # Read-only replicas (ro-replica-conf) may be behind what this
         # instance has seen: the highest tid seen, see _replica_behind.
@@ -359,7 +360,7 @@ class RelStorage(ConflictResolvingStorage):
         if self._read_mark is None:
             self._read_mark = pack_mark
         if self._history_seen is None:
-            self._history_seen = self._root._history_reads
+            self._history_seen = self._history_count()
         # A witness's object older than the revision a poll reported, in
         # a snapshot that has that revision's transaction: this is not the
         # history the witness came from (a restored backup, committed to
@@ -720,18 +721,27 @@ class RelStorage(ConflictResolvingStorage):
         """Note a read from history (loadSerial, loadBefore): old states
         may reference what a pack removed since, and a transaction that
         stores them checks that what they reference exists
-        (Commit._check_not_removed).  Counted on the root storage, which
-        the commit compares with the count when its transaction began: the
-        application may read through one instance (``db.storage``, another
-        connection's) and store through another (a helper agent's check).
-        Not the reads of a vote's own conflict resolution, which merges
-        states the commit checks as it always does."""
-        if self._resolving:
+        (Commit._check_not_removed).  Counted on the root storage, per
+        thread, which the commit compares with the count of its thread
+        when its transaction began: the application may read through one
+        instance (``db.storage``, another connection's) and store through
+        another (a helper agent's check).  Per thread: a historical
+        connection of another thread (``db.open(at=...)``, every load a
+        loadBefore) does not make every commit pay for the check (a
+        review finding).  Not the reads of a vote's own conflict
+        resolution, which merges states the commit checks as it always
+        does."""
+        me = threading.get_ident()
+        if self._resolving == me:
             return
-        root = self._root
         if self._history_seen is None:
-            self._history_seen = root._history_reads
-        root._history_reads += 1
+            self._history_seen = self._history_count()
+        counts = self._root._history_reads
+        # (Only this thread writes its entry.)
+        counts[me] = counts.get(me, 0) + 1
+
+    def _history_count(self):
+        return self._root._history_reads.get(threading.get_ident(), 0)
 
     def loadBefore(self, oid, tid):
         self._history_read()
@@ -1025,11 +1035,11 @@ class RelStorage(ConflictResolvingStorage):
             # What it read since tpc_begin (an undo reads then).
             pending.read_mark = self._read_mark
         seen = self._history_seen
-        if seen is not None and self._root._history_reads != seen:
+        if seen is not None and self._history_count() != seen:
             pending.from_history = True
         for attempt in (1, 2):
             conn = self._take_store_conn()
-            self._resolving = True
+            self._resolving = threading.get_ident()
             try:
                 return pending.vote(conn, self.tryToResolveConflict)
             except DisconnectedError:
@@ -1041,7 +1051,7 @@ class RelStorage(ConflictResolvingStorage):
                     raise
                 self._give_back_store_conn()    # broken: the pool closes it
             finally:
-                self._resolving = False
+                self._resolving = None
 
     def tpc_finish(self, txn, f=None):
         pending = self._check_txn(txn)
@@ -1239,9 +1249,10 @@ class RelStorage(ConflictResolvingStorage):
         if not self._adapter.keep_history:
             raise POSException.UndoError("Undo is not supported by history-free storages")
         with self._read() as conn:
-            oids = history.undo(self._adapter, conn, history.undo_tid(transaction_id),
-                                pending, self.tryToResolveConflict)
+            tid = history.undo_tid(transaction_id)
+            oids = history.undo(self._adapter, conn, tid, pending, self.tryToResolveConflict)
         pending.from_history = True
+        pending.undone_tids.add(tid)
         return None, [p64(oid) for oid in oids]
 
     def iterator(self, start=None, stop=None):

@@ -19,6 +19,7 @@ from contextlib import redirect_stdout
 import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
+from ZODB.blob import Blob
 from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import ConflictError
 from ZODB.POSException import POSKeyError
@@ -767,6 +768,43 @@ class PackBehaviourTests(PackCase):
         # the deletion starts: such an undo is refused as after the pack.
         from ZODB.POSException import UndoError
         self._revert_during_the_deletion(self._undo_unlink, UndoError, 'packed away')
+
+    def test_undo_read_before_the_deletion_and_voted_after_a_batch(self):
+        # A review finding: an undo that read its transaction before the
+        # deletion marked it packed, and voted after a batch had removed
+        # the revision whose blob it copies (in the database), committed a
+        # blob without data.  The vote checks again, under the lock.
+        if not self.keep_history:
+            self.skipTest('history-preserving only')
+        from ZODB.POSException import UndoError
+        db = self.db(blob_dir=os.path.join(self.tmp, 'blobs'))
+        with db.transaction() as conn:
+            conn.root()['b'] = Blob(b'version 1')
+        with db.transaction() as conn:
+            with conn.root()['b'].open('w') as f:
+                f.write(b'version 2')
+        undo_id = db.undoInfo(0, 1)[0]['id']
+        inst = db.storage.new_instance()
+        self.addCleanup(inst.release)
+        txn = TransactionMetaData()
+        inst.tpc_begin(txn)
+        inst.undo(undo_id, txn)
+        refused = []
+
+        def vote():
+            with self.assertRaises(UndoError) as cm:
+                inst.tpc_vote(txn)
+            inst.tpc_abort(txn)
+            refused.append(str(cm.exception))
+
+        def progress(description, total, unit):
+            return Progress(description, [], vote)
+        db.storage.run_pack(time.time() + 1, referencesf, progress=progress)
+        self.assertEqual(len(refused), 1)
+        self.assertIn('packed away', refused[0])
+        with db.transaction() as conn:
+            with conn.root()['b'].open() as f:
+                self.assertEqual(f.read(), b'version 2')
 
     def test_revert_to_an_old_state_during_the_deletion(self):
         # The same, with the old state read by Connection.oldstate
