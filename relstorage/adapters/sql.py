@@ -101,10 +101,13 @@ def _extra_step(source, alias, condition, join=''):
         %s
         WHERE e.zoid > %%s AND p.garbage = 1 %s
     """ % (source, alias, join, condition)
+
+
 def _extra_delete(table):
     """The deletion of every row of ``table`` about the objects of
     temp_pack_extra (ANSI form)."""
     return "DELETE FROM %s WHERE zoid IN (SELECT zoid FROM temp_pack_extra)" % table
+
 
 class Statements:
     """Statements for one history mode; adapters subclass per vendor."""

@@ -136,8 +136,8 @@ class Commit:
         #: (RelStorage._read_mark: its poll's, or the first after the last
         #: transaction ended), or None: see _check_not_removed.
         self.read_mark = read_mark
-        #: Whether it stores states read from history (an undo, states read
-        #: with loadSerial or loadBefore): see _check_not_removed.
+        #: Whether it stores states read with loadSerial or loadBefore
+        #: (see _check_not_removed; an undo's are: undone_tids).
         self.from_history = False
         #: The transactions it undoes (see _check_not_packed).
         self.undone_tids = set()
@@ -278,7 +278,8 @@ class Commit:
         if read_current:
             self._lost_if_raises(self._check_read_current, conn, read_current, current)
         check = self.read_mark is not None and not self.restoring and len(tstore) > 0
-        exact = self.from_history and not self.restoring and len(tstore) > 0
+        exact = ((self.from_history or bool(self.undone_tids))
+                 and not self.restoring and len(tstore) > 0)
         refs = None
         if exact or check and self.cache is not None and \
                 self.cache.newest_pack_mark() != self.read_mark:

@@ -494,8 +494,7 @@ class RelStorage(ConflictResolvingStorage):
         self._autorefresh = False
         previous = self._poll_tid
         self._end_snapshot()
-        self._read_mark = None
-        self._history_seen = None
+        self._forget_reads()
         conn = self._ensure_snapshot(polling=True)
         current = self._snapshot_tid
         if self._stale_snapshot:
@@ -622,8 +621,7 @@ class RelStorage(ConflictResolvingStorage):
     def sync(self, force=True):
         with self._lock:
             self._end_snapshot()
-            self._read_mark = None
-            self._history_seen = None
+            self._forget_reads()
 
     def afterCompletion(self):
         # The end of a transaction, or the ZODB connection was closed: the
@@ -631,8 +629,7 @@ class RelStorage(ConflictResolvingStorage):
         with self._lock:
             self._end_snapshot()
             self._give_back_load_conn()
-            self._read_mark = None
-            self._history_seen = None
+            self._forget_reads()
 
     # ------------------------------------------------------------------
     # Loading
@@ -716,6 +713,13 @@ class RelStorage(ConflictResolvingStorage):
             prefetched.update(self._cache.prefetch(
                 self._adapter, conn, range(oid_int, min(oid_int + READ_AHEAD, MAX_OID + 1)),
                 self._snapshot_tid))
+
+    def _forget_reads(self):
+        """The reading transaction ended: what the next one reads starts
+        its pack mark (_read_mark) and its count of history reads
+        (_history_seen) again."""
+        self._read_mark = None
+        self._history_seen = None
 
     def _history_read(self):
         """Note a read from history (loadSerial, loadBefore): old states
@@ -1088,8 +1092,7 @@ class RelStorage(ConflictResolvingStorage):
         if not self._snapshot_open:
             # (An open snapshot goes on serving the next transaction's
             # reads: a review finding.)
-            self._read_mark = None
-            self._history_seen = None
+            self._forget_reads()
         if self._voting_as is not None:
             voters = self._root._voters
             if voters.get(self._voting_as) is self:
@@ -1251,7 +1254,6 @@ class RelStorage(ConflictResolvingStorage):
         with self._read() as conn:
             tid = history.undo_tid(transaction_id)
             oids = history.undo(self._adapter, conn, tid, pending, self.tryToResolveConflict)
-        pending.from_history = True
         pending.undone_tids.add(tid)
         return None, [p64(oid) for oid in oids]
 

@@ -46,6 +46,7 @@ def _extra_delete(table):
     (a join)."""
     return "DELETE x FROM %s x JOIN temp_pack_extra t ON t.zoid = x.zoid" % table
 
+
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 

@@ -33,6 +33,7 @@ def _extra_delete(table):
                        AND (SELECT MAX(zoid) FROM temp_pack_extra)
     """ % table
 
+
 class PostgreSQLStatements(Statements):
 
     PACK_REFS_MAY_VANISH = True     # object_ref is UNLOGGED (see PACK_SCHEMA)
