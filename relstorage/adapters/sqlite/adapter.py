@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import sqlite3
+import threading
 import time
 import weakref
 
@@ -30,6 +31,7 @@ from . import sql
 from .pragmas import check_pragmas
 from .pragmas import pragma_is_on
 from .pragmas import pragma_statement
+from .walkeeper import WalKeeper
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ WRITERS_WAITING = 'writers.waiting'
 #: WAL_CHECK_INTERVAL seconds.
 WAL_RESTART_PAGES = 4
 WAL_CHECK_INTERVAL = 0.2
+WAL_RETRY_MAX = 60.0
 #: Every open adapter holds a shared lock on this file, so that drop_all
 #: (zodbconvert --clear) can tell that another process still uses the
 #: files it would remove.
@@ -146,6 +149,10 @@ class Sqlite3Adapter(Adapter):
         self._waiting_probe = None      # (writers_waiting)
         self._creation_checked = False
         self._wal_checked_at = time.monotonic()
+        self._wal_keeper = None         # (snapshot_ended)
+        self._wal_closed = False
+        self._wal_retry = None          # (snapshot_ended) (monotonic time, delay)
+        self._wal_keeper_lock = threading.Lock()
         self._in_use = self._mark_in_use()
 
     def _mark_in_use(self):
@@ -202,6 +209,11 @@ class Sqlite3Adapter(Adapter):
         in_use, self._in_use = self._in_use, None
         if in_use is not None:
             in_use()
+        with self._wal_keeper_lock:
+            keeper, self._wal_keeper = self._wal_keeper, None
+            self._wal_closed = True
+        if keeper is not None:
+            keeper.close()
 
     def database_identity(self):
         # The main file itself, however the data-dir is spelled or linked.
@@ -307,9 +319,21 @@ class Sqlite3Adapter(Adapter):
         without end (a helper agent's check: 470 MB after 4,000 commits of
         10 objects).  So, at most every WAL_CHECK_INTERVAL seconds, where a
         snapshot just ended and the log is past WAL_RESTART_PAGES times
-        wal_autocheckpoint pages: a checkpoint that copies everything and
-        empties the log, if nobody reads or writes at that moment
-        (busy_timeout 0: it waits for nobody)."""
+        wal_autocheckpoint pages:
+
+        - the process's WalKeeper is woken: in a thread of its own, it
+          copies the log (its sync is no commit's to wait for) and empties
+          it if nobody reads it; a snapshot that starts once everything is
+          copied lets the next commit start the log again;
+        - and if the log is still past its bound the next time, this
+          thread empties it here, where its own snapshot just ended (a
+          process committing without pause always has one open
+          otherwise), copying what the keeper has not (a sync: 15 ms on a
+          busy disk).  Each time the log is found past its bound again,
+          the next such try waits twice as long (up to WAL_RETRY_MAX): a
+          heavy writer elsewhere (a pack's deletion writes 190 MB at a
+          million objects) fills it faster than anyone empties it, and
+          this process's commits would pay a sync every few tries."""
         now = time.monotonic()
         if now < self._wal_checked_at + WAL_CHECK_INTERVAL:
             return
@@ -324,7 +348,19 @@ class Sqlite3Adapter(Adapter):
             conn.rollback()
         limit = WAL_RESTART_PAGES * max(1, int(self.pragmas.get('wal_autocheckpoint', 1000)))
         if size <= limit * page:
+            self._wal_retry = None
             return
+        self._wake_wal_keeper()
+        retry = self._wal_retry
+        if retry is None:
+            # The keeper copies first.
+            self._wal_retry = (now + WAL_CHECK_INTERVAL, WAL_CHECK_INTERVAL)
+            return
+        at, delay = retry
+        if now < at:
+            return
+        delay = min(delay * 2, WAL_RETRY_MAX)
+        self._wal_retry = (now + delay, delay)
         raw = conn.raw
         try:
             raw.execute('PRAGMA busy_timeout = 0')
@@ -336,6 +372,16 @@ class Sqlite3Adapter(Adapter):
                       exc_info=True)
         finally:
             raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
+
+    def _wake_wal_keeper(self):
+        with self._wal_keeper_lock:
+            keeper = self._wal_keeper
+            if keeper is None or not keeper.alive():
+                if self._wal_closed:
+                    return
+                keeper = self._wal_keeper = WalKeeper(
+                    lambda: self.connect('main'), self.describe)
+        keeper.wake()
 
     def start_snapshot(self, conn):
         # A deferred transaction: the snapshot starts at the first read and

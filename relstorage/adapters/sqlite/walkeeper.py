@@ -1,0 +1,104 @@
+"""The upkeep of main.sqlite3's write-ahead log, off the application's
+threads.
+
+Emptying a log grown past its bound starts with a checkpoint: it copies
+the log's pages into the database file and syncs it.  Run by the thread
+whose snapshot had just ended, as it was, that sync was a commit's to
+wait for: 15-17 ms on a disk another process keeps busy, where the commit
+itself takes 2 (measured: a writer committing every 20 ms beside a pack of
+a million objects, whose p99 went from 3 to 25 ms, nearly all of it
+there).  So the copy runs here, in a thread of its own with a connection
+of its own, which snapshot_ended (adapter.py) only wakes.
+"""
+
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class WalKeeper:
+    """A daemon thread that, each time it is woken, copies the log into
+    the database file (PASSIVE: it takes no lock a reader or writer
+    waits for), then, if it copied everything, empties the log if nobody
+    reads it (TRUNCATE, waiting for nobody).
+
+    When a reader holds a snapshot in the log, the log cannot be emptied;
+    but a snapshot that starts once every page is copied reads the
+    database file alone, and the next write transaction then starts the
+    log again from its beginning (SQLite does that itself), so a steady
+    writer's log stays bounded either way.
+
+    ``connect`` opens a connection to the database (called in the
+    thread).  ``describe`` names the database in the log messages.
+    """
+
+    def __init__(self, connect, describe):
+        self._connect = connect
+        self._describe = describe
+        self._wake = threading.Event()
+        self._closed = False
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name='relstorage-sqlite-wal',
+                                        daemon=True)
+        self._thread.start()
+
+    def alive(self):
+        """False in a child process forked after the thread started (it
+        has no such thread), or once closed."""
+        return not self._closed and self._pid == os.getpid()
+
+    def wake(self):
+        self._wake.set()
+
+    def close(self):
+        self._closed = True
+        self._wake.set()
+        if self._pid == os.getpid() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    def _run(self):
+        conn = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._closed:
+                    return
+                try:
+                    if conn is None:
+                        conn = self._connect()
+                        conn.execute('PRAGMA busy_timeout = 0')
+                    self._checkpoint(conn)
+                except Exception:  # pylint:disable=broad-except
+                    # (The next wake-up tries again, with a new connection:
+                    # the log is only bounded later.)
+                    log.debug("Could not checkpoint the write-ahead log of %s",
+                              self._describe(), exc_info=True)
+                    if conn is not None:
+                        _close_quietly(conn)
+                        conn = None
+        finally:
+            if conn is not None:
+                _close_quietly(conn)
+
+    def _checkpoint(self, conn):
+        busy, frames, copied = conn.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+        if busy or frames != copied:
+            # Another checkpoint runs, or a snapshot still reads pages
+            # not copied: the next wake-up goes on.
+            return
+        # Nothing left to copy (unless a commit came in between: then it
+        # copies that commit's pages), so it holds the write lock only to
+        # empty the file, and gives up at once when someone reads the log.
+        busy, _, _ = conn.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchone()
+        log.debug("%s the write-ahead log of %s",
+                  'Could not empty (busy)' if busy else 'Emptied', self._describe())
+
+
+def _close_quietly(conn):
+    try:
+        conn.close()
+    except Exception:  # pylint:disable=broad-except
+        pass
