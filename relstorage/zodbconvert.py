@@ -159,7 +159,10 @@ def load_config(path):
         if 'no matching section' in text:
             # (A helper agent's check: a misnamed section's error did not
             # say which names were expected.)
-            text += '; zodbconvert reads a section named source and one named destination'
+            # (And one left unclosed, whose next section is then taken
+            # for one inside it, gave the same hint, which did not help.)
+            text += ('; zodbconvert reads a section named source and one named destination, '
+                     'each closed before the next begins')
         raise UsageError('configuration error in %s: %s' % (path, text)) from exc
     except Exception as exc:  # ImportError of a %import, ...
         raise UsageError('cannot read configuration %s: %s' % (path, _one_line(exc))) from exc

@@ -63,6 +63,7 @@ from ZODB.utils import z64
 
 from ..messages import one_line as _one_line
 from .commit import CopiedTransaction
+from .history import MAX_TID
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def history_txns(source, start=None, stop=None, stats=None, last=None):
                 data = rec.data
                 data_txn = getattr(rec, 'data_txn', None)
                 if data is None and data_txn is not None:
-                    data = source.loadSerial(rec.oid, data_txn)
+                    data = _back_pointer_state(source, rec.oid, data_txn)
                 records.append((rec.oid, data, data_txn))
             yield Txn(tid, getattr(trans, 'status', ' ') or ' ', _bytes(trans.user),
                       _bytes(trans.description), _extension_bytes(trans), records)
@@ -188,6 +189,20 @@ def history_txns(source, start=None, stop=None, stats=None, last=None):
         close = getattr(iterator, 'close', None)
         if close is not None:
             close()
+
+
+def _back_pointer_state(source, oid, data_txn):
+    """The state a back pointer record names; None when that record has
+    none.  An undo of the undo of an undone creation points back to the
+    undone creation's record, which has no state (the object stops
+    existing again), and FileStorage's loadSerial raises POSKeyError for
+    it (a helper agent's check: such a source could not be copied, by
+    any strategy, not even resumed past it).  The record named exists:
+    the source's own iterator found it."""
+    try:
+        return source.loadSerial(oid, data_txn)
+    except POSKeyError:
+        return None
 
 
 #: current_txns keeps up to this many bytes of states from its scan in
@@ -506,6 +521,12 @@ class RelStorageWriter:
         try:
             self.dest.copy_transactions_in(copied)
         except POSException.StorageTransactionError as exc:
+            beyond = [txn for txn in pending if u64(txn.tid) >= MAX_TID]
+            if beyond:
+                # (A helper agent's check: this was said as the next case,
+                # of the batch's first transaction, into an empty database.)
+                raise CopyError("Cannot copy transaction %s: %s"
+                                % (tid_repr(beyond[0].tid), exc)) from exc
             raise CopyError(
                 "Cannot copy transaction %s: the destination already has a later "
                 "transaction; was it written to during the copy? (%s)"

@@ -20,6 +20,7 @@ from ZODB.blob import Blob
 from ZODB.blob import is_blob_record
 from ZODB.Connection import TransactionMetaData
 from ZODB.FileStorage import FileStorage
+from ZODB.POSException import POSKeyError
 from ZODB.utils import p64
 from ZODB.utils import u64
 
@@ -248,7 +249,10 @@ def transactions_of(storage):
         for rec in txn:
             data = rec.data
             if data is None and rec.data_txn is not None:
-                data = storage.loadSerial(rec.oid, rec.data_txn)
+                try:
+                    data = storage.loadSerial(rec.oid, rec.data_txn)
+                except POSKeyError:
+                    data = None     # it points back to an undone creation
             records[rec.oid] = data
         result.append((txn.tid, txn.user, txn.description, txn.extension, records))
     return result
@@ -389,6 +393,60 @@ class TestRoundTrip(ConvertTestCase):
                 finally:
                     source.close()
                     dest.close()
+
+    def test_undo_of_the_undo_of_an_undone_creation(self):
+        # A helper agent's check: an object created, its creation undone,
+        # that undo undone, then undone again: the last undo's record
+        # points back to the undone creation's, which has no state, and
+        # the copy failed there with POSKeyError (every strategy that
+        # reads history, --dry-run and --incremental alike).
+        src = self.path('undo3.fs')
+        db = ZODB.DB(FileStorage(src))
+        try:
+            conn = db.open()
+            conn.root()['x'] = PersistentMapping(v=1)
+            transaction.commit()
+            for _ in range(3):
+                db.undo(db.undoLog(0, 1)[0]['id'])
+                transaction.commit()
+            conn.root()['y'] = PersistentMapping(v=2)
+            transaction.commit()
+            conn.close()
+        finally:
+            db.close()
+        source = FileStorage(src, read_only=True)
+        try:
+            expected = transactions_of(source)
+            expected_current = current_objects(source)
+        finally:
+            source.close()
+        self.assertIsNone(expected[-2][4][p64(1)])
+        self.assertEqual(len(expected_current), 2)      # the root and y
+        back = self.path('undo3-back.fs')
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          fs_section('destination', back)))
+        copied = FileStorage(back, read_only=True)
+        try:
+            self.assertEqual(transactions_of(copied), expected)
+        finally:
+            copied.close()
+        for db_class in configured():
+            for keep_history in (True, False):
+                with self.subTest(database=db_class.name, keep_history=keep_history):
+                    dest_db = self.database(db_class)
+                    args = ('--verify',) if keep_history else ('--strategy', 'replay',
+                                                               '--verify')
+                    self.assertConverted(self.convert(
+                        fs_section('source', src),
+                        rs_section('destination', dest_db, keep_history), *args))
+                    dest = self.open_rs(dest_db, keep_history=keep_history)
+                    try:
+                        if keep_history:
+                            self.assertEqual(transactions_of(dest), expected)
+                        self.assertEqual(current_objects(dest), expected_current)
+                        self.assertRaises(POSKeyError, dest.load, p64(1))
+                    finally:
+                        dest.close()
 
     def test_object_stored_twice_in_one_source_transaction(self):
         # FileStorage keeps both records of an object stored twice before
@@ -1310,6 +1368,31 @@ class TestRefusals(ConvertTestCase):
                 self.assertEqual(tree_state(blobs), before)
         self.assertFalse(os.path.exists(os.path.join(db.dir, 'main.sqlite3')))
 
+    def test_a_source_tid_beyond_the_databases_range_is_named(self):
+        # A helper agent's check: said as "the destination already has a
+        # later transaction; was it written to during the copy?", of the
+        # batch's first transaction, into an empty database.
+        src = self.path('high.fs')
+        db = ZODB.DB(FileStorage(src))
+        db.close()
+        storage = FileStorage(src)
+        try:
+            state, _ = storage.load(p64(0))
+            for tid in (2 ** 63 - 2, 2 ** 63 - 1):
+                meta = TransactionMetaData(b'', b'', {})
+                storage.tpc_begin(meta, p64(tid))
+                storage.restore(p64(0), p64(tid), state, '', None, meta)
+                storage.tpc_vote(meta)
+                storage.tpc_finish(meta)
+        finally:
+            storage.close()
+        db = self.database()
+        _, err = self.assertConverted(self.convert(
+            fs_section('source', src), rs_section('destination', db)), rc=1)
+        self.assertIn('Cannot copy transaction 0x7fffffffffffffff', err)
+        self.assertIn('beyond the largest', err)
+        self.assertNotIn('later transaction', err)
+
     def test_same_database_refused_before_clearing(self):
         # A helper agent's check: a config whose source and destination
         # named one database, run with --clear, emptied it ("Clearing the
@@ -1370,6 +1453,14 @@ class TestRefusals(ConvertTestCase):
         self.assertIn("name='dest' (line 4); zodbconvert reads a section named source and "
                       "one named destination", err.getvalue())
         self.assertEqual(len(err.getvalue().strip().splitlines()), 1)
+        # (A helper agent's check: a section left unclosed gave that hint
+        # alone.)
+        with open(conf, 'w') as f:
+            f.write(fs_section('source', self.path('x.fs')).replace('</filestorage>', '') +
+                    fs_section('destination', self.path('y.fs')))
+        err = io.StringIO()
+        self.assertEqual(zodbconvert.main([conf], stdout=io.StringIO(), stderr=err), 2)
+        self.assertIn("each closed before the next begins", err.getvalue())
         # (A review finding: the line of an error in an %include-d file
         # was given as if it were the main file's.)
         included = self.path('inc.conf')
