@@ -1033,21 +1033,35 @@ class Adapter(PackVerbs):
         ``tid``, nothing as late as ours was committed.
 
         Asked of the server commits go to (a store connection): a replica
-        that lags would say no when the primary did commit.
+        that lags would say no when the primary did commit.  And only once
+        this holds the commit lock (waiting up to commit-lock-timeout;
+        failing to get it leaves the outcome unknown): the lost session
+        holds it until its transaction ends, which may be after the link
+        went (its COMMIT still in flight, waiting for a synchronous
+        standby or a slow disk).  A helper agent's check: read at once,
+        the answer was "not committed" for a transaction PostgreSQL
+        committed 0.7 s later.
         """
-        conn = self.open_connection('store')
+        lock = self.open_connection('store')
         try:
-            self.begin_snapshot(conn)
-            if self.keep_history:
-                return self.transaction_packed(conn, tid) is not None
-            if has_data and conn.query_one(self.q(self.sql.TID_HAS_STATES), (tid,)):
-                return True
-            if self.get_last_tid(conn) < tid:
-                return False
-            return None
+            self.begin_store(lock, writes_data=False)
+            self.lock_commit_checked(lock)
+            conn = self.open_connection('store')
+            try:
+                self.begin_snapshot(conn)
+                if self.keep_history:
+                    return self.transaction_packed(conn, tid) is not None
+                if has_data and conn.query_one(self.q(self.sql.TID_HAS_STATES), (tid,)):
+                    return True
+                if self.get_last_tid(conn) < tid:
+                    return False
+                return None
+            finally:
+                conn.rollback()
+                conn.close()
         finally:
-            conn.rollback()
-            conn.close()
+            lock.rollback()
+            lock.close()
 
     def lock_hold_seconds(self):
         """How long a store transaction that lost a conflict keeps its

@@ -11,8 +11,10 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 from unittest import mock
@@ -560,6 +562,61 @@ class ServerDisconnectTests(PGCase):
         storage.tpc_vote(txn)
         storage.tpc_finish(txn)
         self.assertEqual(zodb_unpickle(storage.load(x)[0]).value, 'retried')
+
+    def test_a_commit_still_running_when_its_link_went_is_not_said_failed(self):
+        # A helper agent's check: a COMMIT that the server was still
+        # working on (waiting for a synchronous standby) when the link
+        # to it went was reported "was not committed"
+        # (CommitFailedError), and the server committed it 0.7 s later:
+        # the question was asked at once, while the lost session still
+        # held the commit lock.  Here the COMMIT runs a deferred trigger
+        # that sleeps, and the client's end of the link is cut meanwhile.
+        storage = self.storage()
+        (x,), tid0 = self.make_objects(storage, 1)
+        setup = storage._adapter.open_store()
+        try:
+            for statement in (
+                    "DROP TABLE IF EXISTS slow_flag",
+                    "CREATE TABLE slow_flag (id INT)",
+                    "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                    "BEGIN IF EXISTS (SELECT 1 FROM slow_flag) THEN PERFORM pg_sleep(1.5); "
+                    "END IF; RETURN NULL; END $$",
+                    "CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON commit_lock "
+                    "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
+                    "INSERT INTO slow_flag VALUES (1)"):
+                setup.execute(statement)
+            setup.commit()
+        finally:
+            setup.close()
+        def drop():
+            conn = storage._adapter.open_store()
+            for statement in ("DROP TABLE IF EXISTS slow_flag",
+                              "DROP TRIGGER IF EXISTS slow_commit ON commit_lock",
+                              "DROP FUNCTION IF EXISTS slow_commit()"):
+                conn.execute(statement)
+            conn.commit()
+            conn.close()
+        self.addCleanup(drop)
+        txn = self.begin_store(storage, x, tid0, 'slow')
+        storage.tpc_vote(txn)
+        fd = storage._store_conn.raw.fileno()
+
+        def cut():
+            time.sleep(0.5)
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()
+        cutter = threading.Thread(target=cut)
+        cutter.start()
+        try:
+            storage.tpc_finish(txn)
+        finally:
+            cutter.join()
+        # It was committed, and said so (tpc_finish returned).
+        storage.poll_invalidations()
+        self.assertEqual(zodb_unpickle(storage.load(x)[0]).value, 'slow')
 
     def test_lost_commit_asks_again_while_the_server_refuses(self):
         # A helper agent's check: during a restart, the one question
