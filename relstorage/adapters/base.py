@@ -8,8 +8,10 @@ such as ``temp_rows_survive_commit``.  There is no ``if vendor ==`` anywhere.
 """
 import itertools
 import logging
+import os
 import random
 import threading
+import weakref
 
 
 import zope.interface
@@ -210,6 +212,7 @@ class Adapter(PackVerbs):
         self._oid_conn = None
         self._oid_block = []          # preallocated, descending (pop() gives lowest)
         self._fresh_oids = set()      # see claim_fresh_oids
+        _ADAPTERS.add(self)
         # Sessions shared by the storage instances (see sessions.py).
         size = self.options.session_pool_size
         self.store_sessions = SessionPool(
@@ -683,6 +686,19 @@ class Adapter(PackVerbs):
                 fresh.clear()
             fresh.add(oid)
             return oid
+
+    def _forget_oids_after_fork(self):
+        """In a child process just forked: the OIDs the parent reserved
+        are the parent's (a helper agent's check: two children forked
+        from a process that used its database both created objects under
+        one OID), and so is its OID connection (kept referenced, not
+        closed: closing would speak for the parent's session)."""
+        self._oid_lock = threading.Lock()
+        self._oid_block = []
+        self._fresh_oids = set()
+        if self._oid_conn is not None:
+            _INHERITED_OID_CONNECTIONS.append(self._oid_conn)
+            self._oid_conn = None
 
     def claim_fresh_oids(self, oids):
         """The OIDs of ``oids`` that ``new_oid`` handed out in this process
@@ -1362,6 +1378,18 @@ class Adapter(PackVerbs):
 #: At most this many OIDs handed out and not yet stored are remembered
 #: (see Adapter.claim_fresh_oids); about 6 MB.
 FRESH_OIDS_MAX = 100000
+
+#: Every adapter of the process, for _after_fork_in_child.
+_ADAPTERS = weakref.WeakSet()
+_INHERITED_OID_CONNECTIONS = []
+
+
+def _after_fork_in_child():
+    for adapter in list(_ADAPTERS):
+        adapter._forget_oids_after_fork()       # pylint:disable=protected-access
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def lock_runs(oids, read_current_oids):

@@ -1,6 +1,7 @@
 """Our own storage tests, run by make_suite for every database factory."""
 import contextlib
 import logging
+import os
 import threading
 import time
 import unittest
@@ -175,6 +176,37 @@ class TidAndOidTests(FactoryCase):
         storage.tpc_finish(txn)
         other = self.storage()
         self.assertGreater(other.new_oid(), high)
+
+    def test_a_forked_child_allocates_oids_of_its_own(self):
+        # A helper agent's check: two children forked from a process
+        # that had used its database both created objects under one OID
+        # (each went on with the block of OIDs the parent had reserved).
+        storage = self.storage()
+        first = storage.new_oid()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read)
+                os.write(write, b''.join(storage.new_oid() for _ in range(3)))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        got = b''
+        while True:
+            part = os.read(read, 64)
+            if not part:
+                break
+            got += part
+        os.close(read)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(status, 0)
+        child = {got[i:i + 8] for i in range(0, len(got), 8)}
+        self.assertEqual(len(child), 3)
+        mine = {storage.new_oid() for _ in range(3)}
+        self.assertFalse(child & (mine | {first}), (child, mine, first))
 
 
 class NewObjectCommitTests(FactoryCase):

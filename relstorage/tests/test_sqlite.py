@@ -1,6 +1,7 @@
 """The shared suite on SQLite (no server needed), plus SQLite-only cases."""
 import collections
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -394,6 +395,122 @@ class SqliteConfigTests(unittest.TestCase):
         closed.append(True)
         self.assertFalse([t for t in threading.enumerate()
                           if t.name == 'relstorage-sqlite-wal' and t.is_alive()])
+
+    def test_a_writer_without_pause_keeps_its_log_bounded_beside_the_keeper(self):
+        # A helper agent's check: one process committing without pause
+        # (its own snapshot always reads the log, so only its own thread
+        # can empty it), its tries meeting the keeper's copies, counted
+        # them as failures and waited longer and longer: the log reached
+        # 460 MB in 90 s (26 MB before the keeper).  Here the keeper's
+        # copies are made long (they hold SQLite's checkpoint lock for
+        # 0.3 s), as a large log's are.
+        from relstorage.adapters.sqlite import walkeeper
+        original = walkeeper.WalKeeper._checkpoint
+
+        def slow(keeper, conn):
+            until = time.monotonic() + 0.3
+            while time.monotonic() < until:
+                conn.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+            original(keeper, conn)
+        data_dir = os.path.join(self.tmp, 'tight')
+        with mock_attr(walkeeper.WalKeeper, '_checkpoint', slow):
+            db = ZODB.config.databaseFromString(zconfig(
+                data_dir, '', '<pragmas>\n wal_autocheckpoint 50\n</pragmas>'))
+            try:
+                conn = db.open()
+                root = conn.root()
+                root['data'] = PersistentMapping()
+                transaction.commit()
+                wal = os.path.join(data_dir, 'main.sqlite3-wal')
+                sizes = []
+                started = time.monotonic()
+                n = 0
+                while time.monotonic() - started < 4.0:
+                    root['data'][n % 20] = os.urandom(4000)
+                    transaction.commit()
+                    n += 1
+                    if n % 10 == 0:
+                        sizes.append(os.path.getsize(wal))
+                conn.close()
+            finally:
+                db.close()
+        # Emptied again and again: in the last second as in the first.
+        # (Before: after a few collisions, never again in the run.)
+        last = sizes[-len(sizes) // 4:]
+        self.assertLess(min(last), 4 * 50 * 4096, (n, max(sizes)))
+
+    def _fill_the_log(self, db, commits=4):
+        """Commits that take the log past its bound (wal_autocheckpoint
+        10: 160 KB) with pauses long enough for snapshot_ended to look."""
+        conn = db.open()
+        root = conn.root()
+        root['m'] = PersistentMapping((i, PersistentMapping()) for i in range(commits))
+        transaction.commit()
+        for n in range(commits):
+            root['m'][n]['v'] = os.urandom(300000)
+            transaction.commit()
+            time.sleep(0.21)
+        conn.close()
+
+    def test_a_database_dropped_unclosed_leaves_no_keeper_and_no_files(self):
+        # A helper agent's check: the keeper's thread held the adapter, so
+        # a database dropped without close() was never collected: its
+        # files stayed open, and another process's zodbconvert --clear
+        # (drop_all) was refused for as long as this one lived.
+        data_dir = os.path.join(self.tmp, 'unclosed')
+
+        def use():
+            db = ZODB.config.databaseFromString(zconfig(
+                data_dir, '', '<pragmas>\n wal_autocheckpoint 10\n</pragmas>'))
+            self._fill_the_log(db)
+            self.assertTrue([t for t in threading.enumerate()
+                             if t.name == 'relstorage-sqlite-wal'])
+        use()
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and [
+                t for t in threading.enumerate() if t.name == 'relstorage-sqlite-wal']:
+            time.sleep(0.05)
+            gc.collect()
+        self.assertFalse([t for t in threading.enumerate()
+                          if t.name == 'relstorage-sqlite-wal'])
+        opened = []
+        for fd in os.listdir('/proc/self/fd'):
+            try:
+                opened.append(os.readlink('/proc/self/fd/' + fd))
+            except OSError:
+                pass
+        self.assertFalse([path for path in opened if data_dir in path])
+        adapter = Sqlite3Adapter(data_dir, options=Options())
+        adapter.drop_all()
+        adapter.close()
+
+    def test_a_keeper_that_cannot_start_fails_no_commit(self):
+        # A helper agent's check: a thread that could not start (a limit on
+        # threads; an interpreter shutting down) raised from the poll
+        # after each commit: transactions that were committed were said
+        # failed ("A storage error occurred during the second phase").
+        original = threading.Thread.start
+
+        def start(thread):
+            if thread.name == 'relstorage-sqlite-wal':
+                raise RuntimeError("can't start new thread")
+            return original(thread)
+        data_dir = os.path.join(self.tmp, 'nothread')
+        with mock_attr(threading.Thread, 'start', start):
+            db = ZODB.config.databaseFromString(zconfig(
+                data_dir, '', '<pragmas>\n wal_autocheckpoint 10\n</pragmas>'))
+            try:
+                self._fill_the_log(db, commits=5)
+                # The log was emptied by the commits' own thread meanwhile
+                # (five states of 300 KB went in).
+                self.assertLess(os.path.getsize(os.path.join(data_dir, 'main.sqlite3-wal')),
+                                3 * 300000)
+                with db.transaction() as conn:
+                    self.assertEqual([len(conn.root()['m'][i]['v']) for i in range(5)],
+                                     [300000] * 5)
+            finally:
+                db.close()
 
     def test_processes_starting_at_once_on_a_new_data_dir(self):
         # A helper agent's check: six processes opening a new data-dir at

@@ -151,6 +151,7 @@ class Sqlite3Adapter(Adapter):
         self._wal_checked_at = time.monotonic()
         self._wal_keeper = None         # (snapshot_ended)
         self._wal_closed = False
+        self._wal_keeper_failed = False
         self._wal_retry = None          # (snapshot_ended) (monotonic time, delay)
         self._wal_keeper_lock = threading.Lock()
         self._in_use = self._mark_in_use()
@@ -329,11 +330,13 @@ class Sqlite3Adapter(Adapter):
           thread empties it here, where its own snapshot just ended (a
           process committing without pause always has one open
           otherwise), copying what the keeper has not (a sync: 15 ms on a
-          busy disk).  Each time the log is found past its bound again,
-          the next such try waits twice as long (up to WAL_RETRY_MAX): a
-          heavy writer elsewhere (a pack's deletion writes 190 MB at a
-          million objects) fills it faster than anyone empties it, and
-          this process's commits would pay a sync every few tries."""
+          busy disk).  When that fails (someone else reads the log), the
+          next such try waits twice as long (up to WAL_RETRY_MAX): a long
+          reader, or a heavy writer elsewhere (a pack's deletion writes
+          about 370 MB at a million objects), keeps the log past its
+          bound, and this process's commits would pay a sync at every
+          try, for nothing (the writer's p99 beside a pack went from 2.7
+          to 20 ms).  Meanwhile the keeper copies."""
         now = time.monotonic()
         if now < self._wal_checked_at + WAL_CHECK_INTERVAL:
             return
@@ -350,18 +353,26 @@ class Sqlite3Adapter(Adapter):
         if size <= limit * page:
             self._wal_retry = None
             return
-        self._wake_wal_keeper()
         retry = self._wal_retry
         if retry is None:
             # The keeper copies first.
             self._wal_retry = (now + WAL_CHECK_INTERVAL, WAL_CHECK_INTERVAL)
+            self._wake_wal_keeper()
             return
         at, delay = retry
         if now < at:
+            self._wake_wal_keeper()
             return
-        delay = min(delay * 2, WAL_RETRY_MAX)
-        self._wal_retry = (now + delay, delay)
+        keeper = self._wal_keeper
+        if keeper is not None and keeper.working:
+            # Its checkpoint would only make ours give up (one at a time),
+            # and count as a failure (a helper agent's check: a writer
+            # committing without pause, its tries meeting the keeper's
+            # copies, waited longer and longer, and its log grew to
+            # 460 MB): the next check tries, the keeper not woken meanwhile.
+            return
         raw = conn.raw
+        busy = True
         try:
             raw.execute('PRAGMA busy_timeout = 0')
             busy, _, _ = raw.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchone()
@@ -372,16 +383,51 @@ class Sqlite3Adapter(Adapter):
                       exc_info=True)
         finally:
             raw.execute('PRAGMA busy_timeout = %d' % self._busy_timeout_ms())
+        if busy:
+            delay = min(delay * 2, WAL_RETRY_MAX)
+            self._wal_retry = (now + delay, delay)
+            self._wake_wal_keeper()
+        else:
+            self._wal_retry = None
 
     def _wake_wal_keeper(self):
         with self._wal_keeper_lock:
             keeper = self._wal_keeper
             if keeper is None or not keeper.alive():
-                if self._wal_closed:
+                if self._wal_closed or self._wal_keeper_failed:
                     return
-                keeper = self._wal_keeper = WalKeeper(
-                    lambda: self.connect('main'), self.describe)
+                keeper = self._wal_keeper = self._start_wal_keeper()
+                if keeper is None:
+                    # (Said once; not tried again at every check.)
+                    self._wal_keeper_failed = True
+                    return
         keeper.wake()
+
+    def _start_wal_keeper(self):
+        """A WalKeeper that holds only a weak reference to this adapter
+        (a helper agent's check: dropped unclosed, the adapter stayed,
+        its files open, and another process's zodbconvert --clear was
+        refused as long as this one lived), stopped when the adapter is
+        collected; None if no thread can start (a limit on threads, an
+        interpreter shutting down: then snapshot_ended's own tries keep
+        the log bounded, and the commit that ended its snapshot does
+        not fail for it, as it did)."""
+        ref = weakref.ref(self)
+
+        def adapter():
+            found = ref()
+            if found is None:
+                raise ReferenceError('the adapter is gone')
+            return found
+        try:
+            keeper = WalKeeper(lambda: adapter().connect('main'),
+                               lambda: adapter().describe())
+        except Exception:  # pylint:disable=broad-except
+            log.warning("Could not start the thread that keeps the write-ahead log of "
+                        "%s bounded", self.describe(), exc_info=True)
+            return None
+        weakref.finalize(self, keeper.stop)
+        return keeper
 
     def start_snapshot(self, conn):
         # A deferred transaction: the snapshot starts at the first read and

@@ -6,9 +6,9 @@ the log's pages into the database file and syncs it.  Run by the thread
 whose snapshot had just ended, as it was, that sync was a commit's to
 wait for: 15-17 ms on a disk another process keeps busy, where the commit
 itself takes 2 (measured: a writer committing every 20 ms beside a pack of
-a million objects, whose p99 went from 3 to 25 ms, nearly all of it
+a million objects, whose p99 went from 2.7 to 20 ms, nearly all of it
 there).  So the copy runs here, in a thread of its own with a connection
-of its own, which snapshot_ended (adapter.py) only wakes.
+of its own, which snapshot_ended (adapter.py) wakes.
 """
 
 import logging
@@ -24,14 +24,18 @@ class WalKeeper:
     waits for), then, if it copied everything, empties the log if nobody
     reads it (TRUNCATE, waiting for nobody).
 
-    When a reader holds a snapshot in the log, the log cannot be emptied;
-    but a snapshot that starts once every page is copied reads the
-    database file alone, and the next write transaction then starts the
-    log again from its beginning (SQLite does that itself), so a steady
-    writer's log stays bounded either way.
+    A snapshot that starts once every page is copied reads the database
+    file alone, and the next write transaction then starts the log again
+    from its beginning (SQLite does that itself): so a writer that pauses
+    between its commits keeps a bounded log this way.  One that commits
+    without pause always has a snapshot reading the log; snapshot_ended
+    empties it then.
 
     ``connect`` opens a connection to the database (called in the
-    thread).  ``describe`` names the database in the log messages.
+    thread); ``describe`` names the database in log messages.  Both may
+    raise ReferenceError once the adapter is gone: the thread then ends
+    (it holds no reference to the adapter, so that an adapter dropped
+    unclosed is still collected, and its files closed).
     """
 
     def __init__(self, connect, describe):
@@ -39,6 +43,9 @@ class WalKeeper:
         self._describe = describe
         self._wake = threading.Event()
         self._closed = False
+        #: Whether a checkpoint runs now (snapshot_ended's own try would
+        #: only meet it: SQLite runs one at a time).
+        self.working = False
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name='relstorage-sqlite-wal',
                                         daemon=True)
@@ -46,39 +53,57 @@ class WalKeeper:
 
     def alive(self):
         """False in a child process forked after the thread started (it
-        has no such thread), or once closed."""
+        has no such thread), or once stopped."""
         return not self._closed and self._pid == os.getpid()
 
     def wake(self):
         self._wake.set()
 
-    def close(self):
+    def stop(self):
+        """End the thread once its current checkpoint is done."""
         self._closed = True
         self._wake.set()
+
+    def close(self):
+        self.stop()
         if self._pid == os.getpid() and self._thread is not threading.current_thread():
             self._thread.join(10)
 
     def _run(self):
         conn = None
+        failing = False
         try:
             while True:
                 self._wake.wait()
                 self._wake.clear()
                 if self._closed:
                     return
+                self.working = True
                 try:
                     if conn is None:
                         conn = self._connect()
                         conn.execute('PRAGMA busy_timeout = 0')
                     self._checkpoint(conn)
+                    failing = False
+                except ReferenceError:
+                    return
                 except Exception:  # pylint:disable=broad-except
-                    # (The next wake-up tries again, with a new connection:
-                    # the log is only bounded later.)
-                    log.debug("Could not checkpoint the write-ahead log of %s",
-                              self._describe(), exc_info=True)
+                    # The next wake-up tries again, with a new connection;
+                    # meanwhile the log grows.  Said once per run of
+                    # failures (a disk error, a permission), not at every
+                    # wake-up.
+                    try:
+                        log.log(logging.DEBUG if failing else logging.WARNING,
+                                "Could not copy the write-ahead log of %s into its "
+                                "database file", self._describe(), exc_info=True)
+                    except ReferenceError:
+                        return
+                    failing = True
                     if conn is not None:
                         _close_quietly(conn)
                         conn = None
+                finally:
+                    self.working = False
         finally:
             if conn is not None:
                 _close_quietly(conn)
