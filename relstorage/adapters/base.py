@@ -687,8 +687,9 @@ class Adapter(PackVerbs):
             fresh.add(oid)
             return oid
 
-    def _forget_oids_after_fork(self):
-        """In a child process just forked: the OIDs the parent reserved
+    def after_fork_in_child(self):
+        """In a child process just forked (os.register_at_fork): forget
+        what is the parent's.  The OIDs the parent reserved
         are the parent's (a helper agent's check: two children forked
         from a process that used its database both created objects under
         one OID), and so is its OID connection (kept referenced, not
@@ -1386,7 +1387,7 @@ _INHERITED_OID_CONNECTIONS = []
 
 def _after_fork_in_child():
     for adapter in list(_ADAPTERS):
-        adapter._forget_oids_after_fork()       # pylint:disable=protected-access
+        adapter.after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

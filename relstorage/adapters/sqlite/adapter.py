@@ -390,6 +390,14 @@ class Sqlite3Adapter(Adapter):
         else:
             self._wal_retry = None
 
+    def after_fork_in_child(self):
+        super().after_fork_in_child()
+        # The parent's keeper thread is not in this process (a new one
+        # starts when needed), and its lock may have been held by another
+        # thread of the parent as it forked.
+        self._wal_keeper_lock = threading.Lock()
+        self._wal_keeper = None
+
     def _wake_wal_keeper(self):
         with self._wal_keeper_lock:
             keeper = self._wal_keeper
