@@ -52,6 +52,10 @@ WRITERS_WAITING = 'writers.waiting'
 WAL_RESTART_PAGES = 4
 WAL_CHECK_INTERVAL = 0.2
 WAL_RETRY_MAX = 60.0
+#: The commit's thread tries to empty the log itself only once this
+#: process committed states of at least 1/WAL_OWN_SHARE of the log's bound
+#: since the log was last within it.
+WAL_OWN_SHARE = 4
 #: Every open adapter holds a shared lock on this file, so that drop_all
 #: (zodbconvert --clear) can tell that another process still uses the
 #: files it would remove.
@@ -153,6 +157,7 @@ class Sqlite3Adapter(Adapter):
         self._wal_closed = False
         self._wal_keeper_failed = False
         self._wal_retry = None          # (snapshot_ended) (monotonic time, delay)
+        self._wal_own_bytes = 0         # (snapshot_ended) states committed since
         self._wal_keeper_lock = threading.Lock()
         self._in_use = self._mark_in_use()
 
@@ -187,6 +192,8 @@ class Sqlite3Adapter(Adapter):
         page = settings['page_size']
         needed = min(settings['cache_bytes'],
                      page * (3 * rows + nbytes // page + 16)) + COMMIT_ROOM_MARGIN
+        # (What this process writes into the log: see snapshot_ended.)
+        self._wal_own_bytes += nbytes
         st = os.statvfs(self.data_dir)
         free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
         if free < needed:
@@ -326,7 +333,8 @@ class Sqlite3Adapter(Adapter):
           copies the log (its sync is no commit's to wait for) and empties
           it if nobody reads it; a snapshot that starts once everything is
           copied lets the next commit start the log again;
-        - and if the log is still past its bound the next time, this
+        - and if the log is still past its bound the next time, and this
+          process wrote a good share of it (WAL_OWN_SHARE), this
           thread empties it here, where its own snapshot just ended (a
           process committing without pause always has one open
           otherwise), copying what the keeper has not (a sync: 15 ms on a
@@ -352,6 +360,7 @@ class Sqlite3Adapter(Adapter):
         limit = WAL_RESTART_PAGES * max(1, int(self.pragmas.get('wal_autocheckpoint', 1000)))
         if size <= limit * page:
             self._wal_retry = None
+            self._wal_own_bytes = 0
             return
         retry = self._wal_retry
         if retry is None:
@@ -360,7 +369,14 @@ class Sqlite3Adapter(Adapter):
             self._wake_wal_keeper()
             return
         at, delay = retry
-        if now < at:
+        if now < at or self._wal_own_bytes * WAL_OWN_SHARE < limit * page:
+            # Its own try only where this process wrote a good share of the
+            # log since it was last found within its bound (a process that
+            # commits without pause: only it can empty the log it alone
+            # keeps reading); the log filled by others (a pack's deletion)
+            # is theirs to wait for.  Measured beside a pack: the writer's
+            # tries, few as the back-off made them, were its slowest
+            # commits (each a sync, or a large log's truncation: 99 ms).
             self._wake_wal_keeper()
             return
         keeper = self._wal_keeper
