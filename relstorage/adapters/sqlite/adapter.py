@@ -43,6 +43,8 @@ PACK_DB = 'pack.sqlite3'
 #: Sqlite3Adapter.check_commit_room).
 COMMIT_ROOM_MARGIN = 256 * 1024
 PACK_LOCK = 'pack.lock'
+#: How long acquire_pack_lock asks again before it says a pack runs.
+PACK_LOCK_PATIENCE = 0.05
 #: A write transaction waiting for the database's write lock holds a
 #: shared lock on this file meanwhile (writers_waiting).
 WRITERS_WAITING = 'writers.waiting'
@@ -51,11 +53,7 @@ WRITERS_WAITING = 'writers.waiting'
 #: WAL_CHECK_INTERVAL seconds.
 WAL_RESTART_PAGES = 4
 WAL_CHECK_INTERVAL = 0.2
-WAL_RETRY_MAX = 60.0
-#: The commit's thread tries to empty the log itself only once this
-#: process committed states of at least 1/WAL_OWN_SHARE of the log's bound
-#: since the log was last within it.
-WAL_OWN_SHARE = 4
+WAL_RETRY_MAX = 5.0
 #: Every open adapter holds a shared lock on this file, so that drop_all
 #: (zodbconvert --clear) can tell that another process still uses the
 #: files it would remove.
@@ -151,13 +149,13 @@ class Sqlite3Adapter(Adapter):
             self.data_dir = ensure_directory('data-dir', data_dir)
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
+        self._pack_probe = None         # (pack_running)
         self._creation_checked = False
         self._wal_checked_at = time.monotonic()
         self._wal_keeper = None         # (snapshot_ended)
         self._wal_closed = False
         self._wal_keeper_failed = False
         self._wal_retry = None          # (snapshot_ended) (monotonic time, delay)
-        self._wal_own_bytes = 0         # (snapshot_ended) states committed since
         self._wal_keeper_lock = threading.Lock()
         self._in_use = self._mark_in_use()
 
@@ -192,8 +190,6 @@ class Sqlite3Adapter(Adapter):
         page = settings['page_size']
         needed = min(settings['cache_bytes'],
                      page * (3 * rows + nbytes // page + 16)) + COMMIT_ROOM_MARGIN
-        # (What this process writes into the log: see snapshot_ended.)
-        self._wal_own_bytes += nbytes
         st = os.statvfs(self.data_dir)
         free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
         if free < needed:
@@ -211,9 +207,10 @@ class Sqlite3Adapter(Adapter):
 
     def close(self):
         super().close()
-        probe, self._waiting_probe = self._waiting_probe, None
-        if probe is not None:
-            probe.close()
+        for probe in (self._waiting_probe, self._pack_probe):
+            if probe is not None:
+                probe.close()
+        self._waiting_probe = self._pack_probe = None
         in_use, self._in_use = self._in_use, None
         if in_use is not None:
             in_use()
@@ -333,8 +330,8 @@ class Sqlite3Adapter(Adapter):
           copies the log (its sync is no commit's to wait for) and empties
           it if nobody reads it; a snapshot that starts once everything is
           copied lets the next commit start the log again;
-        - and if the log is still past its bound the next time, and this
-          process wrote a good share of it (WAL_OWN_SHARE), this
+        - and if the log is still past its bound the next time, and no
+          pack runs, this
           thread empties it here, where its own snapshot just ended (a
           process committing without pause always has one open
           otherwise), copying what the keeper has not (a sync: 15 ms on a
@@ -344,7 +341,11 @@ class Sqlite3Adapter(Adapter):
           about 370 MB at a million objects), keeps the log past its
           bound, and this process's commits would pay a sync at every
           try, for nothing (the writer's p99 beside a pack went from 2.7
-          to 20 ms).  Meanwhile the keeper copies."""
+          to 20 ms).  Meanwhile the keeper copies.  (A helper agent's
+          check of a rule that let this thread try only once its process
+          had written a share of the log: a writer of small objects let
+          it grow to 700 MB, its estimate of what it wrote far below
+          the pages it did.)"""
         now = time.monotonic()
         if now < self._wal_checked_at + WAL_CHECK_INTERVAL:
             return
@@ -360,7 +361,6 @@ class Sqlite3Adapter(Adapter):
         limit = WAL_RESTART_PAGES * max(1, int(self.pragmas.get('wal_autocheckpoint', 1000)))
         if size <= limit * page:
             self._wal_retry = None
-            self._wal_own_bytes = 0
             return
         retry = self._wal_retry
         if retry is None:
@@ -369,14 +369,14 @@ class Sqlite3Adapter(Adapter):
             self._wake_wal_keeper()
             return
         at, delay = retry
-        if now < at or self._wal_own_bytes * WAL_OWN_SHARE < limit * page:
-            # Its own try only where this process wrote a good share of the
-            # log since it was last found within its bound (a process that
-            # commits without pause: only it can empty the log it alone
-            # keeps reading); the log filled by others (a pack's deletion)
-            # is theirs to wait for.  Measured beside a pack: the writer's
-            # tries, few as the back-off made them, were its slowest
-            # commits (each a sync, or a large log's truncation: 99 ms).
+        if now < at or self.pack_running():
+            # While a pack runs, the log is past its bound for the whole
+            # pack (its analysis's snapshots; its deletion writes about
+            # 370 MB at a million objects), and this thread's tries, few
+            # as the back-off made them, were the writer's slowest commits
+            # (each a sync, or a large log's truncation: 99 ms): the
+            # keeper copies meanwhile, and the first try after the pack
+            # empties the log.
             self._wake_wal_keeper()
             return
         keeper = self._wal_keeper
@@ -404,7 +404,10 @@ class Sqlite3Adapter(Adapter):
             self._wal_retry = (now + delay, delay)
             self._wake_wal_keeper()
         else:
-            self._wal_retry = None
+            # Should the log be past its bound again at the next check, it
+            # is this process's (the keeper could not empty it): this
+            # thread tries again then, the keeper not woken first.
+            self._wal_retry = (now + WAL_CHECK_INTERVAL, WAL_CHECK_INTERVAL)
 
     def after_fork_in_child(self):
         super().after_fork_in_child()
@@ -413,6 +416,9 @@ class Sqlite3Adapter(Adapter):
         # thread of the parent as it forked.
         self._wal_keeper_lock = threading.Lock()
         self._wal_keeper = None
+        # (Open file descriptions shared with the parent: a lock taken or
+        # let go through one is the parent's too.)
+        self._pack_probe = self._waiting_probe = None
 
     def _wake_wal_keeper(self):
         with self._wal_keeper_lock:
@@ -835,14 +841,40 @@ class Sqlite3Adapter(Adapter):
 
     def acquire_pack_lock(self):
         # An advisory lock on a file beside the database, released by the
-        # system when the process ends, however it ends.
+        # system when the process ends, however it ends.  Asked a few
+        # times over PACK_LOCK_PATIENCE: pack_running holds a shared lock
+        # on the file for a few microseconds.
         handle = open(os.path.join(self.data_dir, PACK_LOCK), 'a+b')
+        deadline = time.monotonic() + PACK_LOCK_PATIENCE
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return PackLock(handle)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.close()
+                    return None
+                time.sleep(0.002)
+
+    def pack_running(self):
+        """Whether a pack holds the pack lock of this data-dir now (a
+        shared lock tried and let go at once; see acquire_pack_lock)."""
+        handle = self._pack_probe
+        if handle is None:
+            try:
+                handle = self._pack_probe = open(os.path.join(self.data_dir, PACK_LOCK), 'a+b')
+            except OSError:
+                return False
+            # (Closed with an adapter collected unclosed, too.)
+            weakref.finalize(self, handle.close)
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.close()
-            return None
-        return PackLock(handle)
+            return True
+        except (OSError, ValueError):
+            return False
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
 
     # --- maintenance --------------------------------------------------------
 
