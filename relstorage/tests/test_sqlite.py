@@ -344,6 +344,27 @@ class SqliteConfigTests(unittest.TestCase):
         self.addCleanup(patch.__exit__, None, None, None)
         return seen
 
+    def _wal_db(self, name, autocheckpoint):
+        """(root, close) of a new database whose log's bound is
+        4 * ``autocheckpoint`` pages, its root holding an empty mapping
+        'data'; close() closes it (at the test's end if not before)."""
+        db = ZODB.config.databaseFromString(zconfig(
+            os.path.join(self.tmp, name), '',
+            '<pragmas>\n wal_autocheckpoint %d\n</pragmas>' % autocheckpoint))
+        conn = db.open()
+        root = conn.root()
+        root['data'] = PersistentMapping()
+        transaction.commit()
+        closed = []
+
+        def close():
+            if not closed:
+                closed.append(True)
+                conn.close()
+                db.close()
+        self.addCleanup(close)
+        return root, close
+
     def test_a_pinned_write_ahead_log_costs_the_commits_no_checkpoints(self):
         # Measured beside a pack of a million objects: the log, past its
         # bound while the pack's analysis read it or its deletion filled
@@ -354,14 +375,7 @@ class SqliteConfigTests(unittest.TestCase):
         # then, less and less often while someone keeps the log full.
         data_dir = os.path.join(self.tmp, 'pinned')
         checkpoints = self._checkpoints_by_thread()
-        db = ZODB.config.databaseFromString(zconfig(
-            data_dir, '', '<pragmas>\n wal_autocheckpoint 50\n</pragmas>'))
-        closed = []
-        self.addCleanup(lambda: closed or db.close())
-        conn = db.open()
-        root = conn.root()
-        root['data'] = PersistentMapping()
-        transaction.commit()
+        root, close = self._wal_db('pinned', 50)
         # Another process's long snapshot (a pack's analysis) pins the log.
         reader = sqlite3.connect(os.path.join(data_dir, 'main.sqlite3'),
                                  isolation_level=None)
@@ -390,9 +404,7 @@ class SqliteConfigTests(unittest.TestCase):
             n += 1
             time.sleep(0.01)
         self.assertLessEqual(os.path.getsize(wal), 4 * 50 * 4096)
-        conn.close()
-        db.close()
-        closed.append(True)
+        close()
         self.assertFalse([t for t in threading.enumerate()
                           if t.name == 'relstorage-sqlite-wal' and t.is_alive()])
 
@@ -406,19 +418,12 @@ class SqliteConfigTests(unittest.TestCase):
         # grow to 700 MB.
         data_dir = os.path.join(self.tmp, 'packing')
         checkpoints = self._checkpoints_by_thread()
-        db = ZODB.config.databaseFromString(zconfig(
-            data_dir, '', '<pragmas>\n wal_autocheckpoint 10\n</pragmas>'))
-        closed = []
-        self.addCleanup(lambda: closed or db.close())
-        conn = db.open()
-        root = conn.root()
-        root['m'] = PersistentMapping()
-        transaction.commit()
+        root, close = self._wal_db('packing', 10)
         pack_lock = Sqlite3Adapter(data_dir, options=Options()).acquire_pack_lock()
         self.assertIsNotNone(pack_lock)
         try:
             for n in range(8):
-                root['m'][n] = os.urandom(100000)
+                root['data'][n] = os.urandom(100000)
                 transaction.commit()
                 time.sleep(0.21)
             self.assertEqual(checkpoints.get(threading.current_thread().name, 0), 0,
@@ -428,15 +433,13 @@ class SqliteConfigTests(unittest.TestCase):
         # Once the pack is over, the commits' thread empties the log.
         wal = os.path.join(data_dir, 'main.sqlite3-wal')
         for n in range(3):
-            root['m'][n] = os.urandom(100)
+            root['data'][n] = os.urandom(100)
             transaction.commit()
             time.sleep(0.21)
         self.assertGreater(checkpoints.get(threading.current_thread().name, 0), 0)
         self.assertLess(os.path.getsize(wal), 4 * 10 * 4096)
         # (A small write: the rule tried first waited for a share of it.)
-        conn.close()
-        db.close()
-        closed.append(True)
+        close()
 
     def test_a_writer_of_small_objects_keeps_its_log_bounded(self):
         # A helper agent's check of the rule tried before the one for
