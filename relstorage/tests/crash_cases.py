@@ -169,10 +169,13 @@ class WritersCase(FactoryCase):
 
     def _spawn(self, helper, role, name, stop_file, stdin=None):
         journal = os.path.join(self.tmp, name + '.journal')
+        # (A victim dies holding a new Blob's file, which ZODB makes in
+        # the temporary directory: in the test's, not the machine's /tmp.)
+        env = dict(os.environ, TMPDIR=self.tmp)
         proc = subprocess.Popen(
             [sys.executable, '-c', CHILD, helper, role, os.path.join(self.tmp, name),
              journal, stop_file],
-            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         return proc, journal
 
     def _check_invariant(self):
