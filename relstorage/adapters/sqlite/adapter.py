@@ -90,6 +90,21 @@ DEFAULT_PRAGMAS = (
 )
 
 
+def _held_elsewhere(handle, mode):
+    """Whether a lock that conflicts with ``mode`` (fcntl.LOCK_SH or
+    LOCK_EX) is held on ``handle``'s file through another open file
+    description: tried without waiting, and let go at once.  None when
+    the try fails otherwise (a closed handle)."""
+    try:
+        fcntl.flock(handle.fileno(), mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except (OSError, ValueError):
+        return None
+    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return False
+
+
 def _variable_limit():
     """How many values one statement may bind (SQLITE_MAX_VARIABLE_NUMBER
     of the library; 32,766 by default since 3.32, 999 before), at most
@@ -153,8 +168,9 @@ class Sqlite3Adapter(Adapter):
         self._creation_checked = False
         self._wal_checked_at = time.monotonic()
         self._wal_keeper = None         # (snapshot_ended)
-        self._wal_closed = False
-        self._wal_keeper_failed = False
+        #: No keeper is started (any more): the adapter is closed, or one
+        #: could not start (said once, not tried at every check).
+        self._wal_no_keeper = False
         self._wal_retry = None          # (snapshot_ended) (monotonic time, delay)
         self._wal_keeper_lock = threading.Lock()
         self._in_use = self._mark_in_use()
@@ -216,7 +232,7 @@ class Sqlite3Adapter(Adapter):
             in_use()
         with self._wal_keeper_lock:
             keeper, self._wal_keeper = self._wal_keeper, None
-            self._wal_closed = True
+            self._wal_no_keeper = True
         if keeper is not None:
             keeper.close()
 
@@ -424,12 +440,11 @@ class Sqlite3Adapter(Adapter):
         with self._wal_keeper_lock:
             keeper = self._wal_keeper
             if keeper is None or not keeper.alive():
-                if self._wal_closed or self._wal_keeper_failed:
+                if self._wal_no_keeper:
                     return
                 keeper = self._wal_keeper = self._start_wal_keeper()
                 if keeper is None:
-                    # (Said once; not tried again at every check.)
-                    self._wal_keeper_failed = True
+                    self._wal_no_keeper = True
                     return
         keeper.wake()
 
@@ -539,13 +554,9 @@ class Sqlite3Adapter(Adapter):
             if handle is None:
                 return True
             self._waiting_probe = handle
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except (OSError, ValueError):
-            # (ValueError: closed by the adapter's close().)
-            return True
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-        return False
+        # (Unknown, the handle closed by the adapter's close(): as if one
+        # waited.)
+        return _held_elsewhere(handle, fcntl.LOCK_EX) is not False
 
     def _set_commit_durability(self, conn, writes_data, durable=True):
         # A history-free commit that writes no object only publishes a new
@@ -867,14 +878,7 @@ class Sqlite3Adapter(Adapter):
                 return False
             # (Closed with an adapter collected unclosed, too.)
             weakref.finalize(self, handle.close)
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        except (OSError, ValueError):
-            return False
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-        return False
+        return _held_elsewhere(handle, fcntl.LOCK_SH) is True
 
     # --- maintenance --------------------------------------------------------
 

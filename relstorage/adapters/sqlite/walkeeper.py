@@ -12,7 +12,6 @@ of its own, which snapshot_ended (adapter.py) wakes.
 """
 
 import logging
-import os
 import threading
 
 log = logging.getLogger(__name__)
@@ -46,15 +45,15 @@ class WalKeeper:
         #: Whether a checkpoint runs now (snapshot_ended's own try would
         #: only meet it: SQLite runs one at a time).
         self.working = False
-        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name='relstorage-sqlite-wal',
                                         daemon=True)
         self._thread.start()
 
     def alive(self):
-        """False in a child process forked after the thread started (it
-        has no such thread), or once stopped."""
-        return not self._closed and self._pid == os.getpid()
+        """False once stopped.  (A child process forked after the thread
+        started has no such thread: the adapter forgets its keeper then,
+        Sqlite3Adapter.after_fork_in_child.)"""
+        return not self._closed
 
     def wake(self):
         self._wake.set()
@@ -66,7 +65,7 @@ class WalKeeper:
 
     def close(self):
         self.stop()
-        if self._pid == os.getpid() and self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(10)
 
     def _run(self):
