@@ -22,7 +22,7 @@ import logging
 import re
 import sys
 
-__all__ = ['Option', 'Options', 'redact_secrets']
+__all__ = ['Option', 'Options', 'redact_secrets', 'password_not_encoded']
 
 
 class Option:
@@ -293,7 +293,11 @@ _SECRET_NAME = re.compile(r'pass(?:word|wd)?|secret|token', re.I)
 _SECRET_IN_TEXT = (
     (re.compile(r"""((?:password|passwd|pwd)\s*=\s*)('(?:[^'\\]|\\.)*'|"""
                 r""""(?:[^"\\]|\\.)*"|[^\s;,]*)""", re.I), r'\1***'),
-    (re.compile(r'(://[^:/@\s]*:)[^@/\s]*@'), r'\1***@'),
+    # To the last @ of the word: a password may hold an @ or a / that
+    # was not percent-encoded (a helper agent's check: the part after
+    # the first @ was shown); what follows the @ may not be the host then,
+    # but nothing of the password is left.
+    (re.compile(r'(://[^:/@\s]*:)\S*@'), r'\1***@'),
 )
 
 
@@ -327,6 +331,41 @@ def redact_secrets(text):
     for pattern, replacement in _SECRET_IN_TEXT:
         text = pattern.sub(replacement, text)
     return text
+
+
+def redact_password(text, password, shown=''):
+    """redact_secrets(``text``), and the ``password`` itself wherever
+    it appears, unless a message would then tell it: when it appears in
+    ``shown`` (what the message says beside ``text``: a host, port or user
+    name that the driver's text names too), or is shorter than
+    MIN_MASKED (every such piece of text masked would spell it out).  A
+    helper agent's check: a password that was also the port, or the user
+    name, or part of the host, came out as "port ***", "user \"***\""."""
+    if password and len(password) >= MIN_MASKED and password not in shown:
+        text = text.replace(password, '***')
+    return redact_secrets(text)
+
+
+#: See redact_password.
+MIN_MASKED = 4
+
+
+def password_not_encoded(url):
+    """Whether ``url`` (scheme://user:password@host/...) has an ``@``
+    after the end of its authority: a password holding ``/``, ``?`` or
+    ``#`` that was not percent-encoded, which ends the authority early (the
+    rest of the password would be read as a host, port, path or query,
+    and quoted in errors)."""
+    scheme, sep, rest = url.partition('://')
+    if not sep:
+        return False
+    authority = re.split(r'[/?#]', rest, maxsplit=1)[0]
+    return '@' not in authority and '@' in rest
+
+
+#: The message for password_not_encoded.
+PASSWORD_NOT_ENCODED = ("the URL's password holds '/', '?', '#' or '@': write them "
+                        "percent-encoded (%2F, %3F, %23, %40)")
 
 
 class Options:

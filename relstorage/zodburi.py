@@ -31,7 +31,9 @@ from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from relstorage.adapters.mysql import drivers as mysql_drivers
+from relstorage.options import PASSWORD_NOT_ENCODED
 from relstorage.options import Options
+from relstorage.options import password_not_encoded
 
 #: Boolean spellings of zodburi's own resolvers (zodburi.datatypes), which
 #: URIs written for them and for earlier RelStorage releases use
@@ -93,6 +95,11 @@ class Resolver:
     adapter_keys = ()       # extra query keys for the adapter section
 
     def __call__(self, uri):
+        if password_not_encoded(uri):
+            # Else the rest of the password is read as the path or the
+            # query, and quoted as an unknown argument (a helper agent's
+            # check).
+            raise ValueError('%s URI: %s' % (self.scheme, PASSWORD_NOT_ENCODED))
         parts = urlsplit(uri)
         if parts.fragment:
             raise ValueError('%s URI: fragments (#...) are not allowed' % self.scheme)

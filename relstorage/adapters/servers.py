@@ -50,7 +50,7 @@ def parse_host_port(text):
         if end < 0:
             raise ValueError("no ']' closes the IPv6 address")
         host, rest = text[1:end], text[end + 1:]
-        _check_ipv6(host)
+        _check_ipv6(host, 'the address in brackets is not an IPv6 address')
         if not rest:
             return host, None
         if not rest.startswith(':'):
@@ -58,25 +58,51 @@ def parse_host_port(text):
         return host, _port(rest[1:])
     if text.count(':') > 1:
         # A bare IPv6 address, without port.
-        _check_ipv6(text)
+        _check_ipv6(text, 'with more than one colon it must be an IPv6 address, '
+                    'and it is not one')
         return text, None
     host, colon, number = text.partition(':')
     if not _HOST_NAME.match(host):
-        raise ValueError('%r is not a host name or address' % host)
+        raise ValueError('the host is not a host name or address')
     return host, (_port(number) if colon else None)
 
 
+# The reasons name what is wrong, not the text: a line that is not
+# host[:port] may hold a password (a helper agent's check: a .pgpass line,
+# host:port:db:user:password, was quoted back in the reason).
+
 def _port(number):
     if not number.isdigit() or not 0 < int(number) < 65536:
-        raise ValueError('the port %r is not a number from 1 to 65535' % number)
+        raise ValueError('the port is not a number from 1 to 65535')
     return int(number)
 
 
-def _check_ipv6(text):
+def _check_ipv6(text, problem):
     try:
         ipaddress.IPv6Address(text)
     except ValueError:
-        raise ValueError('%r is not an IPv6 address' % text) from None
+        raise ValueError(problem) from None
+
+
+def shown_line(text):
+    """What a message may quote of ``text``, a line of a server list that
+    may hold a password: its host, when it starts with a valid one
+    (``db1:...``), the text after its last ``@`` (``...@db1:5432``),
+    else nothing (None)."""
+    if '@' in text:
+        text = text.rsplit('@', 1)[1]
+        prefix = '...@'
+    else:
+        prefix = ''
+    if text.startswith('['):
+        host, bracket, rest = text.partition(']')
+        if not bracket:
+            return None
+        return prefix + host + bracket + ('...' if rest else '')
+    host, colon, _ = text.partition(':')
+    if not _HOST_NAME.match(host):
+        return None
+    return prefix + host + (':...' if colon else '')
 
 
 class Server:
@@ -96,6 +122,10 @@ class Server:
         return hash(self.text)
 
     def __str__(self):
+        # Logged (which server is in use, the list re-read): an Oracle
+        # line, kept whole, may begin with user/password@.
+        if '@' in self.text:
+            return redact_secrets('...@' + self.text.rsplit('@', 1)[1])
         return self.text
 
     __repr__ = __str__
@@ -135,23 +165,28 @@ def read_server_file(path, option, host_port=True):
     servers = []
     for number, line in enumerate(lines, 1):
         text = line.split('#', 1)[0].strip()
+        if not text:
+            continue
         # A helper agent's check: a line written user:password@host:port
-        # was quoted whole in the error; what precedes an @ is not shown.
-        # (A review finding: nor is a password=... of a DSN-like line.)
-        shown = redact_secrets(('...@' + text.rsplit('@', 1)[1]) if '@' in text else text)
-        if text and len(text.split()) > 1 and not text.startswith('('):
-            # (Only an Oracle descriptor, in parentheses, holds spaces.  The
-            # other words are not shown: one may be a password.)
+        # was quoted whole in the error (and later a .pgpass line, or
+        # password=...): only what shown_line allows is.
+        shown = shown_line(text.split()[0])
+        shown = (' (%r)' % shown) if shown else ' (not shown: it may hold a password)'
+        if len(text.split()) > 1 and not text.startswith('('):
+            # (Only an Oracle descriptor, in parentheses, holds spaces.)
             raise RelStorageError("%s: line %d of the server list %s is not one "
-                                  "host[:port]: %r holds more than one word"
-                                  % (option, number, path, shown.split()[0] + ' ...'))
-        if text:
-            try:
-                servers.append(Server(text, host_port))
-            except ValueError as exc:
-                raise RelStorageError("%s: line %d of the server list %s is not one "
-                                      "host[:port]: %r (%s)"
-                                      % (option, number, path, shown, exc)) from None
+                                  "host[:port]%s: it holds more than one word"
+                                  % (option, number, path, shown))
+        try:
+            servers.append(Server(text, host_port))
+        except ValueError as exc:
+            reason = str(exc)
+        else:
+            continue
+        # (Raised here, not in the except clause: the ValueError would stay
+        # attached to it as its __context__.)
+        raise RelStorageError("%s: line %d of the server list %s is not one "
+                              "host[:port]%s: %s" % (option, number, path, shown, reason))
     if not servers:
         raise RelStorageError("%s: the server list %s names no server" % (option, path))
     return servers

@@ -8,6 +8,7 @@ import threading
 
 from .shared import CONNECT_TIMEOUT
 from .shared import TIMEOUT
+from ..options import redact_secrets
 from .shared import Server
 
 
@@ -23,17 +24,20 @@ def parse_servers(items):
         if not sep:
             host, port = item, '11211'
         host = host.strip('[]')
-        try:
-            servers.append((host, int(port)))
-        except ValueError:
-            raise ValueError('cache-servers: %r is not host:port' % (item,)) from None
+        # (A helper agent's check: an entry that is no host:port, such as
+        # a URL of another scheme, may hold a password: it is shown
+        # without, and the int() error, which quotes it, is not kept.)
+        shown = redact_secrets(item)
+        if not port.isdigit():
+            raise ValueError('cache-servers: %r is not host:port' % (shown,))
+        servers.append((host, int(port)))
         if not host or (':' in host and not item.startswith('[')):
             raise ValueError('cache-servers: %r is not host:port (an IPv6 address '
-                             'goes in brackets: [::1]:11211)' % (item,))
+                             'goes in brackets: [::1]:11211)' % (shown,))
         if not 0 < servers[-1][1] < 65536:
             # (A helper agent's check: taken, then never reached.)
             raise ValueError('cache-servers: %r: the port is not a number from 1 to 65535'
-                             % (item,))
+                             % (shown,))
     return servers
 
 

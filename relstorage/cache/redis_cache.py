@@ -19,6 +19,8 @@ and without an eviction policy does not keep what nobody asks for any more
 import os
 from urllib.parse import urlsplit
 
+from ..options import PASSWORD_NOT_ENCODED
+from ..options import password_not_encoded
 from ..options import redact_secrets
 from .shared import CONNECT_TIMEOUT
 from .shared import TIMEOUT
@@ -32,19 +34,30 @@ def parse_url(url):
     """The loggable name of a Redis URL (scheme://host:port/db, no
     credentials); ValueError naming what is wrong, without the password."""
     shown = redact_secrets(url)
+    if password_not_encoded(url):
+        raise ValueError('cache-servers: %s: %s' % (shown, PASSWORD_NOT_ENCODED))
     try:
         parts = urlsplit(url)
         port = parts.port or 6379
         host = parts.hostname
     except ValueError as exc:
+        reason = str(exc)
+    else:
+        reason = None
+    if reason is not None:
+        # (Raised out of the except clause: urllib's error, which may quote
+        # part of the password, is not kept as its __context__.  Nor is its
+        # text shown where the password is not a URL's user:password@.)
+        if '@' in url:
+            reason = PASSWORD_NOT_ENCODED
         raise ValueError('cache-servers: %s is not a valid Redis URL (%s)'
-                         % (shown, redact_secrets(str(exc)))) from None
+                         % (shown, redact_secrets(reason)))
     if not host:
         raise ValueError('cache-servers: %s names no host' % (shown,))
     db = parts.path.strip('/') or '0'
     if not db.isdigit():
-        raise ValueError('cache-servers: %s: the path must be a database number, not %r'
-                         % (shown, db))
+        raise ValueError('cache-servers: %s: the path must be a database number%s'
+                         % (shown, ', not %r' % db if db.isalnum() else ''))
     if ':' in host:
         host = '[%s]' % host
     return '%s://%s:%d/%s' % (parts.scheme.lower(), host, port, db)
@@ -88,8 +101,12 @@ class RedisServer(Server):
             # query arguments now rather than at every request.
             self._idle = [self._factory.make_connection()]
         except (ValueError, TypeError) as exc:
-            raise ValueError('cache-servers: %s: %s' % (
-                redact_secrets(url), redact_secrets(str(exc)))) from None
+            message = 'cache-servers: %s: %s' % (redact_secrets(url), redact_secrets(str(exc)))
+        else:
+            message = None
+        if message is not None:
+            # (Out of the except clause: see parse_url.)
+            raise ValueError(message)
         self._pid = os.getpid()
 
     def is_connection_error(self, exc):

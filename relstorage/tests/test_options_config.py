@@ -907,3 +907,97 @@ class TestDocs(unittest.TestCase):
         self.assertIn(rst_table(), text,
                       'docs/configuration.rst is out of date; paste in the '
                       'output of: python -m relstorage.options --rst')
+
+
+class TestPasswordsStayOut(unittest.TestCase):
+    """A helper agent's check: malformed or unusual configurations showed
+    a password, or part of one, in the error (or in the exception it kept
+    as __context__).  Through ZConfig and zodburi as a user meets them;
+    no server is needed (the PostgreSQL port refuses)."""
+
+    SECRET = 'Zq7-MARKER-pw'
+
+    def _assert_hidden(self, exc, secret=SECRET):
+        seen = []
+        while exc is not None and exc not in seen:
+            seen.append(exc)
+            self.assertNotIn(secret, str(exc))
+            self.assertNotIn(secret, repr(exc))
+            exc = exc.__cause__ or exc.__context__
+        return seen
+
+    def _storage_error(self, section):
+        with self.assertRaises(Exception) as cm:
+            ZODB.config.storageFromString('%%import relstorage\n<relstorage>\n%s\n'
+                                          '</relstorage>\n' % section).close()
+        self._assert_hidden(cm.exception)
+        return str(cm.exception)
+
+    def _free_port(self):
+        import socket
+        with socket.socket() as s:
+            s.bind(('127.0.0.1', 0))
+            return s.getsockname()[1]
+
+    def test_cache_servers(self):
+        pg = '<postgresql>\n dsn host=127.0.0.1 port=%d dbname=x user=x\n</postgresql>' % (
+            self._free_port())
+        for servers, problem in (
+                ('unix://:%s@/var/run/redis.sock?db=0', 'is not host:port'),
+                ('valkey://:%s@127.0.0.1:6379/0', 'is not host:port'),
+                ('memcache://u:%s@127.0.0.1:11211', 'is not host:port'),
+                ('redis://:%s@127.0.0.1:6379/0,redis://:%s@127.0.0.1:6379/1',
+                 'database number'),
+                ('redis://:%s/x@127.0.0.1:6379/0', 'percent-encoded')):
+            with self.subTest(servers=servers):
+                text = self._storage_error('cache-servers %s\n%s' % (
+                    servers.replace('%s', self.SECRET), pg))
+                self.assertIn(problem, text)
+        # A password holding an @ (accepted, and it works): its repr.
+        options = Options(cache_servers='redis://:%s@x@127.0.0.1:6379/0' % self.SECRET)
+        self.assertNotIn('x@127', repr(options))
+
+    def test_postgresql_dsn(self):
+        port = self._free_port()
+        # A / in a URI's password ended the host part early: libpq read
+        # the rest as the port, and quoted it.
+        text = self._storage_error('<postgresql>\n dsn postgresql://u:ab/%s@127.0.0.1:%d/db\n'
+                                   '</postgresql>' % (self.SECRET, port))
+        self.assertIn('percent-encoded', text)
+        # The driver's own error (which quotes the URI) is not kept.
+        self._storage_error('<postgresql>\n dsn postgresql://u:%s@[bad/db\n</postgresql>'
+                            % self.SECRET)
+        # A password that the message shows anyway, as the port or the
+        # user name, was masked there, which told it.
+        for password, dsn in ((str(port), 'host=127.0.0.1 port=%d dbname=x user=x' % port),
+                              ('127.0', 'host=127.0.0.1 port=%d dbname=x user=x' % port),
+                              ('someone', 'host=127.0.0.1 port=%d dbname=x user=someone'
+                               % port)):
+            with self.subTest(password=password):
+                with self.assertRaises(Exception) as cm:
+                    ZODB.config.storageFromString(
+                        '%%import relstorage\n<relstorage>\n<postgresql>\n dsn %s '
+                        'password=%s connect_timeout=2\n</postgresql>\n</relstorage>\n'
+                        % (dsn, password)).close()
+                self.assertNotIn('***', str(cm.exception))
+                self.assertIn('Cannot connect', str(cm.exception))
+
+    def test_oracle_dsn_of_credentials_only(self):
+        # oracledb reads user/password as credentials without a connect
+        # string; it was described as service '<password>'.
+        text = self._storage_error('<oracle>\n dsn scott/%s\n</oracle>' % self.SECRET)
+        self.assertIn('no connect string', text)
+
+    def test_zodburi(self):
+        from relstorage.zodburi import mysql_resolver
+        from relstorage.zodburi import postgresql_resolver
+        for resolver, uri in (
+                (postgresql_resolver, 'postgresql://u:ab?%s@127.0.0.1:5598/db'),
+                (postgresql_resolver, 'postgresql://u:ab#%s@127.0.0.1:5598/db'),
+                (mysql_resolver, 'mysql://u:ab?%s@127.0.0.1:3398/db'),
+                (mysql_resolver, 'mysql://u:ab/%s@127.0.0.1:3398/db')):
+            with self.subTest(uri=uri):
+                with self.assertRaises(ValueError) as cm:
+                    resolver(uri % self.SECRET)
+                self._assert_hidden(cm.exception)
+                self.assertIn('percent-encoded', str(cm.exception))

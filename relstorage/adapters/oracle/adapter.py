@@ -29,6 +29,7 @@ import math
 
 from ...interfaces import DisconnectedError
 from ...interfaces import RelStorageError
+from ...options import redact_password
 from ...options import redact_secrets
 from ..base import Adapter
 from ..base import _one_line
@@ -89,6 +90,14 @@ class OracleAdapter(Adapter):
         if not dsn:
             raise RelStorageError("The oracle adapter needs a dsn (an Easy Connect "
                                   "string such as host:1521/service, or a TNS alias).")
+        if not user and '@' not in dsn and '/' in dsn and not dsn.startswith('('):
+            # oracledb reads such a DSN as user/password, with no connect
+            # string, when no user is given (a helper agent's check: it was
+            # described as a service named like the password).
+            raise RelStorageError(
+                "The oracle dsn holds a user name and password (user/password) but "
+                "no connect string: write user/password@host:1521/service, or give "
+                "user and password with dsn host:1521/service")
         dsn_user, dsn_password, dsn = self.driver.split_credentials(dsn)
         self.user = user or dsn_user
         self._password = password if password is not None else dsn_password
@@ -115,20 +124,17 @@ class OracleAdapter(Adapter):
             host, port, service = parsed
             where = 'service %r at %s:%s' % (service, host, port)
         else:
-            where = 'TNS alias %r' % self._redact(dsn)
+            # (A server list's line may begin with user/password@.)
+            shown = ('...@' + dsn.rsplit('@', 1)[1]) if '@' in dsn else dsn
+            where = 'TNS alias %r' % redact_secrets(shown)
         return "Oracle database %s as user %r" % (where, self.user)
-
-    def _redact(self, text):
-        if self._password:
-            text = text.replace(self._password, '***')
-        return redact_secrets(text)
 
     def classify_error(self, exc):
         return drivers.classify_error(self.driver, exc)
 
     def _connect_error(self, exc, server=None):
         kind = drivers.classify_connect_error(self.driver, exc)
-        detail = self._redact(_one_line(exc))
+        detail = redact_password(_one_line(exc), self._password, self.describe(server))
         if kind == 'login':
             return OracleLoginError(
                 "Cannot log in to %s: the user name or password was refused, or the "

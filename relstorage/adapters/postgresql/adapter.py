@@ -28,6 +28,9 @@ import re
 
 from ...interfaces import DisconnectedError
 from ...interfaces import RelStorageError
+from ...options import PASSWORD_NOT_ENCODED
+from ...options import password_not_encoded
+from ...options import redact_password
 from ...options import redact_secrets
 from ..base import Adapter
 from ..base import _one_line
@@ -102,10 +105,21 @@ class PostgreSQLAdapter(Adapter):
         super().__init__(options)
         self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
         self._password = None
+        if password_not_encoded(dsn or ''):
+            # (libpq reads the rest of such a password as the port, the
+            # database name...: a helper agent's check saw it quoted.)
+            raise RelStorageError("Invalid PostgreSQL DSN: " + PASSWORD_NOT_ENCODED)
         try:
             params = dict(self.driver.parse_dsn(dsn or ''))
         except Exception as exc:  # pylint:disable=broad-except
-            raise RelStorageError(unparsable_dsn_message(dsn or '', exc)) from None
+            message = unparsable_dsn_message(dsn or '', exc)
+        else:
+            message = None
+        if message is not None:
+            # Raised out of the except clause: the driver's error, which
+            # quotes the DSN, is not kept as its __context__ (a helper
+            # agent's check).
+            raise RelStorageError(message)
         self._password = params.get('password') or None
         if not params.get('connect_timeout'):
             params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
@@ -128,17 +142,18 @@ class PostgreSQLAdapter(Adapter):
             where += ' port %s' % port
         return "PostgreSQL database %r on %s as user %r" % (dbname, where, user)
 
-    def _redact(self, text):
-        if self._password:
-            text = text.replace(self._password, '***')
-        return redact_secrets(text)
+    def _redact(self, text, shown=''):
+        """``text`` (the driver's) without the password, beside ``shown``
+        (what the message says of the database)."""
+        return redact_password(text, self._password, shown)
 
     def classify_error(self, exc):
         return self.driver.classify_error(exc)
 
     def _connect_error(self, exc, server=None):
+        where = self.describe(server)
         message = "Cannot connect to %s (driver %s): %s" % (
-            self.describe(server), self.driver.name, self._redact(_one_line(exc)))
+            where, self.driver.name, self._redact(_one_line(exc), where))
         if drivers.connect_error_is_transient(self.driver, exc):
             # Unreachable, refused, timed out, starting up, shutting down,
             # too many clients: worth retrying later.
