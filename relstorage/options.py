@@ -152,7 +152,8 @@ OPTIONS = (
            'Run the blob cache size check in a separate process.', active=True),
     Option('blob-chunk-size', 1048576, 'byte-size',
            'Size of the pieces a blob is split into in the database (64KB to '
-           '512MB: a value beyond is brought within, with a warning).', active=True,
+           '512MB, 128MB on PostgreSQL: a value beyond is brought within, with a '
+           'warning).', active=True,
            valid=_POSITIVE),
     # Replicas.
     Option('replica-conf', None, 'string',

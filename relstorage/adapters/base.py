@@ -25,6 +25,7 @@ from ..interfaces import SchemaMismatchError
 from ..interfaces import UnableToAcquireCommitLockError
 from ..interfaces import UnableToLockRowsError
 from ..interfaces import describe_oids
+from ..options import BLOB_CHUNK_MAX
 from ..options import Options
 from .connections import DBConnection
 from .connections import as_bytes as _bytes
@@ -174,6 +175,10 @@ class Adapter(PackVerbs):
     #: waits for: hence the bound, past which the upload goes before the lock
     #: as for other objects.
     new_rows_direct_bytes = 1 << 20
+    #: The largest piece a blob is kept in (blob-chunk-size is brought
+    #: down to it): what one value of the database can carry there and
+    #: back (see PostgreSQL's).
+    blob_chunk_max = BLOB_CHUNK_MAX
     #: A commit whose states total at most this many bytes uploads them
     #: to temp_store once its row locks are taken and its conflicts
     #: resolved (a resolved state goes up once); a larger one uploads

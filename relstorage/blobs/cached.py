@@ -39,6 +39,7 @@ from ZODB.blob import rename_or_copy_blob
 from ..cache.shared import MAX_VALUE
 from ..interfaces import RelStorageError
 from ..options import blob_chunk_bytes
+from .common import DOWNLOAD_PREFIX
 from .common import BlobMode
 from .common import database_holds_blobs
 from .common import remove_file
@@ -59,6 +60,7 @@ class CachedBlobs(BlobMode):
         super().__init__(blob_dir, options)
         self.shared = shared
         self.chunk_size = blob_chunk_bytes(options)
+        self._warned_chunk_max = False
         self.cache_size = options.blob_cache_size
         check = options.blob_cache_size_check or 10
         self._check_every = (self.cache_size * check // 100) if self.cache_size else None
@@ -99,16 +101,21 @@ class CachedBlobs(BlobMode):
 
     def vote(self, adapter, conn, btxn, tstore):
         # (commit.vote has emptied temp_blob_chunk if a commit left rows.)
+        size = min(self.chunk_size, adapter.blob_chunk_max)
+        if size < self.chunk_size and not self._warned_chunk_max:
+            self._warned_chunk_max = True
+            log.warning("blob-chunk-size %d is more than %s carries in one value: "
+                        "using %d", self.chunk_size, adapter.describe(), size)
         for oid_int, path in sorted(btxn.pending.items()):
             with open(path, 'rb') as f:
                 chunk_num = 0
                 while True:
-                    data = f.read(self.chunk_size)
+                    data = f.read(size)
                     if not data and chunk_num:
                         break
                     adapter.upload_blob_chunk(conn, oid_int, chunk_num, data)
                     chunk_num += 1
-                    if len(data) < self.chunk_size:
+                    if len(data) < size:
                         break
 
     def finish(self, adapter, conn, btxn, tid_int, has_data=True):
@@ -170,7 +177,7 @@ class CachedBlobs(BlobMode):
         ``opener``, ``opener(path)`` called before anything can prune it."""
         path = self.filename(oid_int, tid_int)
         self.fshelper.createPathForOID(oid_int)
-        fd, temp = tempfile.mkstemp(prefix='download-', suffix='.tmp',
+        fd, temp = tempfile.mkstemp(prefix=DOWNLOAD_PREFIX, suffix='.tmp',
                                     dir=self.temporary_directory())
         opened = None
         try:
@@ -245,6 +252,8 @@ class CachedBlobs(BlobMode):
 
     def _prune_until_done(self):
         try:
+            # (A process that runs for months opens its storage once.)
+            self.remove_stale_pending()
             while True:
                 # (Waits for another process's prune, then counts again.)
                 prune(self.blob_dir, self.cache_size, wait=True)

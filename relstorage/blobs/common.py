@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 PENDING_PREFIX = 'pending-'
 #: Seconds after which such a file is taken for a killed process's.
 STALE_PENDING_AGE = 24 * 3600
+#: The temporary files of blobs being read from the database into a cache
+#: (cached.py).  A download writes all the time, so one untouched for an
+#: hour was left by a process killed in the middle (a helper agent's
+#: check: nothing removed them, and they count in no cache size).
+DOWNLOAD_PREFIX = 'download-'
+STALE_DOWNLOAD_AGE = 3600
 
 
 class BlobMode:
@@ -85,12 +91,16 @@ class BlobMode:
             raise
         return target
 
-    def remove_stale_pending(self, age=STALE_PENDING_AGE):
-        """Remove the files of commits that a killed process left in the
-        temporary directory (as large as their blobs; nothing else removes
-        them).  Only those untouched for ``age`` seconds: another process
-        sharing the directory may be committing."""
-        limit = time.time() - age
+    def remove_stale_pending(self, age=STALE_PENDING_AGE, download_age=STALE_DOWNLOAD_AGE):
+        """Remove the files that killed processes left in the temporary
+        directory (as large as their blobs; nothing else removes them):
+        of commits, untouched for ``age`` seconds (another process sharing
+        the directory may be committing, and a commit's file waits for its
+        vote unchanged), and of reads into a cache, untouched for
+        ``download_age`` seconds.  Run when the storage opens, and (a
+        cache) each time it is pruned."""
+        now = time.time()
+        limits = {PENDING_PREFIX: now - age, DOWNLOAD_PREFIX: now - download_age}
         removed = 0
         temp_dir = self.fshelper.temp_dir
         try:
@@ -98,7 +108,8 @@ class BlobMode:
         except OSError:
             return 0
         for name in names:
-            if not (name.startswith(PENDING_PREFIX) and name.endswith('.tmp')):
+            limit = limits.get(name.split('-', 1)[0] + '-')
+            if limit is None or not name.endswith('.tmp'):
                 continue
             path = os.path.join(temp_dir, name)
             try:
@@ -108,8 +119,8 @@ class BlobMode:
             except OSError:
                 continue
         if removed:
-            log.info("Removed %d blob files left in %s by commits that never finished",
-                     removed, temp_dir)
+            log.info("Removed %d blob files left in %s by commits or reads that never "
+                     "finished", removed, temp_dir)
         return removed
 
     def forget(self, removed_oids, kept_revisions):

@@ -302,6 +302,40 @@ class BlobCacheTests(BlobCase):
         self.blob_storage(blob_dir=blob_dir).close()
         self.assertEqual(sorted(os.listdir(tmp)), ['other-old.tmp', 'pending-2-new.tmp'])
 
+    def test_reads_that_never_finished(self):
+        # A helper agent's check: a process killed while it read a blob
+        # into its cache left a download-*.tmp as large as what it had
+        # read, which nothing removed or counted.  A download writes all
+        # the time: one untouched for an hour is gone when a storage opens
+        # the directory, and, in a process that keeps running, when the
+        # cache is next pruned.
+        blob_dir = os.path.join(self.tmp, 'killed-reads')
+        self.blob_storage(blob_dir=blob_dir).close()
+        tmp = os.path.join(blob_dir, 'tmp')
+
+        def leave(*names):
+            for name in names:
+                with open(os.path.join(tmp, name), 'wb') as f:
+                    f.write(b'x' * 1000)
+            two_hours_ago = time.time() - 2 * 3600
+            for name in names:
+                if 'old' in name:
+                    os.utime(os.path.join(tmp, name), (two_hours_ago, two_hours_ago))
+        leave('download-old1.tmp', 'download-new1.tmp')
+        storage = self.blob_storage(blob_dir=blob_dir, blob_cache_size=100 * 1000,
+                                    blob_cache_size_check=1)
+        self.assertEqual(sorted(os.listdir(tmp)), ['download-new1.tmp'])
+        leave('download-old2.tmp')
+        db = ZODB.DB(storage)
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            for i in range(3):
+                conn.root()[i] = Blob(b'y' * 60 * 1000)
+        deadline = time.time() + 30
+        while 'download-old2.tmp' in os.listdir(tmp) and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(sorted(os.listdir(tmp)), ['download-new1.tmp'])
+
     def test_an_old_file_stored_as_a_blob_is_not_a_leftover(self):
         # A review finding: a rename keeps the file's time, so a blob
         # consumed from a file of last year looked like a killed commit's

@@ -22,6 +22,7 @@ from unittest import mock
 import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
+from ZODB.blob import Blob
 from ZODB.POSException import ConflictError
 from ZODB.POSException import ReadConflictError
 from ZODB.tests.MinPO import MinPO
@@ -43,6 +44,8 @@ from relstorage.options import Options
 from relstorage.storage import RelStorage
 
 from . import suite
+from .blob_cases import MB
+from .blob_cases import BlobCase
 from .core_cases import FactoryCase
 from .core_cases import begin_store
 from .core_cases import make_objects
@@ -1162,6 +1165,94 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
                       'TO %s' % self.role)
 
 
+class BlobChunkTests(BlobCase):
+    """A helper agent's check: blob-chunk-size 512MB (its largest then)
+    stored blobs that could never be read back ("invalid memory alloc
+    request size": a 512 MB value sent as text is over 1 GB), and with
+    psycopg2 lost the connection at commit."""
+
+    keep_history = False
+
+    def _blob_round_trip(self, size, **options):
+        import hashlib
+        path = os.path.join(self.tmp, 'source')
+        written = hashlib.sha256()
+        with open(path, 'wb') as f:
+            piece = bytes(range(256)) * 4096      # 1 MB
+            left, n = size, 0
+            while left:
+                part = (b'%012d' % n + piece)[:min(left, MB)]
+                f.write(part)
+                written.update(part)
+                left -= len(part)
+                n += 1
+        db = ZODB.DB(self.blob_storage('writer-cache', **options))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            blob = conn.root()['blob'] = Blob()
+            blob.consumeFile(path)
+        # Another storage, its cache empty: every chunk read from the server.
+        reader = ZODB.DB(self.blob_storage('reader-cache', **options))
+        self.addCleanup(reader.close)
+        read = hashlib.sha256()
+        with reader.transaction() as conn:
+            with conn.root()['blob'].open() as f:
+                for part in iter(lambda: f.read(MB), b''):
+                    read.update(part)
+        self.assertEqual(read.hexdigest(), written.hexdigest())
+        own = drivers.select_driver('auto').connect(
+            _dsn_with(base_dsn(), dbname=self.factory.dbname), 'oid')
+        try:
+            cur = own.cursor()
+            cur.execute('SELECT octet_length(chunk) FROM blob_chunk ORDER BY chunk_num')
+            return cur.fetchall()
+        finally:
+            own.close()
+
+    def test_chunks_are_read_in_parts(self):
+        # A chunk larger than one read (BLOB_PART, 16 MB) comes in parts.
+        sizes = self._blob_round_trip(40 * MB + 123, blob_chunk_size=40 * MB)
+        self.assertEqual([row[0] for row in sizes], [40 * MB, 123])
+
+    def test_a_chunk_of_512_mb_reads_back(self):
+        # What the storage could write before (psycopg 3): the chunk is made
+        # here by the server itself.  Read whole, it failed for good.
+        import hashlib
+        if self.factory.secondary_driver:
+            self.skipTest('512 MB through the server: with one driver only')
+        db = ZODB.DB(self.blob_storage('writer-cache'))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['blob'] = Blob(b'x')
+        own = drivers.select_driver('auto').connect(
+            _dsn_with(base_dsn(), dbname=self.factory.dbname), 'oid')
+        try:
+            cur = own.cursor()
+            cur.execute("UPDATE blob_chunk SET chunk = (SELECT string_agg("
+                        "decode(repeat('61', 1048576), 'hex'), ''::bytea) "
+                        "FROM generate_series(1, 512))")
+            own.commit()
+        finally:
+            own.close()
+        expected = hashlib.sha256()
+        for _ in range(512):
+            expected.update(b'a' * MB)
+        reader = ZODB.DB(self.blob_storage('reader-cache'))
+        self.addCleanup(reader.close)
+        read = hashlib.sha256()
+        with reader.transaction() as conn:
+            with conn.root()['blob'].open() as f:
+                for part in iter(lambda: f.read(MB), b''):
+                    read.update(part)
+        self.assertEqual(read.hexdigest(), expected.hexdigest())
+
+    def test_chunks_no_larger_than_postgresql_carries(self):
+        with self.assertLogs('relstorage.blobs.cached', 'WARNING') as logs:
+            sizes = self._blob_round_trip(129 * MB, blob_chunk_size=512 * MB)
+        self.assertEqual([row[0] for row in sizes], [128 * MB, MB])
+        self.assertIn('blob-chunk-size 536870912 is more than', logs.output[0])
+
+
 PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeoutTestsHF,
             ConcurrentIncrementTests,
             KilledClientTests, KilledClientTestsHF,
@@ -1169,7 +1260,7 @@ PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeou
             ConnectionErrorTests, ReadOnlySnapshotTests, ByteaOutputTests,
             OidAllocationTests,
             TempTableTests, TempTableTestsHF,
-            UnloggedPackTablesTests, PrivilegeTests)
+            UnloggedPackTablesTests, PrivilegeTests, BlobChunkTests)
 
 
 def _big_blob_wanted():

@@ -99,6 +99,13 @@ class PostgreSQLAdapter(Adapter):
     temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
     # idle_in_transaction_session_timeout ends a held transaction.
     holds_locks_for_retry = True
+    # A chunk goes up as one value, which psycopg2 sends as a text literal
+    # (hex: twice its size, and the server's parse of it needs more), and
+    # nothing of PostgreSQL's may pass 1 GB (a helper agent's check: 512 MB
+    # chunks lost the connection at commit, "invalid message length" in
+    # the server's log; 256 MB failed with "invalid memory alloc request
+    # size 1073741824").
+    blob_chunk_max = 128 << 20
 
     def __init__(self, dsn='', options=None, driver=None):
         self._params = {}

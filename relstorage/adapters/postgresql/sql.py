@@ -132,6 +132,16 @@ class PostgreSQLStatements(Statements):
     # clear_temp's reset (Adapter.temp_garbage_rows).
     RESET_TEMP_STORE = ("TRUNCATE temp_store",)
     RESET_TEMP_BLOBS = ("TRUNCATE temp_blob_chunk",)
+    # A chunk is read in parts (Adapter.stream_blob_chunk): a value sent as
+    # text (hex) takes twice its size, and past 1 GB PostgreSQL cannot
+    # make it (a helper agent's check: a blob stored in 512 MB chunks,
+    # blob-chunk-size's largest then, committed and could never be read,
+    # "invalid memory alloc request size").  Chunks of blob-chunk-size
+    # (1 MB by default) are one part: one query each, as before.
+    LOAD_BLOB_CHUNK_PART = """
+        SELECT substring(chunk FROM %s + 1 FOR %s)
+        FROM blob_chunk WHERE zoid = %s AND tid = %s AND chunk_num = %s
+    """
 
     # History-free blobs of what we write: the OIDs as one array, so that
     # blob_chunk is probed by its index whatever the planner guesses of
