@@ -818,6 +818,10 @@ class PackVerbs:
         (``gc`` false) the only garbage is objects whose creation was
         undone, which reference nothing."""
         count = 0
+        # (Where a batch holds the commit lock for all of its deletions:
+        # see prepare_pack_batch.)
+        conn.session_settings['pack_blob_budget'] = (
+            self.pack_lock_is_write_lock and self.any_blob_chunk(conn))
         if gc:
             self.clear_pack_temp(conn, 'temp_pack_edges')
             conn.execute(self.q(self.sql.PACK_EDGES_FILL))
@@ -836,7 +840,9 @@ class PackVerbs:
         Returns (rows, extra, revisions, objects, blobs): rows are (oid,
         below, garbage) of the batch, empty when nothing is left; extra
         the OIDs that went with them."""
-        rows, extra = self.prepare_pack_batch(conn, after_oid, limit)
+        # (The blob budget applies where a batch holds the commit lock, not
+        # here: a batch ends with its last candidate.)
+        rows, extra, _last = self.prepare_pack_batch(conn, after_oid, limit)
         if not rows:
             return rows, extra, 0, 0, 0
         return (rows, extra) + self.delete_prepared_batch(conn, extra)
@@ -844,8 +850,9 @@ class PackVerbs:
     def prepare_pack_batch(self, conn, after_oid, limit):
         """Choose the next ``limit`` candidates after ``after_oid`` (into
         temp_pack_batch) and what must go with them (into
-        temp_pack_extra); return (rows, extra): the rows (oid, below,
-        garbage) of the candidates, and the OIDs of the others.  It reads
+        temp_pack_extra); return (rows, extra, last): the rows (oid, below,
+        garbage) of the candidates, the OIDs of the others, and the OID
+        the batch reaches (the next one goes on after it).  It reads
         only the pack's tables, so a single-writer database runs it
         before taking the commit lock for delete_prepared_batch.
 
@@ -866,10 +873,65 @@ class PackVerbs:
         temp_pack_edges, made by prepare_pack_deletion)."""
         self.clear_pack_temp(conn, 'temp_pack_batch')
         conn.execute(self.q(self.sql.PACK_FILL_BATCH), (ALL_REVISIONS, after_oid, limit))
+        partial = None
+        if conn.session_settings.get('pack_blob_budget'):
+            partial = self._within_blob_budget(conn)
         self._analyze_temp(conn, 'temp_pack_batch')
         rows = conn.query_all(self.q(self.sql.PACK_BATCH_ROWS))
         extra = self._upward_closure(conn, rows[-1][0]) if rows else []
-        return rows, extra
+        last = rows[-1][0] if rows else after_oid
+        if partial is not None:
+            # Its other revisions go with the next batch.
+            last = partial - 1
+        return rows, extra, last
+
+    #: The most bytes of blob chunks one batch removes where a batch holds
+    #: the commit lock for all of its deletions (SQLite): the batches are
+    #: sized by the time the last one took, and a batch of objects with
+    #: large blobs took seconds (a helper agent's check: 4.5 s for five
+    #: 300 MB revisions; 1,5 GB of chunks is 375,000 pages to free).  A
+    #: batch keeps its candidates up to the one that passes it (at least
+    #: one: an object whose removed revisions alone hold more takes that
+    #: long).
+    PACK_BATCH_BLOB_BYTES = 8 << 20
+
+    def _within_blob_budget(self, conn):
+        """Cut the batch in temp_pack_batch before the candidate whose
+        blob chunks pass PACK_BATCH_BLOB_BYTES.  When that is the first
+        one, the batch is that candidate alone, and (history-preserving)
+        only its oldest revisions whose chunks fit in (one at least): it
+        keeps its newer ones, its current one above all, which a commit
+        since the analysis may have linked again; returns its OID then
+        (the next batch takes it again), else None."""
+        total = 0
+        rows = conn.query_all(self.q(self.sql.PACK_BATCH_BLOB_BYTES))
+        for zoid, nbytes in rows:
+            total += nbytes or 0
+            if total <= self.PACK_BATCH_BLOB_BYTES:
+                continue
+            first = conn.query_value(self.q(self.sql.PACK_BATCH_FIRST))
+            if zoid != first:
+                conn.execute(self.q(self.sql.PACK_BATCH_CUT_BEFORE), (zoid,))
+                return None
+            conn.execute(self.q(self.sql.PACK_BATCH_CUT), (zoid,))
+            if not self.keep_history:
+                return None
+            return self._oldest_revisions_only(conn, zoid)
+        return None
+
+    def _oldest_revisions_only(self, conn, zoid):
+        below, garbage = conn.query_one(self.q(self.sql.PACK_BATCH_ROW), (zoid,))
+        total = 0
+        revisions = conn.query_all(self.q(self.sql.PACK_BLOB_BYTES_BY_REVISION), (zoid, below))
+        for index, (tid, nbytes) in enumerate(revisions):
+            total += nbytes or 0
+            if total > self.PACK_BATCH_BLOB_BYTES and index:
+                # Revisions below this one go; this one and what follows
+                # stay for the next batches.  Not as garbage: the object
+                # stays (its removal is for the batch of its last revisions).
+                conn.execute(self.q(self.sql.PACK_BATCH_LOWER), (tid, zoid))
+                return zoid
+        return None
 
     def _upward_closure(self, conn, last_oid):
         """The OIDs of the garbage candidates after ``last_oid`` that

@@ -1060,11 +1060,14 @@ class _Batch:
         """Choose the next ``size`` candidates (the whole batch, for
         delete_prepared); False when none is left."""
         self.first_after = after_oid
-        self.prepared, self.extra = adapter.prepare_pack_batch(conn, after_oid, size)
+        self.prepared, self.extra, last = adapter.prepare_pack_batch(conn, after_oid, size)
         if self.prepared:
             # Sorted out now: delete_prepared runs under a lock that every
             # commit waits for, and the duty cycle doubles its time.
             self._sort_out(self.prepared, self.extra)
+            # (Before its last candidate when that one is only trimmed of
+            # its oldest revisions, its blobs too large for one batch.)
+            self.last_oid = last
         return bool(self.prepared)
 
     def delete_prepared(self, adapter, conn):

@@ -425,6 +425,51 @@ class PackBehaviourTests(PackCase):
                 release.join()
             self.assertEqual(report.objects_removed, removed)
 
+    def test_large_blobs_are_removed_in_bounded_batches(self):
+        # A helper agent's check (SQLite, where a batch holds the commit
+        # lock for all of its deletions): five 300 MB revisions of one blob
+        # went in one batch that held the lock 4.5 s, and a commit waited
+        # 5 s.  Batches now remove at most PACK_BATCH_BLOB_BYTES of chunks
+        # (an object's oldest revisions first, when its own pass it); what
+        # they keep and remove is the same.
+        from relstorage.adapters.packing import PackVerbs
+        self.patch(PackVerbs, 'PACK_BATCH_BLOB_BYTES', 100 * 1000)
+        db = self.db(blob_dir=os.path.join(self.tmp, 'blobs'), shared_blob_dir=False)
+        tids = []
+        for i in range(5):
+            with db.transaction() as conn:
+                if i:
+                    with conn.root()['big'].open('w') as f:
+                        f.write(b'%d' % i * 70 * 1000)
+                else:
+                    conn.root()['big'] = Blob(b'0' * 70 * 1000)
+                    for j in range(3):
+                        conn.root()['gone%d' % j] = Blob(b'g' * 60 * 1000)
+                big = conn.root()['big']
+            tids.append(big._p_serial)
+            oid = big._p_oid
+        with db.transaction() as conn:
+            for i in range(3):
+                del conn.root()['gone%d' % i]
+        report = db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertEqual(report.objects_removed, 3)
+        # (And two old revisions of the root in history.)
+        self.assertEqual(report.revisions_removed, (3 + 4 + 2) if self.keep_history else 3)
+        self.assertEqual(report.blobs_removed, (3 + 4) if self.keep_history else 3)
+        if self.factory.name.startswith('sqlite'):
+            # (One batch each: 60 KB + 60 KB is past 100 KB; the old
+            # revisions of 'big', 280 KB, in three passes.)
+            self.assertGreaterEqual(report.batches, 3 + (3 if self.keep_history else 0))
+        with db.transaction() as conn:
+            with conn.root()['big'].open() as f:
+                self.assertEqual(f.read(), b'4' * 70 * 1000)
+        if self.keep_history:
+            for tid in tids[:-1]:
+                with self.assertRaises(POSKeyError):
+                    db.storage.loadSerial(oid, tid)
+        with self.connection() as conn:
+            self.assertEqual(conn.query_value('SELECT COUNT(*) FROM blob_chunk'), 1)
+
     def test_lock_wait_is_not_counted_as_holding_it(self):
         # A helper agent's check: the summary's "commit lock held ...,
         # longest" counted a batch's wait for the lock as holding it.
