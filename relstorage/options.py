@@ -298,7 +298,8 @@ _SECRET_IN_TEXT = (
     # was not percent-encoded (a helper agent's check: the part after
     # the first @ was shown); what follows the @ may not be the host then,
     # but nothing of the password is left.
-    (re.compile(r'(://[^:/@\s]*:)\S*@'), r'\1***@'),
+    # (The user part may hold an @ too: admin@srv:password@host.)
+    (re.compile(r'(://[^:/\s]*:)\S*@'), r'\1***@'),
 )
 
 
@@ -361,7 +362,12 @@ def password_not_encoded(url):
     if not sep:
         return False
     authority = re.split(r'[/?#]', rest, maxsplit=1)[0]
-    return '@' not in authority and '@' in rest
+    if '@' in authority or '@' not in rest or ':' not in authority:
+        # (An @ in a path or a query of a URL without user:password, such
+        # as user=alice@EXAMPLE.COM, is no password: a review finding.)
+        return False
+    # user:pa (the password cut short) or :pa, not host:port.
+    return not authority.rsplit(':', 1)[1].isdigit()
 
 
 #: The message for password_not_encoded.

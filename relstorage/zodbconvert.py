@@ -442,11 +442,24 @@ class Converter:
             _close(dest)
             raise UsageError('--clear needs create-schema true in the destination '
                              'section (the schema is dropped and created again)')
-        self.say('Clearing the destination %s' % _name(dest))
+        self.say('Clearing %s' % _name(dest))
         adapter = dest.adapter
         options = dest.options
         dest.close()
-        adapter.drop_all()
+        try:
+            adapter.drop_all()
+        except Exception as exc:
+            if adapter.refusal(exc) is None:
+                raise
+            refused = _one_line(adapter.refusal(exc))
+        else:
+            refused = None
+        if refused is not None:
+            # (A helper agent's check: the driver's bare "must be owner of
+            # table blob_chunk".)
+            raise Failure('cannot clear %s: %s (--clear drops and creates RelStorage\'s '
+                          'tables: run it as a user that may, such as the schema\'s owner)'
+                          % (redact_secrets(adapter.describe()), refused))
         if options.blob_dir and options.shared_blob_dir:
             # Its blobs went with the database, which the directory was
             # bound to (a review finding: the new database, with a key of

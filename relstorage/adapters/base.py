@@ -598,14 +598,17 @@ class Adapter(PackVerbs):
                         "The database at %s holds a %s RelStorage schema, but this "
                         "storage is configured %s (keep-history %s). Nothing was "
                         "changed. Set keep-history to match, or copy the data into "
-                        "a new database with zodbconvert."
+                        "a new database with zodbconvert.%s"
                         % (self.describe(), found, wanted,
-                           'true' if self.keep_history else 'false'))
+                           'true' if self.keep_history else 'false',
+                           self.hidden_tables_hint('current_object')
+                           if self.keep_history else ''))
                 missing = self.required_tables() - tables
                 if missing:
                     raise SchemaMismatchError(
-                        "The RelStorage schema at %s is incomplete (missing: %s)."
-                        % (self.describe(), ', '.join(sorted(missing))))
+                        "The RelStorage schema at %s is incomplete (missing: %s).%s"
+                        % (self.describe(), ', '.join(sorted(missing)),
+                           self.hidden_tables_hint(sorted(missing)[0])))
             elif create and not read_only:
                 for stmt in self.schema_statements():
                     conn.execute(stmt)
@@ -620,6 +623,21 @@ class Adapter(PackVerbs):
             conn.rollback()
         finally:
             conn.close()
+
+    #: Whether the database lists to a user only the tables it has some
+    #: privilege on (MySQL's information_schema).
+    lists_usable_tables_only = False
+
+    def hidden_tables_hint(self, table):
+        """What a message about a missing ``table`` adds where the
+        database hides tables the user may not use (a helper agent's check:
+        a user granted every table but current_object was told the
+        database was history-free, "set keep-history to match")."""
+        if not self.lists_usable_tables_only:
+            return ''
+        return (" If the table %s is there, this user has no privilege on it: the "
+                "server lists to a user only the tables it may use; check the grants."
+                % table)
 
     def begin_schema_creation(self, conn):
         """Vendor hook: make the creation of the schema one transaction

@@ -889,15 +889,15 @@ class PackVerbs:
     #: the commit lock for all of its deletions (SQLite): the batches are
     #: sized by the time the last one took, and a batch of objects with
     #: large blobs took seconds (a helper agent's check: 4.5 s for five
-    #: 300 MB revisions; 1,5 GB of chunks is 375,000 pages to free).  A
+    #: 300 MB revisions; 1.5 GB of chunks is 375,000 pages to free).  A
     #: batch keeps its candidates up to the one that passes it (at least
     #: one: an object whose removed revisions alone hold more takes that
-    #: long).
-    PACK_BATCH_BLOB_BYTES = 8 << 20
+    #: long).  Its statements are the vendor's (SQLite's sql.py).
+    PACK_BATCH_BLOB_BUDGET = 8 << 20
 
     def _within_blob_budget(self, conn):
         """Cut the batch in temp_pack_batch before the candidate whose
-        blob chunks pass PACK_BATCH_BLOB_BYTES.  When that is the first
+        blob chunks pass PACK_BATCH_BLOB_BUDGET.  When that is the first
         one, the batch is that candidate alone, and (history-preserving)
         only its oldest revisions whose chunks fit in (one at least): it
         keeps its newer ones, its current one above all, which a commit
@@ -907,7 +907,7 @@ class PackVerbs:
         rows = conn.query_all(self.q(self.sql.PACK_BATCH_BLOB_BYTES))
         for zoid, nbytes in rows:
             total += nbytes or 0
-            if total <= self.PACK_BATCH_BLOB_BYTES:
+            if total <= self.PACK_BATCH_BLOB_BUDGET:
                 continue
             first = conn.query_value(self.q(self.sql.PACK_BATCH_FIRST))
             if zoid != first:
@@ -925,7 +925,7 @@ class PackVerbs:
         revisions = conn.query_all(self.q(self.sql.PACK_BLOB_BYTES_BY_REVISION), (zoid, below))
         for index, (tid, nbytes) in enumerate(revisions):
             total += nbytes or 0
-            if total > self.PACK_BATCH_BLOB_BYTES and index:
+            if total > self.PACK_BATCH_BLOB_BUDGET and index:
                 # Revisions below this one go; this one and what follows
                 # stay for the next batches.  Not as garbage: the object
                 # stays (its removal is for the batch of its last revisions).

@@ -879,26 +879,6 @@ class Statements:
         LIMIT %s
     """
     PACK_BATCH_ROWS = "SELECT zoid, below, garbage FROM temp_pack_batch ORDER BY zoid"
-    # The bytes of blob chunks each candidate of a batch would remove, and
-    # the batch cut after one (PackVerbs._within_blob_budget).
-    PACK_BATCH_BLOB_BYTES = """
-        SELECT t.zoid, SUM(LENGTH(b.chunk))
-        FROM temp_pack_batch t
-        JOIN blob_chunk b ON b.zoid = t.zoid AND b.tid < t.below
-        GROUP BY t.zoid
-        ORDER BY t.zoid
-    """
-    PACK_BATCH_CUT = "DELETE FROM temp_pack_batch WHERE zoid > %s"
-    PACK_BATCH_CUT_BEFORE = "DELETE FROM temp_pack_batch WHERE zoid >= %s"
-    PACK_BATCH_FIRST = "SELECT MIN(zoid) FROM temp_pack_batch"
-    PACK_BATCH_ROW = "SELECT below, garbage FROM temp_pack_batch WHERE zoid = %s"
-    PACK_BLOB_BYTES_BY_REVISION = """
-        SELECT tid, SUM(LENGTH(chunk)) FROM blob_chunk
-        WHERE zoid = %s AND tid < %s
-        GROUP BY tid
-        ORDER BY tid
-    """
-    PACK_BATCH_LOWER = "UPDATE temp_pack_batch SET below = %s, garbage = 0 WHERE zoid = %s"
     # Upward-closed batches (PackVerbs.prepare_pack_batch).  The references
     # between garbage candidates, by the referenced object, once per
     # deletion: object_ref has no index on to_zoid.

@@ -252,8 +252,10 @@ class CachedBlobs(BlobMode):
 
     def _prune_until_done(self):
         try:
-            # (A process that runs for months opens its storage once.)
-            self.remove_stale_pending()
+            # (A process that runs for months opens its storage once.  Not
+            # the files of commits: one of this process's may be a day old,
+            # a review finding.)
+            self.remove_stale_pending(age=None)
             while True:
                 # (Waits for another process's prune, then counts again.)
                 prune(self.blob_dir, self.cache_size, wait=True)

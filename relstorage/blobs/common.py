@@ -23,11 +23,14 @@ PENDING_PREFIX = 'pending-'
 #: Seconds after which such a file is taken for a killed process's.
 STALE_PENDING_AGE = 24 * 3600
 #: The temporary files of blobs being read from the database into a cache
-#: (cached.py).  A download writes all the time, so one untouched for an
-#: hour was left by a process killed in the middle (a helper agent's
-#: check: nothing removed them, and they count in no cache size).
+#: (cached.py).  A download writes all the time, so one untouched for six
+#: hours was left by a process killed in the middle (a helper agent's
+#: check: nothing removed them, and they count in no cache size).  (Not
+#: one hour: a process suspended meanwhile, or a blob directory on a file
+#: server whose clock is off, would lose a live download: a review
+#: finding.)
 DOWNLOAD_PREFIX = 'download-'
-STALE_DOWNLOAD_AGE = 3600
+STALE_DOWNLOAD_AGE = 6 * 3600
 
 
 class BlobMode:
@@ -97,10 +100,14 @@ class BlobMode:
         of commits, untouched for ``age`` seconds (another process sharing
         the directory may be committing, and a commit's file waits for its
         vote unchanged), and of reads into a cache, untouched for
-        ``download_age`` seconds.  Run when the storage opens, and (a
-        cache) each time it is pruned."""
+        ``download_age`` seconds; None: not those.  Run when the storage
+        opens, and (a cache, reads only) each time it is pruned."""
         now = time.time()
-        limits = {PENDING_PREFIX: now - age, DOWNLOAD_PREFIX: now - download_age}
+        limits = {}
+        if age is not None:
+            limits[PENDING_PREFIX] = now - age
+        if download_age is not None:
+            limits[DOWNLOAD_PREFIX] = now - download_age
         removed = 0
         temp_dir = self.fshelper.temp_dir
         try:

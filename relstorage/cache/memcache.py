@@ -28,6 +28,9 @@ def parse_servers(items):
         # a URL of another scheme, may hold a password: it is shown
         # without, and the int() error, which quotes it, is not kept.)
         shown = redact_secrets(item)
+        if '@' in shown:
+            # (user:password@host, without a scheme: a review finding.)
+            shown = '...@' + shown.rsplit('@', 1)[1]
         if not port.isdigit():
             raise ValueError('cache-servers: %r is not host:port' % (shown,))
         servers.append((host, int(port)))

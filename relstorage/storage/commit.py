@@ -147,6 +147,7 @@ class Commit:
         self.resolved = set()           # oid_ints whose conflict was resolved
         self.fresh = None               # new OIDs nobody else can hold (_claim_fresh)
         self.new_count = 0              # objects stored as new (prev_tid 0), idem
+        self.unallocated_max = -1       # highest OID stored as new and not fresh, idem
         self.restoring = False          # restore(): copy history verbatim
         self.undone = set()             # oid_ints restored without a state
         self.btxn = blobs.begin() if blobs is not None else None
@@ -323,8 +324,14 @@ class Commit:
             # mark tells other processes that objects may be gone.
             adapter.pack_delete(conn, sorted(self.undone), [], self.tid)
             adapter.bump_pack_mark(conn)
-        if tstore.max_oid >= 0:
-            adapter.note_oids_used(tstore.max_oid)
+        if self.unallocated_max >= 0:
+            # Only objects created under OIDs this process did not hand out
+            # (copies, restores): an object that exists was created under an
+            # OID the counter handed out, or by a copy that moved it past.
+            # (A helper agent's check: every process's first commit, even
+            # of changes only, read the counter, which on PostgreSQL needs
+            # SELECT on zoid_seq where USAGE is what allocating needs.)
+            adapter.note_oids_used(self.unallocated_max)
         if writes_data:
             # Where the COMMIT still writes pages (SQLite), a disk that
             # cannot take them fails the vote, not the finish (after the
@@ -474,11 +481,14 @@ class Commit:
         if self.fresh is None:
             if self.restoring:
                 self.fresh = frozenset()
+                self.unallocated_max = self.tstore.max_oid
             else:
                 new = [oid for oid, prev_tid in self.tstore.prev_tids() if not prev_tid]
                 self.new_count = len(new)
                 # (Nothing to claim, such as an empty commit: no lock taken.)
                 self.fresh = self.adapter.claim_fresh_oids(new) if new else frozenset()
+                self.unallocated_max = max((oid for oid in new if oid not in self.fresh),
+                                           default=-1)
         return self.fresh
 
     def _new_rows(self, fresh):

@@ -161,7 +161,8 @@ class RelStorage(ConflictResolvingStorage):
                     raise StorageError(
                         "The schema at %s has no blob_chunk table, so blobs cannot be "
                         "kept in the database; use shared-blob-dir true or recreate the "
-                        "schema." % adapter.describe())
+                        "schema.%s" % (adapter.describe(),
+                                       adapter.hidden_tables_hint('blob_chunk')))
                 if self._blobs is not None:
                     self._blobs.check_database(adapter)
                     if self._blobs.in_database:

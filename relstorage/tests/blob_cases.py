@@ -306,9 +306,9 @@ class BlobCacheTests(BlobCase):
         # A helper agent's check: a process killed while it read a blob
         # into its cache left a download-*.tmp as large as what it had
         # read, which nothing removed or counted.  A download writes all
-        # the time: one untouched for an hour is gone when a storage opens
-        # the directory, and, in a process that keeps running, when the
-        # cache is next pruned.
+        # the time: one untouched for six hours is gone when a storage
+        # opens the directory, and, in a process that keeps running, when
+        # the cache is next pruned.
         blob_dir = os.path.join(self.tmp, 'killed-reads')
         self.blob_storage(blob_dir=blob_dir).close()
         tmp = os.path.join(blob_dir, 'tmp')
@@ -317,10 +317,10 @@ class BlobCacheTests(BlobCase):
             for name in names:
                 with open(os.path.join(tmp, name), 'wb') as f:
                     f.write(b'x' * 1000)
-            two_hours_ago = time.time() - 2 * 3600
+            then = time.time() - 7 * 3600
             for name in names:
                 if 'old' in name:
-                    os.utime(os.path.join(tmp, name), (two_hours_ago, two_hours_ago))
+                    os.utime(os.path.join(tmp, name), (then, then))
         leave('download-old1.tmp', 'download-new1.tmp')
         storage = self.blob_storage(blob_dir=blob_dir, blob_cache_size=100 * 1000,
                                     blob_cache_size_check=1)

@@ -429,11 +429,11 @@ class PackBehaviourTests(PackCase):
         # A helper agent's check (SQLite, where a batch holds the commit
         # lock for all of its deletions): five 300 MB revisions of one blob
         # went in one batch that held the lock 4.5 s, and a commit waited
-        # 5 s.  Batches now remove at most PACK_BATCH_BLOB_BYTES of chunks
+        # 5 s.  Batches now remove at most PACK_BATCH_BLOB_BUDGET of chunks
         # (an object's oldest revisions first, when its own pass it); what
         # they keep and remove is the same.
         from relstorage.adapters.packing import PackVerbs
-        self.patch(PackVerbs, 'PACK_BATCH_BLOB_BYTES', 100 * 1000)
+        self.patch(PackVerbs, 'PACK_BATCH_BLOB_BUDGET', 100 * 1000)
         db = self.db(blob_dir=os.path.join(self.tmp, 'blobs'), shared_blob_dir=False)
         tids = []
         for i in range(5):
@@ -441,6 +441,11 @@ class PackBehaviourTests(PackCase):
                 if i:
                     with conn.root()['big'].open('w') as f:
                         f.write(b'%d' % i * 70 * 1000)
+                    if i < 3:
+                        # Garbage whose revisions pass the budget together
+                        # (removed in parts while still garbage).
+                        with conn.root()['gone0'].open('w') as f:
+                            f.write(b'h' * 60 * 1000)
                 else:
                     conn.root()['big'] = Blob(b'0' * 70 * 1000)
                     for j in range(3):
@@ -454,12 +459,14 @@ class PackBehaviourTests(PackCase):
         report = db.storage.run_pack(time.time() + 1, referencesf)
         self.assertEqual(report.objects_removed, 3)
         # (And two old revisions of the root in history.)
-        self.assertEqual(report.revisions_removed, (3 + 4 + 2) if self.keep_history else 3)
-        self.assertEqual(report.blobs_removed, (3 + 4) if self.keep_history else 3)
+        self.assertEqual(report.revisions_removed,
+                         (3 + 2 + 4 + 2) if self.keep_history else 3)
+        self.assertEqual(report.blobs_removed, (3 + 2 + 4) if self.keep_history else 3)
         if self.factory.name.startswith('sqlite'):
             # (One batch each: 60 KB + 60 KB is past 100 KB; the old
-            # revisions of 'big', 280 KB, in three passes.)
-            self.assertGreaterEqual(report.batches, 3 + (3 if self.keep_history else 0))
+            # revisions of 'big', 280 KB, in three passes, of 'gone0', 180
+            # KB, in two.)
+            self.assertGreaterEqual(report.batches, 3 + (4 if self.keep_history else 0))
         with db.transaction() as conn:
             with conn.root()['big'].open() as f:
                 self.assertEqual(f.read(), b'4' * 70 * 1000)

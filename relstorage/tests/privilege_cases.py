@@ -55,6 +55,30 @@ class PackPrivilegeCases:
         finally:
             app.close()
 
+    def test_a_new_process_commits_changes_with_the_least_rights(self):
+        # A helper agent's check (PostgreSQL, USAGE on the OID sequence):
+        # the first commit of a process that only changed objects failed
+        # ("permission denied for sequence zoid_seq"): it read the
+        # sequence to be sure no OID it stored was ahead of it.
+        owner = self.db(True)
+        try:
+            with owner.transaction() as conn:
+                conn.root()['x'] = PersistentMapping(v=1)
+        finally:
+            owner.close()
+        self.grant()
+        for value in (2, 3):
+            app = self.db(False)
+            try:
+                with app.transaction() as conn:
+                    conn.root()['x']['v'] = value
+                    if value == 3:
+                        conn.root()['y'] = PersistentMapping(v=value)
+                with app.transaction() as conn:
+                    self.assertEqual(conn.root()['x']['v'], value)
+            finally:
+                app.close()
+
     def test_a_user_without_rights_is_told_which_database_refused(self):
         # A helper agent's check: a user that may log in, with no right on
         # the tables, got the driver's bare error at open, naming neither

@@ -1043,15 +1043,42 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
         self.factory.admin_query('DROP DATABASE IF EXISTS %s' % self.dbname)
         self.factory.admin_query("DROP USER IF EXISTS '%s'@'%%'" % self.user)
 
-    def db(self, owner):
+    def test_a_table_the_user_may_not_use_is_named_as_such(self):
+        # A helper agent's check: a user granted table by table, all but
+        # one, was told the schema lacked it (history-preserving: "holds a
+        # history-free schema ... set keep-history to match"): MySQL lists
+        # to a user only the tables it may use.
+        import tempfile
+        self.db(True).close()
+        tables = [row[0] for row in self.factory.admin_query(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (self.dbname,))]
+        self.assertIn('blob_chunk', tables)
+        for table in tables:
+            if table == 'blob_chunk':
+                continue
+            self.factory.admin_query("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.%s TO '%s'@'%%'"
+                                     % (self.dbname, table, self.user))
+        self.factory.admin_query("GRANT CREATE TEMPORARY TABLES ON %s.* TO '%s'@'%%'"
+                                 % (self.dbname, self.user))
+        blobs = tempfile.mkdtemp(prefix='relstoragetest_blobs_')
+        self.addCleanup(shutil.rmtree, blobs, True)
+        with self.assertRaises(Exception) as raised:
+            self.db(False, 'blob-dir %s\n' % blobs).close()
+        self.assertIn('has no blob_chunk table', str(raised.exception))
+        self.assertIn('If the table blob_chunk is there, this user has no privilege on it',
+                      str(raised.exception))
+
+    def db(self, owner, more=''):
         import ZODB.config
         params = server_params()
         user, password = ((params['user'], params['passwd']) if owner
                           else (self.user, self.PASSWORD))
         text = ("%%import relstorage\n<zodb>\n<relstorage>\n keep-history false\n"
-                " create-schema %s\n <mysql>\n  driver %s\n  host %s\n  port %d\n"
-                "  db %s\n  user %s\n" % ('true' if owner else 'false', self.factory.driver,
-                                          params['host'], params['port'], self.dbname, user))
+                " create-schema %s\n%s <mysql>\n  driver %s\n  host %s\n  port %d\n"
+                "  db %s\n  user %s\n" % ('true' if owner else 'false', more,
+                                          self.factory.driver, params['host'], params['port'],
+                                          self.dbname, user))
         if password:
             text += '  passwd %s\n' % password
         return ZODB.config.databaseFromString(text + " </mysql>\n</relstorage>\n</zodb>\n")

@@ -956,6 +956,31 @@ class TestPasswordsStayOut(unittest.TestCase):
         # A password holding an @ (accepted, and it works): its repr.
         options = Options(cache_servers='redis://:%s@x@127.0.0.1:6379/0' % self.SECRET)
         self.assertNotIn('x@127', repr(options))
+        # (Review findings: a user name holding an @; memcached's
+        # user:password@host without a scheme.)
+        self.assertNotIn(self.SECRET,
+                         redact_secrets('postgresql://admin@srv:%s@db/zodb' % self.SECRET))
+        text = self._storage_error('cache-servers user:%s@127.0.0.1:11211\n%s'
+                                   % (self.SECRET, pg))
+        self.assertIn("'...@127.0.0.1:11211' is not host:port", text)
+
+    def test_an_at_sign_elsewhere_is_no_password(self):
+        # A review finding: URLs without user:password whose path or query
+        # holds an @ (a Kerberos principal, Azure's user@server) were
+        # refused as passwords not percent-encoded.
+        from relstorage.options import password_not_encoded
+        for url in ('postgresql://dbhost/zodb?user=alice@EXAMPLE.COM',
+                    'postgresql://dbhost:5432/zodb?user=admin@srv',
+                    'postgresql:///zodb?host=/var/run/postgresql&user=admin@srv',
+                    'sqlite:///srv/app@prod/data',
+                    'redis://host:6379/0?client_name=a@b',
+                    'postgresql://u:pw@host/db'):
+            with self.subTest(url=url):
+                self.assertFalse(password_not_encoded(url))
+        for url in ('postgresql://u:pa?ss@host/db', 'redis://:pw/x@host:6379/0',
+                    'mysql://u:ab#cd@host/db'):
+            with self.subTest(url=url):
+                self.assertTrue(password_not_encoded(url))
 
     def test_postgresql_dsn(self):
         port = self._free_port()

@@ -436,6 +436,7 @@ NOT_DRIVEN = {
     'writers_waiting',          # no SQL (a file lock, where the commit lock is the write lock)
     'snapshot_ended',           # no SQL (SQLite's upkeep of its write-ahead log)
     'refusal',                  # no SQL (which errors are a missing grant)
+    'hidden_tables_hint',       # no SQL (a message's text)
     'check_metadata_room',      # no SQL (MySQL's max_allowed_packet)
     'step_off_server',          # no SQL (replica-conf's choice of server)
     'back_after_timeout',       # the same

@@ -717,6 +717,50 @@ class SqliteConfigTests(unittest.TestCase):
         self.assertIn('%s is not writable' % data_dir, str(raised.exception))
         self.assertIn('main.sqlite3', str(raised.exception))
 
+    def test_files_this_process_may_not_write_are_named_at_open(self):
+        # A helper agent's check: with database files not writable by the
+        # process (mode 444, another user's -wal/-shm left by a read-only
+        # storage), the storage opened, and every commit failed with
+        # SQLite's bare "attempt to write a readonly database".  Run in a
+        # process without root's capabilities, which ignore file modes.
+        data_dir = os.path.join(self.tmp, 'data')
+        db = ZODB.config.databaseFromString(zconfig(data_dir))
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        db.close()
+        script = textwrap.dedent('''
+            import sys, ZODB.config
+            from relstorage.interfaces import RelStorageError
+            try:
+                ZODB.config.databaseFromString(sys.argv[1]).close()
+            except RelStorageError as exc:
+                print(exc)
+            else:
+                print('opened')
+            ''')
+        argv = [sys.executable, '-c', script]
+        if os.getuid() == 0:
+            argv = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] + argv
+        for name in ('main.sqlite3', 'oids.sqlite3'):
+            path = os.path.join(data_dir, name)
+            with self.subTest(name=name):
+                os.chmod(path, 0o444)
+                try:
+                    out = subprocess.run(argv + [zconfig(data_dir)], capture_output=True,
+                                         text=True, check=True).stdout
+                    self.assertIn('%s is not writable by this process' % name, out)
+                    out = subprocess.run(argv + [zconfig(data_dir, 'read-only true')],
+                                         capture_output=True, text=True, check=True).stdout
+                    self.assertEqual(out.strip(), 'opened')
+                finally:
+                    os.chmod(path, 0o644)
+                    # (SQLite gives its -wal and -shm files the mode of the
+                    # database file: those the read-only storage left are
+                    # not writable either.)
+                    for left in ('-wal', '-shm'):
+                        if os.path.exists(path + left):
+                            os.chmod(path + left, 0o644)
+
     def test_a_layout_marker_of_other_bytes_is_named(self):
         # A review finding: a blob-dir .layout (or .relstorage-database)
         # of bytes that are not text raised a bare UnicodeDecodeError.

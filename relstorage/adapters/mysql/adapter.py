@@ -312,6 +312,9 @@ class MySQLAdapter(Adapter):
     def required_tables(self):
         return super().required_tables() | {'new_oid'}
 
+    # information_schema lists the tables a user has some privilege on.
+    lists_usable_tables_only = True
+
     def list_tables(self, conn):
         names = set()
         other_engines = []

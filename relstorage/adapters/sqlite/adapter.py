@@ -162,6 +162,7 @@ class Sqlite3Adapter(Adapter):
                     "storage creates none" % (self.data_dir, MAIN_DB))
         else:
             self.data_dir = ensure_directory('data-dir', data_dir)
+            self._check_writable_files()
         self._reset_oid_state()
         self._waiting_probe = None      # (writers_waiting)
         self._pack_probe = None         # (pack_running)
@@ -174,6 +175,22 @@ class Sqlite3Adapter(Adapter):
         self._wal_retry = None          # (snapshot_ended) (monotonic time, delay)
         self._wal_keeper_lock = threading.Lock()
         self._in_use = self._mark_in_use()
+
+    def _check_writable_files(self):
+        """A helper agent's check: with files of the database that this
+        process may not write (mode 444, another user's; the -wal and -shm
+        that a read-only storage run by another user left), the storage
+        opened and read, and every commit failed with SQLite's bare
+        "attempt to write a readonly database"."""
+        for name in (MAIN_DB, MAIN_DB + '-wal', MAIN_DB + '-shm', OID_DB):
+            path = os.path.join(self.data_dir, name)
+            if os.path.exists(path) and not os.access(path, os.W_OK):
+                raise RelStorageError(
+                    "data-dir %s: %s is not writable by this process (uid %d), and a "
+                    "storage that commits writes it: give every process that uses the "
+                    "database the same user (SQLite's -wal and -shm files too), or "
+                    "open it with read-only true to read only"
+                    % (self.data_dir, name, os.getuid()))
 
     def _mark_in_use(self):
         """The closing of the lock's file, called by close() or when the

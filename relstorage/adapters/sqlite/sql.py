@@ -20,6 +20,29 @@ class SqliteStatements(Statements):
         ON CONFLICT (zoid) DO UPDATE SET tid = excluded.tid
     """
 
+    # The bytes of blob chunks each candidate of a batch would remove, and
+    # the batch cut after one (PackVerbs._within_blob_budget: only where a
+    # batch holds the commit lock for all of its deletions).
+    PACK_BATCH_BLOB_BYTES = """
+        SELECT t.zoid, SUM(LENGTH(b.chunk))
+        FROM temp_pack_batch t
+        JOIN blob_chunk b ON b.zoid = t.zoid AND b.tid < t.below
+        GROUP BY t.zoid
+        ORDER BY t.zoid
+    """
+    PACK_BATCH_CUT = "DELETE FROM temp_pack_batch WHERE zoid > %s"
+    PACK_BATCH_CUT_BEFORE = "DELETE FROM temp_pack_batch WHERE zoid >= %s"
+    PACK_BATCH_FIRST = "SELECT MIN(zoid) FROM temp_pack_batch"
+    PACK_BATCH_ROW = "SELECT below, garbage FROM temp_pack_batch WHERE zoid = %s"
+    PACK_BLOB_BYTES_BY_REVISION = """
+        SELECT tid, SUM(LENGTH(chunk)) FROM blob_chunk
+        WHERE zoid = %s AND tid < %s
+        GROUP BY tid
+        ORDER BY tid
+    """
+    PACK_BATCH_LOWER = "UPDATE temp_pack_batch SET below = %s, garbage = 0 WHERE zoid = %s"
+
+
     MOVE_FROM_TEMP_HF = """
         INSERT INTO object_state (zoid, tid, state_size, state)
         SELECT zoid, %s, COALESCE(LENGTH(state), 0), state FROM temp_store WHERE true
