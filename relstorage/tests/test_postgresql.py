@@ -1226,15 +1226,7 @@ class BlobChunkTests(BlobCase):
         with db.transaction() as conn:
             blob = conn.root()['blob'] = Blob()
             blob.consumeFile(path)
-        # Another storage, its cache empty: every chunk read from the server.
-        reader = ZODB.DB(self.blob_storage('reader-cache', **options))
-        self.addCleanup(reader.close)
-        read = hashlib.sha256()
-        with reader.transaction() as conn:
-            with conn.root()['blob'].open() as f:
-                for part in iter(lambda: f.read(MB), b''):
-                    read.update(part)
-        self.assertEqual(read.hexdigest(), written.hexdigest())
+        self.assertEqual(self._read_back(**options), written.hexdigest())
         own = drivers.select_driver('auto').connect(
             _dsn_with(base_dsn(), dbname=self.factory.dbname), 'oid')
         try:
@@ -1243,6 +1235,19 @@ class BlobChunkTests(BlobCase):
             return cur.fetchall()
         finally:
             own.close()
+
+    def _read_back(self, **options):
+        """The SHA-256 of root['blob'] read by another storage, its cache
+        empty: every chunk read from the server."""
+        import hashlib
+        reader = ZODB.DB(self.blob_storage('reader-cache', **options))
+        self.addCleanup(reader.close)
+        read = hashlib.sha256()
+        with reader.transaction() as conn:
+            with conn.root()['blob'].open() as f:
+                for part in iter(lambda: f.read(MB), b''):
+                    read.update(part)
+        return read.hexdigest()
 
     def test_chunks_are_read_in_parts(self):
         # A chunk larger than one read (BLOB_PART, 16 MB) comes in parts.
@@ -1272,14 +1277,7 @@ class BlobChunkTests(BlobCase):
         expected = hashlib.sha256()
         for _ in range(512):
             expected.update(b'a' * MB)
-        reader = ZODB.DB(self.blob_storage('reader-cache'))
-        self.addCleanup(reader.close)
-        read = hashlib.sha256()
-        with reader.transaction() as conn:
-            with conn.root()['blob'].open() as f:
-                for part in iter(lambda: f.read(MB), b''):
-                    read.update(part)
-        self.assertEqual(read.hexdigest(), expected.hexdigest())
+        self.assertEqual(self._read_back(), expected.hexdigest())
 
     def test_chunks_no_larger_than_postgresql_carries(self):
         with self.assertLogs('relstorage.blobs.cached', 'WARNING') as logs:
