@@ -747,6 +747,30 @@ class ConnectionErrorTests(unittest.TestCase):
         adapter = self.adapter('host=127.0.0.1 connect_timeout=4')
         self.assertEqual(adapter._params['connect_timeout'], '4')
 
+    def test_silently_dead_networks_are_bounded_by_default(self):
+        # A helper agent's check: a session whose network went silent
+        # (no reset, nothing acknowledged) held a process without limit.
+        # Keepalives and tcp_user_timeout now bound it, unless the DSN
+        # sets its own.
+        import socket
+        dsn = _dsn_with(base_dsn(), host='127.0.0.1')
+        adapter = self.adapter(dsn)
+        raw = adapter.connect('oid')
+        try:
+            sock = socket.socket(fileno=os.dup(raw.fileno()))
+            try:
+                self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE), 60)
+                self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+                                 60000)
+                self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), 1)
+            finally:
+                sock.close()
+        finally:
+            raw.close()
+        adapter = self.adapter(dsn + ' keepalives_idle=300')
+        self.assertEqual(adapter._params['keepalives_idle'], '300')
+        self.assertNotIn('tcp_user_timeout', adapter._params)
+
     def test_unknown_database_is_a_configuration_error(self):
         dsn = _dsn_with(base_dsn(), dbname='relstoragetest_does_not_exist')
         with self.assertRaises(RelStorageError) as cm:

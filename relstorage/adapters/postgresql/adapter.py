@@ -40,6 +40,17 @@ from . import sql
 
 DEFAULT_CONNECT_TIMEOUT = 10
 
+#: libpq's TCP keepalive settings and its limit on data the server leaves
+#: unacknowledged, where the DSN sets none of them: a session whose network
+#: went silently dead (a firewall or NAT that drops idle connections) ends
+#: within about two minutes instead of when the operating system gives up
+#: on it (many minutes; for an idle session, never: a helper agent's check
+#: saw a process wait on such a session without limit).  A server that
+#: answers acknowledges at once however long its query runs.  (Unix
+#: sockets ignore them.)
+DEFAULT_TCP_LIMITS = (('keepalives_idle', '60'), ('keepalives_interval', '10'),
+                      ('keepalives_count', '6'), ('tcp_user_timeout', '60000'))
+
 #: The keywords of libpq's connection strings, which its parse errors
 #: quote and which are no secret (anything else they quote may be).
 DSN_KEYWORDS = frozenset('''
@@ -130,6 +141,8 @@ class PostgreSQLAdapter(Adapter):
         self._password = params.get('password') or None
         if not params.get('connect_timeout'):
             params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
+        if not any(key in params for key, _ in DEFAULT_TCP_LIMITS + (('keepalives', ''),)):
+            params.update(DEFAULT_TCP_LIMITS)
         self._params = params
         self._dsn = self.driver.make_dsn(params)
         self._server_dsns = {}       # servers.Server -> DSN naming that host
