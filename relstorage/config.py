@@ -42,6 +42,13 @@ def _named_datatype(key, datatype, option=None, valid=None):
             if problem:
                 e = '%s: %s' % (value, problem)
             raise ValueError('%s: %s' % (key, e)) from None
+        if datatype == 'existing-dirpath' and result:
+            # ZConfig checks only the parent: the path itself, or a part of
+            # it, may be a file (a helper agent's check: blob-dir naming a
+            # file was refused once the storage had made its schema).
+            problem = not_a_directory(result)
+            if problem:
+                raise ValueError('%s: %s: %s' % (key, value, problem))
         if option is not None:
             result = option.convert(result)
         if valid is not None and result is not None and not valid[0](result):

@@ -143,7 +143,7 @@ OPTIONS = (
            'blob-dir belongs to one database (its file .relstorage-database names '
            'it): a storage of another database refuses it.', active=True),
     Option('blob-cache-size', None, 'byte-size',
-           'Target size of the blob cache; unlimited when unset.', active=True,
+           'Target size of the blob cache; unlimited when unset or 0.', active=True,
            valid=_NOT_NEGATIVE),
     Option('blob-cache-size-check', 10, 'integer',
            'Percentage of blob-cache-size written before checking the cache '
@@ -266,7 +266,8 @@ OPTIONS = (
            replaced_by='cache-local-mb, which bounds the saved cache too'),
     Option('cache-local-dir-compress', None, 'boolean',
            'Compress the cache files.',
-           replaced_by='cache-local-compression, which the saved cache keeps'),
+           replaced_by='cache-local-compression (the in-memory cache; the saved '
+                       'cache file is not compressed)'),
     Option('cache-local-storage', None, 'string',
            'Class of the local cache (a dotted name).',
            replaced_by='the local cache of this release, sized by cache-local-mb'),
@@ -451,7 +452,13 @@ class Options:
         for option in self.OPTIONS:
             value = getattr(self, option.attribute)
             if option.legacy:
-                if value is not None and value != option.default:
+                if option.name == 'pack-dry-run' and value:
+                    # (It still has its effect: a helper agent's check
+                    # found "no longer used" misleading.)
+                    logger.warning('option pack-dry-run is from an earlier release; '
+                                   'replaced by: %s (so nothing is deleted)',
+                                   option.replaced_by)
+                elif value is not None and value != option.default:
                     logger.warning(
                         'option %s is from an earlier release and no '
                         'longer used; replaced by: %s', option.name, option.replaced_by)

@@ -63,7 +63,9 @@ class CachedBlobs(BlobMode):
         self._warned_chunk_max = False
         self.cache_size = options.blob_cache_size
         check = options.blob_cache_size_check or 10
-        self._check_every = (self.cache_size * check // 100) if self.cache_size else None
+        # (At least a byte: a small size made it 0, which meant "never
+        # check", an unlimited cache: a helper agent's check.)
+        self._check_every = max(1, self.cache_size * check // 100) if self.cache_size else None
         self._added = 0
         self._lock = threading.Lock()
         self._pruning = False       # this process's prune is running

@@ -18,6 +18,7 @@ server.  What differs is a small client interface, :class:`Server`, with
 one implementation per protocol (memcache.py and redis_cache.py), chosen by
 :func:`open_shared_cache` from ``cache-servers``.
 """
+import importlib.util
 import logging
 import struct
 import time
@@ -89,6 +90,21 @@ def check_servers(servers, module_name=None):
             raise ValueError('cache-module-name redis needs Redis URLs in cache-servers '
                              '(redis://host:port/db)')
     return items, bool(redis)
+
+
+def missing_client(servers, module_name=None):
+    """What open_shared_cache would refuse for want of its client package
+    (a message), or None; imports nothing.  Checked before the storage
+    touches the database (a helper agent's check: the schema was made,
+    then the storage refused to open)."""
+    if not servers or not servers.strip():
+        return None
+    _items, redis = check_servers(servers, module_name)
+    package = 'redis' if redis else ('pylibmc' if module_name == 'pylibmc' else 'pymemcache')
+    if importlib.util.find_spec(package) is not None:
+        return None
+    return ('cache-servers needs the %s package, which is not installed (pip install %s)'
+            % (package, package))
 
 
 def open_shared_cache(servers, module_name=None, prefix='relstorage'):

@@ -54,7 +54,9 @@ from ZODB.utils import p64
 from ZODB.utils import u64
 
 from ..blobs import make_blobs
+from ..cache.shared import missing_client
 from ..cache.storage_cache import StorageCache
+from ..directories import not_a_directory
 from ..interfaces import DisconnectedError
 from ..interfaces import EarlierSchemaError
 from ..interfaces import RelStorageError as StorageError
@@ -118,6 +120,21 @@ READ_AHEAD_STRIDE = 4
     IStorageCurrentRecordIteration,
     IExternalGC,
 )
+def _check_local_directories(options):
+    """blob-dir and cache-local-dir can be directories (made later, when
+    first used), and the shared cache's client package is there;
+    RelStorageError naming the key otherwise.  (ZConfig checks the
+    directories as the file is parsed; Options made in code are not.)"""
+    for key, path in (('blob-dir', options.blob_dir),
+                      ('cache-local-dir', options.cache_local_dir)):
+        problem = path and not_a_directory(path)
+        if problem:
+            raise StorageError('%s %s: %s' % (key, path, problem))
+    problem = missing_client(options.cache_servers, options.cache_module_name)
+    if problem:
+        raise StorageError(problem)
+
+
 class RelStorage(ConflictResolvingStorage):
     """A ZODB storage keeping pickles in a relational database."""
 
@@ -143,6 +160,9 @@ class RelStorage(ConflictResolvingStorage):
             if create is None:
                 create = options.create_schema
             try:
+                # Before the schema: a configuration refused for them
+                # leaves the database as it was (a helper agent's check).
+                _check_local_directories(options)
                 adapter.prepare_schema(create=create, read_only=self._is_read_only)
                 # Shared by every instance; loads its persistent file, if any.
                 self._cache = StorageCache(options, adapter)
@@ -1281,13 +1301,24 @@ class RelStorage(ConflictResolvingStorage):
                  progress=None):
         """Pack to time ``t`` (see storage/pack.py); returns a PackReport.
         ``gc``, ``prepack_only`` and ``skip_prepack`` default to the
-        pack-gc, pack-prepack-only and pack-skip-prepack options;
+        pack-gc, pack-prepack-only and pack-skip-prepack options (either
+        mode asked for replaces both: zodbpack's --prepack and
+        --use-prepack-state);
         ``progress`` makes a progress display per phase (zodbpack)."""
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         self._check_open()
         from . import pack
         options = self._options
+        # One mode asked for replaces the configuration's other one (they
+        # contradict each other: with both, nothing was analysed and
+        # nothing deleted, a helper agent's check).
+        if prepack_only and skip_prepack:
+            raise ValueError('prepack_only and skip_prepack contradict each other')
+        if prepack_only:
+            skip_prepack = False
+        elif skip_prepack:
+            prepack_only = False
         report = pack.pack(
             self._adapter, options, t, referencesf,
             gc=options.pack_gc if gc is None else gc,

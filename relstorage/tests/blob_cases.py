@@ -56,6 +56,48 @@ class BlobCacheTests(BlobCase):
         self.assertIn('blob-dir', str(cm.exception))
         self.assertIn('%s is a file, not a directory' % not_a_dir, str(cm.exception))
 
+    def test_a_refused_configuration_makes_no_schema(self):
+        # A helper agent's check: blob-dir naming a file, or a shared cache
+        # whose client package is missing, was refused once the storage
+        # had made its schema in the (empty) database.
+        not_a_dir = os.path.join(self.tmp, 'file')
+        with open(not_a_dir, 'w') as f:
+            f.write('x')
+        for options, problem in (
+                (dict(blob_dir=not_a_dir), 'is a file, not a directory'),
+                (dict(cache_local_dir=not_a_dir), 'is a file, not a directory'),
+                (dict(cache_servers='127.0.0.1:11211', cache_module_name='pylibmc'),
+                 'pylibmc package')):
+            with self.subTest(options=options):
+                if options.get('cache_module_name') == 'pylibmc':
+                    import importlib.util
+                    if importlib.util.find_spec('pylibmc') is not None:
+                        continue
+                with self.assertRaises(RelStorageError) as cm:
+                    self.storage(**options)
+                self.assertIn(problem, str(cm.exception))
+                with self.assertRaises(RelStorageError) as cm:
+                    self.storage(create_schema=False)
+                self.assertIn('No RelStorage schema', str(cm.exception))
+
+    def test_a_small_cache_size_is_kept(self):
+        # A helper agent's check: blob-cache-size 5 made the size check
+        # happen every 0 bytes, that is never: an unlimited cache.
+        db = ZODB.DB(self.blob_storage('small', blob_cache_size=5))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            for i in range(10):
+                conn.root()[i] = Blob(b'z' * 50 * 1000)
+        cache = os.path.join(self.tmp, 'small')
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            kept = sum(len([n for n in names if n.endswith('.blob')])
+                       for _, _, names in os.walk(cache))
+            if kept <= 1:
+                break
+            time.sleep(0.05)
+        self.assertLessEqual(kept, 1)
+
     def test_what_a_pack_removes_goes_from_other_caches(self):
         # A helper agent's check: after a pack, a process whose blob cache
         # held removed revisions (and the blob of a removed object) still

@@ -310,6 +310,27 @@ class PrepackTests(PackCase):
         self.assertEqual(self.zodbpack(self.write_config())[0], 0)
         self.assertLess(self.row_counts()['object_state'], before['object_state'])
 
+    def test_zodbpack_mode_replaces_the_configurations(self):
+        # A helper agent's check: --prepack beside pack-skip-prepack true in
+        # the configuration ran no analysis and reported the last one again;
+        # --use-prepack-state beside pack-prepack-only true deleted nothing
+        # and exited 0.  The command line's mode replaces both keys.
+        db = self.db()
+        self.populate(db)
+        skip = self.write_config('pack-skip-prepack true')
+        status, out, err = self.zodbpack('--prepack', skip)
+        self.assertEqual(status, 0, err)
+        self.assertIn('nothing removed', out)
+        before = self.row_counts()
+        only = self.write_config('pack-prepack-only true')
+        status, out, err = self.zodbpack('--use-prepack-state', only)
+        self.assertEqual(status, 0, err)
+        self.assertNotIn('nothing removed', out)
+        self.assertLess(self.row_counts()['object_state'], before['object_state'])
+        with self.assertRaises(ValueError):
+            db.storage.run_pack(time.time(), referencesf, prepack_only=True,
+                                skip_prepack=True)
+
     def test_use_prepack_state_keeps_what_later_commits_relinked(self):
         # The analysis finds 'parent' (with its child) garbage; a commit
         # after it links 'parent' again: the deletion re-checks every

@@ -285,6 +285,14 @@ class TestOptions(unittest.TestCase):
             'is from an earlier release and no longer used; replaced by: '
             'cache-local-dir, which keeps one file per storage',
         ])
+        # (A helper agent's check: pack-dry-run was said to be "no longer
+        # used", and it still keeps the pack from deleting.)
+        with self.assertLogs(logger, logging.INFO) as logs:
+            Options(pack_dry_run=True).log_notices(logger)
+        self.assertEqual(logs.output, [
+            'WARNING:relstorage.tests.inactive:option pack-dry-run is from an earlier '
+            'release; replaced by: pack-prepack-only, which a true value here sets '
+            '(so nothing is deleted)'])
         with mock.patch.object(logger, 'info') as info, \
                 mock.patch.object(logger, 'warning') as warning:
             Options(keep_history=False).log_notices(logger)
