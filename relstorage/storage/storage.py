@@ -111,15 +111,6 @@ def _check_given_tid(tid_int):
 READ_AHEAD_STRIDE = 4
 
 
-@zope.interface.implementer(
-    IStorage,
-    IMVCCStorage,
-    IMultiCommitStorage,
-    IStorageRestoreable,
-    IStorageIteration,
-    IStorageCurrentRecordIteration,
-    IExternalGC,
-)
 def _check_local_directories(options):
     """blob-dir and cache-local-dir can be directories (made later, when
     first used), and the shared cache's client package is there;
@@ -135,6 +126,15 @@ def _check_local_directories(options):
         raise StorageError(problem)
 
 
+@zope.interface.implementer(
+    IStorage,
+    IMVCCStorage,
+    IMultiCommitStorage,
+    IStorageRestoreable,
+    IStorageIteration,
+    IStorageCurrentRecordIteration,
+    IExternalGC,
+)
 class RelStorage(ConflictResolvingStorage):
     """A ZODB storage keeping pickles in a relational database."""
 

@@ -1441,6 +1441,22 @@ class LifecycleTests(FactoryCase):
         storage = self.storage()
         self.assertTrue(verifyObject(IRelStorageAdapter, storage._adapter))
 
+    def test_storage_provides_zodbs_interfaces(self):
+        # (A slip of this session's: a function put between the class and
+        # its @implementer took the declarations away; ZODB then wrapped
+        # the storage in its MVCC adapter, and only a few cache tests
+        # noticed.)
+        from zope.interface.verify import verifyObject
+        from ZODB import interfaces
+        storage = self.storage()
+        for iface in (interfaces.IStorage, interfaces.IMVCCStorage,
+                      interfaces.IMultiCommitStorage, interfaces.IStorageRestoreable,
+                      interfaces.IStorageIteration, interfaces.IStorageCurrentRecordIteration,
+                      interfaces.IExternalGC):
+            with self.subTest(interface=iface.__name__):
+                self.assertTrue(iface.providedBy(storage))
+        self.assertTrue(verifyObject(interfaces.IMVCCStorage, storage))
+
     def test_close_releases_instances_left_open(self):
         # An instance whose ZODB connection was never closed must not keep
         # its database sessions after the storage is closed.
