@@ -186,14 +186,16 @@ class SqliteConfigTests(unittest.TestCase):
         self.assertFalse(os.path.exists(data_dir))
 
     def test_data_dir_that_is_a_file(self):
-        # Regression: os.makedirs's FileExistsError, naming no key.
+        # Regression: os.makedirs's FileExistsError, naming no key.  (Since
+        # a helper agent's check of every key, refused as the file is
+        # parsed, ZConfig's error.)
         path = os.path.join(self.tmp, 'afile')
         with open(path, 'w'):
             pass
-        with self.assertRaises(RelStorageError) as cm:
+        with self.assertRaises((RelStorageError, ZConfig.ConfigurationError)) as cm:
             ZODB.config.databaseFromString(zconfig(path, ''))
-        self.assertIn('data-dir %s: %s is a file, not a directory' % (path, path),
-                      str(cm.exception))
+        self.assertIn('data-dir', str(cm.exception))
+        self.assertIn('%s: %s is a file, not a directory' % (path, path), str(cm.exception))
 
     def test_checked_pragmas_are_applied(self):
         adapter = Sqlite3Adapter(os.path.join(self.tmp, 'data'), pragmas={
