@@ -90,6 +90,21 @@ DEFAULT_PRAGMAS = (
 )
 
 
+def _unwritable(path):
+    """Whether the file at ``path`` is there and this process may not
+    write it.  Asked without opening it: closing a descriptor of a database
+    file drops every POSIX lock this process's SQLite connections hold on
+    it.  Asked again when the answer changes under it: another process's
+    last connection removes its -wal and -shm files when it closes (CI saw
+    one go between an exists() and an access(): "not writable")."""
+    for _ in range(3):
+        if os.access(path, os.W_OK) or not os.path.exists(path):
+            return False
+        if not os.access(path, os.W_OK) and os.path.exists(path):
+            return True
+    return False
+
+
 def _held_elsewhere(handle, mode):
     """Whether a lock that conflicts with ``mode`` (fcntl.LOCK_SH or
     LOCK_EX) is held on ``handle``'s file through another open file
@@ -184,13 +199,14 @@ class Sqlite3Adapter(Adapter):
         "attempt to write a readonly database"."""
         for name in (MAIN_DB, MAIN_DB + '-wal', MAIN_DB + '-shm', OID_DB):
             path = os.path.join(self.data_dir, name)
-            if os.path.exists(path) and not os.access(path, os.W_OK):
-                raise RelStorageError(
-                    "data-dir %s: %s is not writable by this process (uid %d), and a "
-                    "storage that commits writes it: give every process that uses the "
-                    "database the same user (SQLite's -wal and -shm files too), or "
-                    "open it with read-only true to read only"
-                    % (self.data_dir, name, os.getuid()))
+            if not _unwritable(path):
+                continue
+            raise RelStorageError(
+                "data-dir %s: %s is not writable by this process (uid %d), and a "
+                "storage that commits writes it: give every process that uses the "
+                "database the same user (SQLite's -wal and -shm files too), or "
+                "open it with read-only true to read only"
+                % (self.data_dir, name, os.getuid()))
 
     def _mark_in_use(self):
         """The closing of the lock's file, called by close() or when the
