@@ -920,7 +920,7 @@ class PackVerbs:
         return None
 
     def _oldest_revisions_only(self, conn, zoid):
-        below, garbage = conn.query_one(self.q(self.sql.PACK_BATCH_ROW), (zoid,))
+        below = conn.query_value(self.q(self.sql.PACK_BATCH_BELOW), (zoid,))
         total = 0
         revisions = conn.query_all(self.q(self.sql.PACK_BLOB_BYTES_BY_REVISION), (zoid, below))
         for index, (tid, nbytes) in enumerate(revisions):

@@ -6,9 +6,9 @@ selects the client: ``pymemcache`` (the default) or ``pylibmc``.
 import importlib
 import threading
 
+from ..options import redact_secrets
 from .shared import CONNECT_TIMEOUT
 from .shared import TIMEOUT
-from ..options import redact_secrets
 from .shared import Server
 
 

@@ -162,18 +162,13 @@ class PostgreSQLAdapter(Adapter):
             where += ' port %s' % port
         return "PostgreSQL database %r on %s as user %r" % (dbname, where, user)
 
-    def _redact(self, text, shown=''):
-        """``text`` (the driver's) without the password, beside ``shown``
-        (what the message says of the database)."""
-        return redact_password(text, self._password, shown)
-
     def classify_error(self, exc):
         return self.driver.classify_error(exc)
 
     def _connect_error(self, exc, server=None):
         where = self.describe(server)
         message = "Cannot connect to %s (driver %s): %s" % (
-            where, self.driver.name, self._redact(_one_line(exc), where))
+            where, self.driver.name, redact_password(_one_line(exc), self._password, where))
         if drivers.connect_error_is_transient(self.driver, exc):
             # Unreachable, refused, timed out, starting up, shutting down,
             # too many clients: worth retrying later.

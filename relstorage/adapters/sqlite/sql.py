@@ -33,7 +33,7 @@ class SqliteStatements(Statements):
     PACK_BATCH_CUT = "DELETE FROM temp_pack_batch WHERE zoid > %s"
     PACK_BATCH_CUT_BEFORE = "DELETE FROM temp_pack_batch WHERE zoid >= %s"
     PACK_BATCH_FIRST = "SELECT MIN(zoid) FROM temp_pack_batch"
-    PACK_BATCH_ROW = "SELECT below, garbage FROM temp_pack_batch WHERE zoid = %s"
+    PACK_BATCH_BELOW = "SELECT below FROM temp_pack_batch WHERE zoid = %s"
     PACK_BLOB_BYTES_BY_REVISION = """
         SELECT tid, SUM(LENGTH(chunk)) FROM blob_chunk
         WHERE zoid = %s AND tid < %s
@@ -41,7 +41,6 @@ class SqliteStatements(Statements):
         ORDER BY tid
     """
     PACK_BATCH_LOWER = "UPDATE temp_pack_batch SET below = %s, garbage = 0 WHERE zoid = %s"
-
 
     MOVE_FROM_TEMP_HF = """
         INSERT INTO object_state (zoid, tid, state_size, state)
