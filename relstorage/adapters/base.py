@@ -715,14 +715,12 @@ class Adapter(PackVerbs):
         what is the parent's.  The OIDs the parent reserved
         are the parent's (a helper agent's check: two children forked
         from a process that used its database both created objects under
-        one OID), and so is its OID connection (kept referenced, not
-        closed: closing would speak for the parent's session)."""
+        one OID).  Its connections, the OID connection among them, are
+        marked inherited by then (connections.py): replaced at their next
+        use, never closed."""
         self._oid_lock = threading.Lock()
         self._oid_block = []
         self._fresh_oids = set()
-        if self._oid_conn is not None:
-            _INHERITED_OID_CONNECTIONS.append(self._oid_conn)
-            self._oid_conn = None
 
     def claim_fresh_oids(self, oids):
         """The OIDs of ``oids`` that ``new_oid`` handed out in this process
@@ -1405,7 +1403,6 @@ FRESH_OIDS_MAX = 100000
 
 #: Every adapter of the process, for _after_fork_in_child.
 _ADAPTERS = weakref.WeakSet()
-_INHERITED_OID_CONNECTIONS = []
 
 
 def _after_fork_in_child():

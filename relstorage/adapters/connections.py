@@ -13,8 +13,24 @@ driver's own finalizer could run first and find its connection open (psycopg
 3 then warns "deleted while still open").  A ``weakref.finalize`` callback
 runs before any finalizer of the cycle, and holds the driver connection
 itself, which therefore is not part of the cycle.
+
+A child process forked while connections were open (a web server that
+opens the application, and with it ZODB.DB, before it forks its workers:
+``gunicorn --preload``, pyramid_zodbconn at startup) inherits them.  Their
+sockets (or, for SQLite, file handles and locks) are the parent's too: a
+child that went on using them interleaved its statements with the
+parent's on one session (seen: PostgreSQL "the last operation didn't
+produce records", MySQL "Commands out of sync" and a last tid read as 0,
+workers hanging).  So, in a child, every connection open at the fork is
+marked broken and *inherited*: its owner replaces it the next time it
+needs one, as it does for a connection the server dropped, and the
+inherited one is never used again, nor closed: closing would end the
+parent's session (the driver says goodbye to the server on the shared
+socket) or, for SQLite, drop the POSIX locks of the child's own
+connections to that file.  The child keeps them referenced to its end.
 """
 import logging
+import os
 import weakref
 
 log = logging.getLogger(__name__)
@@ -43,6 +59,23 @@ def _finalizer(conn):
     return finalizer
 
 
+#: Every DBConnection of the process, for _after_fork_in_child.
+_OPEN = weakref.WeakSet()
+#: (driver connection, cursor) of the connections a forked child inherited
+#: from its parent: never closed, never collected (see the module's doc).
+_INHERITED = []
+
+
+def _after_fork_in_child():
+    for conn in list(_OPEN):
+        conn.inherited_by_fork()
+
+
+# (Registered before any adapter's hook, which runs after this one: see
+# adapters/base.py.)
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class DBConnection:
     """One driver connection, used by one storage instance at a time."""
 
@@ -53,6 +86,8 @@ class DBConnection:
         self.cursor = raw.cursor()
         self.in_transaction = False
         self.broken = False
+        # The parent process's, in a child forked while it was open.
+        self.inherited = False
         # Whether the temporary tables may hold rows.  They are
         # transactional: a rollback returns them to their state at the last
         # commit (which may include rows, as the DELETE that emptied them is
@@ -79,6 +114,17 @@ class DBConnection:
         # connection.
         self.session_settings = {}
         self._finalizer = _finalizer(self)
+        _OPEN.add(self)
+
+    def inherited_by_fork(self):
+        """(In a child process just forked.)  Never use or close the
+        driver connection again; keep it referenced for good."""
+        if self.inherited:
+            return
+        self._finalizer.detach()
+        _INHERITED.append((self.raw, self.cursor))
+        self.inherited = self.broken = True
+        self.in_transaction = self.holding_locks = False
 
     def adopt(self, other):
         """Take over the driver connection of ``other`` (a new connection
@@ -92,11 +138,18 @@ class DBConnection:
         self.server, self.replica = other.server, other.replica
         self.server_generation = other.server_generation
         self.in_transaction = self.broken = self.holding_locks = False
+        self.inherited = False
         self.temp_dirty = self._temp_dirty_at_commit = False
         self.temp_garbage, self._temp_garbage_at_commit = {}, {}
         self.session_settings = {}
 
     def _run(self, func, *args):
+        if self.inherited:
+            # (Held by something that did not look at ``broken``.)
+            from ..interfaces import DisconnectedError
+            raise DisconnectedError(
+                'The %s connection to %s was opened by the parent of this forked '
+                'process: a new one is needed' % (self.purpose, self.adapter.describe()))
         try:
             return func(*args)
         except Exception as exc:
@@ -169,5 +222,6 @@ class DBConnection:
     def close(self):
         self.in_transaction = self.holding_locks = False
         self._finalizer.detach()
-        _close_driver(self.raw, self.cursor)
+        if not self.inherited:
+            _close_driver(self.raw, self.cursor)
         self.broken = True

@@ -4,6 +4,7 @@
 selects the client: ``pymemcache`` (the default) or ``pylibmc``.
 """
 import importlib
+import os
 import threading
 
 from ..options import redact_secrets
@@ -81,22 +82,31 @@ class PymemcacheServer(Server):
             raise ValueError('cache-servers names memcached servers, but the pymemcache '
                              'package is not installed (pip install '
                              'relstorage[memcache])') from None
-        self.client = PooledClient(address, connect_timeout=CONNECT_TIMEOUT,
-                                   timeout=TIMEOUT, no_delay=True, default_noreply=True)
+        self._make = lambda: PooledClient(address, connect_timeout=CONNECT_TIMEOUT,
+                                          timeout=TIMEOUT, no_delay=True,
+                                          default_noreply=True)
+        self._pid = os.getpid()
+        self._client = self._make()
 
     is_connection_error = staticmethod(_is_memcache_connection_error)
 
+    @property
+    def client(self):
+        return _own_client(self)
+
     def get_many(self, keys):
+        client = self.client
         if len(keys) == 1:
-            return {keys[0]: self.client.get(keys[0])}
-        return self.client.get_many(keys)
+            return {keys[0]: client.get(keys[0])}
+        return client.get_many(keys)
 
     def set_many(self, values, wait):
         # Without noreply pymemcache reads the replies (the keys not stored).
         self.client.set_many(values, noreply=not wait)
 
     def close(self):
-        self.client.close()
+        if self._pid == os.getpid():
+            self._client.close()
 
 
 class PylibmcServer(Server):
@@ -111,20 +121,49 @@ class PylibmcServer(Server):
             raise ValueError('cache-module-name pylibmc, but the pylibmc package is not '
                              'installed (pip install pylibmc, or leave cache-module-name '
                              'unset for pymemcache)') from None
-        self.client = module.Client(['%s:%d' % a for a in addresses], binary=True)
+        self._make = lambda: module.Client(['%s:%d' % a for a in addresses], binary=True)
+        self._pid = os.getpid()
+        self._client = self._make()
         # A pylibmc client is not thread-safe.
         self._lock = threading.Lock()
 
     is_connection_error = staticmethod(_is_memcache_connection_error)
 
+    @property
+    def client(self):
+        return _own_client(self)
+
     def get_many(self, keys):
+        client = self.client        # (before the lock: see _own_client)
         with self._lock:
-            return self.client.get_multi(keys)
+            return client.get_multi(keys)
 
     def set_many(self, values, wait):
+        client = self.client
         # pylibmc's set_multi always waits for its replies.
         with self._lock:
-            self.client.set_multi(values)
+            client.set_multi(values)
 
     def close(self):
-        self.client.disconnect_all()
+        if self._pid == os.getpid():
+            self._client.disconnect_all()
+
+
+#: Clients a forked child inherited (see _own_client): kept, never closed.
+_INHERITED = []
+
+
+def _own_client(server):
+    """``server``'s client, made again in a child process forked after it
+    was made: the parent's sockets are not the child's to use (two
+    processes reading replies from one socket take each other's), nor to
+    close (the parent's goes on using them).  The parent's client is kept
+    referenced, so that nothing closes its sockets."""
+    if server._pid != os.getpid():
+        _INHERITED.append(server._client)
+        server._client = server._make()
+        server._pid = os.getpid()
+        # (Possibly held by a thread of the parent as it forked.)
+        if hasattr(server, '_lock'):
+            server._lock = threading.Lock()
+    return server._client

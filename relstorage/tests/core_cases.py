@@ -1523,6 +1523,78 @@ class RootStorageTests(FactoryCase):
         self.addCleanup(db.close)
         return db
 
+    def test_workers_forked_after_the_database_was_opened(self):
+        # A web server that opens the application, and with it ZODB.DB,
+        # before it forks its workers (gunicorn --preload, pyramid_zodbconn
+        # at startup): the workers took the pooled ZODB connection, and
+        # with it the parent's database sessions.  Seen before the fix:
+        # PostgreSQL "the last operation didn't produce records" and hung
+        # workers, MySQL "Commands out of sync" and a last tid read as 0.
+        # Each child now opens sessions of its own; the parent's go on.
+        if hasattr(self.factory, 'zconfig_adapter'):
+            import ZODB.config
+            db = ZODB.config.databaseFromString(
+                '%%import relstorage\n<zodb>\n<relstorage>\n keep-history %s\n%s'
+                '</relstorage>\n</zodb>\n' % ('true' if self.keep_history else 'false',
+                                             self.factory.zconfig_adapter()))
+            self.addCleanup(db.close)
+        else:
+            db = self.db()
+        names = ('parent', 'child0', 'child1')
+        with db.transaction() as conn:
+            for name in names:
+                conn.root()[name] = PersistentMapping(n=-1)
+        # The parent also holds a connection in the middle of a
+        # transaction as it forks.
+        parent_tm = transaction.TransactionManager()
+        parent_conn = db.open(parent_tm)
+        self.assertEqual(parent_conn.root()['parent']['n'], -1)
+        rounds = 15
+        children = []
+        for name in names[1:]:
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(read)
+                    try:
+                        for i in range(rounds):
+                            tm = transaction.TransactionManager()
+                            conn = db.open(tm)
+                            try:
+                                conn.root()[name]['n'] = i
+                                tm.commit()
+                            finally:
+                                tm.abort()
+                                conn.close()
+                        code = 0
+                    except BaseException as exc:   # pylint:disable=broad-except
+                        os.write(write, repr(exc).encode()[:2000])
+                finally:
+                    os._exit(code)
+            os.close(write)
+            children.append((pid, read))
+        for i in range(rounds):
+            parent_conn.root()['parent']['n'] = i
+            parent_tm.commit()
+        parent_conn.close()
+        for pid, read in children:
+            with os.fdopen(read, 'rb') as pipe:
+                said = pipe.read().decode()
+            _, status = os.waitpid(pid, 0)
+            self.assertEqual(status, 0, said)
+        other = ZODB.DB(self.storage())
+        try:
+            with other.transaction() as conn:
+                self.assertEqual({name: conn.root()[name]['n'] for name in names},
+                                 dict.fromkeys(names, rounds - 1))
+        finally:
+            other.close()
+        # And the parent's own sessions still work.
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['child1']['n'], rounds - 1)
+
     def test_commit_on_a_historical_connection(self):
         # A helper agent's check: ReadOnlyError, where FileStorage and
         # RelStorage 4.3 raise ReadOnlyHistoryError (a subclass of it).

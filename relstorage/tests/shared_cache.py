@@ -83,6 +83,41 @@ class SharedCacheTests(SqliteCacheCase):
         stats = client.stats()
         self.assertEqual((stats['hits'], stats['misses'], stats['errors']), (4, 2, 0))
 
+    def test_a_forked_child_talks_to_the_server_on_sockets_of_its_own(self):
+        # A web server forking its workers after the application opened
+        # the database (gunicorn --preload): with the parent's sockets,
+        # two processes asking at once read each other's replies.
+        client = self.client()
+        client.set_many({(1, 1): b'warm'})
+        self.assertEqual(client.get(1, 1), b'warm')
+
+        def hammer(oid):
+            wrong = 0
+            for i in range(400):
+                value = b'%d-%d' % (oid, i)
+                client.set_many({(oid, i): value, (oid, i + 100000): value}, wait=True)
+                got = client.get_many([(oid, i), (oid, i + 100000)])
+                wrong += got != {(oid, i): value, (oid, i + 100000): value}
+            return wrong, client.stats()['errors']
+
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read)
+                os.write(write, b'%d %d' % hammer(2))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        mine = hammer(3)
+        with os.fdopen(read, 'rb') as pipe:
+            theirs = tuple(int(n) for n in pipe.read().split())
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(status, 0)
+        self.assertEqual((mine, theirs), ((0, 0), (0, 0)))
+
     def test_other_process_reads_what_one_committed(self):
         writer, reader = self.storage(), self.storage()
         # More than one batch (SHARED_BATCH) of states.
