@@ -28,7 +28,7 @@ def ensure_directory(key, path):
 
     Raises RelStorageError naming ``key`` when that cannot be done."""
     path = os.path.abspath(os.path.expanduser(path))
-    problem = None
+    problem = error_number = None
     if '\0' in path:
         problem = 'is not a usable path: it holds a NUL byte'
     if problem is None:
@@ -38,11 +38,15 @@ def ensure_directory(key, path):
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
             problem = 'cannot be created: %s' % (exc.strerror or exc)
+            error_number = exc.errno
             if os.path.islink(path) and not os.path.exists(path):
                 # (A helper agent's check: "File exists", of a path that
                 # does not.)
                 problem = ('is a symbolic link to %s, which does not exist'
                            % os.readlink(path))
     if problem is not None:
-        raise RelStorageError('%s %s: %s' % (key, path.replace('\0', '\\0'), problem))
+        error = RelStorageError('%s %s: %s' % (key, path.replace('\0', '\\0'), problem))
+        #: The OS's reason (an errno value), when creating it failed.
+        error.errno = error_number
+        raise error
     return path

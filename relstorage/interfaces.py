@@ -72,6 +72,13 @@ class PermissionDeniedError(RelStorageError):
     grant); the driver's error is its ``__cause__``."""
 
 
+class DatabaseFullError(RelStorageError):
+    """The database ran out of room (its disk, a tablespace): the
+    statement was refused and nothing of it was written.  The driver's
+    error is its ``__cause__``.  Not a TransientError: a retry needs
+    room made first."""
+
+
 class CommitFailedError(RelStorageError):
     """The connection was lost during the database COMMIT of
     ``tpc_finish``, and the server did not commit: nothing of the

@@ -18,6 +18,7 @@ import zope.interface
 
 from ..interfaces import IRelStorageAdapter
 from ..interfaces import NewObjectExistsError
+from ..interfaces import DatabaseFullError
 from ..interfaces import PermissionDeniedError
 from ..interfaces import RelStorageError
 from ..interfaces import EarlierSchemaError
@@ -119,6 +120,8 @@ class Adapter(PackVerbs):
     vendor = 'abstract'
     #: The database's name for people.
     display_name = 'a relational database'
+    #: What to do when it has no room left (DatabaseFullError).
+    full_hint = 'free disk space on the database server'
     #: zodbconvert into a history-free database copies only the current
     #: records (one ``record_iternext`` per object) instead of replaying
     #: every transaction when the source holds at least this many records
@@ -415,7 +418,7 @@ class Adapter(PackVerbs):
             self.servers.replicas_unusable(
                 '%s lacks a table of the schema (%s)' % (conn.server, _one_line(exc)))
             kind = 'disconnect'
-        if kind in ('disconnect', 'permission'):
+        if kind in ('disconnect', 'permission', 'full'):
             where = self.describe() if conn.server is None else self.describe(conn.server)
         if kind == 'disconnect':
             from ..interfaces import DisconnectedError
@@ -429,6 +432,14 @@ class Adapter(PackVerbs):
                 '%s refused a statement: %s (a storage needs the rights to read and '
                 'write RelStorage\'s tables; a read-only one, to read them)'
                 % (where, _one_line(exc)))
+        if kind == 'full':
+            # A helper agent's check: the driver's bare "database or disk
+            # is full" (SQLite, at the move or an OID block), or a line of
+            # PostgreSQL's naming a file of its own, told neither which
+            # database nor that it was out of room.
+            return DatabaseFullError(
+                '%s has no room left (%s: %s): %s'
+                % (where, type(exc).__name__, _one_line(exc), self.full_hint))
         return None
 
     def refusal(self, exc):

@@ -40,6 +40,7 @@ from ..cache.shared import MAX_VALUE
 from ..interfaces import RelStorageError
 from ..options import blob_chunk_bytes
 from .common import DOWNLOAD_PREFIX
+from .common import no_room_error
 from .common import BlobMode
 from .common import database_holds_blobs
 from .common import remove_file
@@ -197,10 +198,14 @@ class CachedBlobs(BlobMode):
                 _rename(opened, path)
             os.rename(temp, path)
             self._note_added(size)
-        except BaseException:
+        except BaseException as exc:
             if opened is not None:
                 opened.close()
             remove_file(temp)
+            named = no_room_error(exc, temp, 'a blob read from the database into the '
+                                  'blob cache')
+            if named is not None:
+                raise named from exc
             raise
         return path if opener is None else opened
 

@@ -1,5 +1,6 @@
 """What both blob modes share: the layout, and the per-transaction record of
 blob files waiting to be committed."""
+import errno
 import logging
 import os
 import re
@@ -31,6 +32,20 @@ STALE_PENDING_AGE = 24 * 3600
 #: finding.)
 DOWNLOAD_PREFIX = 'download-'
 STALE_DOWNLOAD_AGE = 6 * 3600
+
+
+#: OS errors of a file system with no room left for a file being written.
+_NO_ROOM = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
+
+
+def no_room_error(exc, path, what):
+    """For an OSError of a write that found no room (which names no file),
+    the same error naming ``path`` and saying ``what`` the file was for,
+    else None.  (A helper agent's check: a blob commit or read on a full
+    disk failed with a bare "[Errno 28] No space left on device".)"""
+    if isinstance(exc, OSError) and exc.errno in _NO_ROOM and not exc.filename:
+        return OSError(exc.errno, '%s (%s)' % (exc.strerror, what), path)
+    return None
 
 
 class BlobMode:
@@ -87,10 +102,13 @@ class BlobMode:
             # last year is not a killed commit's leftover; see
             # remove_stale_pending.)
             os.utime(target)
-        except BaseException:
+        except BaseException as exc:
             # (A copy cut short by a full disk: its part would stay, and
             # keep the disk full for the next commit.)
             remove_file(target)
+            named = no_room_error(exc, target, 'a blob of the transaction being committed')
+            if named is not None:
+                raise named from exc
             raise
         return target
 

@@ -15,6 +15,7 @@ become wrong; all MVCC reasoning lives in the index.  The local cache can
 be saved to ``cache-local-dir`` on close and is validated against the
 database when it is loaded at start (persistent.py).
 """
+import errno
 import hashlib
 import logging
 import re
@@ -22,6 +23,7 @@ import threading
 import time
 
 from ..directories import ensure_directory
+from ..interfaces import RelStorageError
 from .local import LocalStateCache
 from .shared import HOT_MAX
 from .shared import open_shared_cache
@@ -31,6 +33,8 @@ from . import persistent
 log = logging.getLogger(__name__)
 
 MB = 1024 * 1024
+#: Why a directory could not be made that more room would cure.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 #: States read from the database are sent to the shared cache this many at a time
 #: (and at every poll).
 SHARED_BATCH = 100
@@ -133,8 +137,19 @@ class StorageCache:
             try:
                 # Created like blob-dir: a missing directory would otherwise
                 # only show as a failed write at every close.
-                ensure_directory('cache-local-dir', options.cache_local_dir)
-                self._load_persistent(adapter)
+                try:
+                    ensure_directory('cache-local-dir', options.cache_local_dir)
+                except RelStorageError as exc:
+                    # A helper agent's check: on a full disk a storage
+                    # whose cache directory was not there yet could not
+                    # open.  The cache is a help the storage can do
+                    # without until there is room (a wrong path is still
+                    # refused).
+                    if getattr(exc, 'errno', None) not in _NO_ROOM:
+                        raise
+                    log.warning("%s; the storage opens without its persistent cache.", exc)
+                else:
+                    self._load_persistent(adapter)
             except BaseException:
                 if self.shared is not None:
                     self.shared.close()

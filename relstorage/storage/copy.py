@@ -61,6 +61,7 @@ from ZODB.utils import tid_repr
 from ZODB.utils import u64
 from ZODB.utils import z64
 
+from ..blobs.common import PENDING_PREFIX
 from ..messages import one_line as _one_line
 from .commit import CopiedTransaction
 from .history import MAX_TID
@@ -374,9 +375,20 @@ def _blob_temp_copy(dest, path):
             temp_dir = get_dir()
         except Exception:  # pylint:disable=broad-except
             temp_dir = None
-    fd, name = tempfile.mkstemp(prefix='zodbconvert-', suffix='.blob', dir=temp_dir)
-    with os.fdopen(fd, 'wb') as target, open(path, 'rb') as src:
-        shutil.copyfileobj(src, target, 1 << 20)
+    # Named as a commit's pending blob files are, so that a destination
+    # RelStorage opened after a copy that was killed removes it once it is
+    # a day old (blobs/common.py).
+    fd, name = tempfile.mkstemp(prefix=PENDING_PREFIX + 'zodbconvert-', suffix='.tmp',
+                                dir=temp_dir)
+    try:
+        with os.fdopen(fd, 'wb') as target, open(path, 'rb') as src:
+            shutil.copyfileobj(src, target, 1 << 20)
+    except BaseException:
+        # A helper agent's check: a copy that ran out of room left its
+        # part-written file in blob-dir/tmp for good (the caller only
+        # learns of files this returns).
+        os.unlink(name)
+        raise
     return name
 
 

@@ -378,6 +378,42 @@ class BlobCacheTests(BlobCase):
             time.sleep(0.01)
         self.assertEqual(sorted(os.listdir(tmp)), ['download-new1.tmp'])
 
+    def test_a_read_into_a_full_cache_directory_names_the_file(self):
+        # A helper agent's check: reading a blob into a cache on a full
+        # disk failed with a bare "[Errno 28] No space left on device".
+        # Here the process may not write files past 1 MB (EFBIG, where a
+        # full disk says ENOSPC: the same write fails).
+        import errno
+        import resource
+        import signal
+        db = ZODB.DB(self.blob_storage(blob_dir=os.path.join(self.tmp, 'writer')))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['big'] = Blob(b'z' * (2 << 20))
+        blob_dir = os.path.join(self.tmp, 'reader')
+        reader = ZODB.DB(self.blob_storage(blob_dir=blob_dir))
+        self.addCleanup(reader.close)
+        tm = transaction.TransactionManager()
+        conn = reader.open(tm)
+        blob = conn.root()['big']
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+        try:
+            with self.assertRaises(OSError) as cm:
+                blob.open().close()
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, handler)
+        self.assertEqual(cm.exception.errno, errno.EFBIG)
+        self.assertIn(os.path.join(blob_dir, 'tmp', 'download-'), cm.exception.filename)
+        self.assertIn('into the blob cache', str(cm.exception))
+        self.assertEqual(os.listdir(os.path.join(blob_dir, 'tmp')), [])
+        with blob.open() as f:
+            self.assertEqual(len(f.read()), 2 << 20)
+        tm.abort()
+        conn.close()
+
     def test_an_old_file_stored_as_a_blob_is_not_a_leftover(self):
         # A review finding: a rename keeps the file's time, so a blob
         # consumed from a file of last year looked like a killed commit's

@@ -64,6 +64,45 @@ class PersistentCacheTests(unittest.TestCase):
     def cache_file(self):
         return persistent.cache_path(self.cache_dir, 'test')
 
+    def test_a_cache_directory_that_cannot_be_made_for_lack_of_room(self):
+        # A helper agent's check: on a full disk, a storage whose
+        # cache-local-dir was not there yet did not open ("cannot be
+        # created: No space left on device"): it now opens without the
+        # persistent cache, with a warning, and makes it when there is
+        # room.  (A file system with no inode left here.)
+        import subprocess
+        import ZODB.config
+        small = os.path.join(self.tmp, 'small')
+        os.mkdir(small)
+        mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m,nr_inodes=3',
+                                  'tmpfs', small], capture_output=True, check=False)
+        if mounted.returncode:
+            self.skipTest('cannot mount a tmpfs here: %s' % mounted.stderr.decode().strip())
+        self.addCleanup(subprocess.run, ['umount', small], check=False)
+        fillers = [os.path.join(small, name) for name in ('filler1', 'filler2')]
+        for filler in fillers:
+            os.mkdir(filler)
+        text = ('%%import relstorage\n<zodb>\n<relstorage>\n cache-local-dir %s\n'
+                '<sqlite3>\n data-dir %s\n</sqlite3>\n</relstorage>\n</zodb>\n'
+                % (os.path.join(small, 'cache'), self.data))
+        logger = logging.getLogger('relstorage.cache.storage_cache')
+        with self.assertLogs(logger, logging.WARNING) as logs:
+            db = ZODB.config.databaseFromString(text)
+        try:
+            self.assertIn('No space left on device; the storage opens without its '
+                          'persistent cache', '\n'.join(logs.output))
+            self.fill(db)
+        finally:
+            db.close()
+        for filler in fillers:
+            os.rmdir(filler)
+        db = ZODB.config.databaseFromString(text)
+        try:
+            self.assertEqual(self.read_all(db), [0] * 20)
+        finally:
+            db.close()
+        self.assertTrue(os.listdir(os.path.join(small, 'cache')))
+
     def test_written_on_close_and_reused(self):
         db = self.open_db()
         self.fill(db)

@@ -909,6 +909,43 @@ class ConnectionSettingsTests(MySQLTestCase):
             self.make_storage(keep_history=False)
 
 
+class DiskFullTests(MySQLTestCase):
+
+    def test_a_server_out_of_disk_space_is_named(self):
+        # A helper agent's check (on PostgreSQL and SQLite): a full disk
+        # gave the driver's bare error.  Here a trigger answers the move
+        # into place with MariaDB's own (1021, ER_DISK_FULL).
+        from relstorage.interfaces import DatabaseFullError
+        db = self.make_db()
+        with db.transaction() as conn:
+            conn.root()['kept'] = PersistentMapping(v='kept')
+        other = admin_connect(self.factory.driver, self.factory.db_name)
+        self.addCleanup(other.close)
+        cur = other.cursor()
+        cur.execute("CREATE TRIGGER disk_full BEFORE INSERT ON object_state FOR EACH ROW "
+                    "SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1021, MESSAGE_TEXT = "
+                    "'Disk full (/var/tmp/#sql-temptable.MAI); waiting for someone to free "
+                    "some space... (errno: 28 \"No space left on device\")'")
+        other.commit()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['new'] = PersistentMapping(v='new')
+        with self.assertRaises(DatabaseFullError) as cm:
+            tm.commit()
+        tm.abort()
+        conn.close()
+        message = str(cm.exception)
+        self.assertIn("%s has no room left (" % db.storage._adapter.describe(), message)
+        self.assertIn('Disk full', message)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['kept']['v'], 'kept')
+            self.assertNotIn('new', conn.root())
+        cur.execute("DROP TRIGGER disk_full")
+        other.commit()
+        with db.transaction() as conn:
+            conn.root()['new'] = PersistentMapping(v='new')
+
+
 class VoteLockErrorTests(MySQLTestCase):
     """A lock timeout or deadlock in a statement of the vote other than
     the locking ones is a retryable ConflictError, not the driver's error
@@ -1091,7 +1128,7 @@ class PrivilegeTests(PackPrivilegeCases, unittest.TestCase):
 
 EXTRA_CASES = (ParallelVoteTests, LockTimeoutTests, MultiProcessTests,
                DisconnectTests, LargeStateTests, ConnectionSettingsTests,
-               OidBlockTests, PrivilegeTests, VoteLockErrorTests)
+               OidBlockTests, PrivilegeTests, VoteLockErrorTests, DiskFullTests)
 
 
 # ----------------------------------------------------------------------

@@ -870,6 +870,14 @@ class ErrorTests(unittest.TestCase):
         not_connected = errors._create_exception(errors.ERR_NOT_CONNECTED)
         self.assertEqual(self.classify(not_connected), 'disconnect')
 
+    def test_no_room_errors(self):
+        for code, text in ((1653, 'ORA-01653: unable to extend table RS.OBJECT_STATE by 128 '
+                                  'in tablespace USERS'),
+                           (1691, 'ORA-01691: unable to extend lob segment RS.SYS_LOB by 8 '
+                                  'in tablespace USERS')):
+            with self.subTest(code=code):
+                self.assertEqual(self.classify(oracle_error(text, code)), 'full')
+
     def test_duplicate_key(self):
         # A new object whose row exists (see Adapter.move_into_place).
         self.assertEqual(self.classify(oracle_error(

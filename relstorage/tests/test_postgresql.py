@@ -567,6 +567,64 @@ class ServerDisconnectTests(PGCase):
         storage.tpc_finish(txn)
         self.assertEqual(zodb_unpickle(storage.load(x)[0]).value, 'retried')
 
+    def test_a_server_out_of_disk_space_is_named(self):
+        # A helper agent's check on a server whose disk filled: the error
+        # was PostgreSQL's line about a file of its own ("could not extend
+        # file ..."), naming neither the database nor the cause.  Here a
+        # trigger answers the move into place with the same error
+        # (SQLSTATE 53100, disk_full), from the server.
+        from relstorage.interfaces import DatabaseFullError
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['kept'] = PersistentMapping(v='kept')
+        def drop():
+            conn = db.storage._adapter.open_store()
+            for statement in ("DROP TRIGGER IF EXISTS disk_full ON object_state",
+                              "DROP FUNCTION IF EXISTS disk_full()",
+                              "DROP TABLE IF EXISTS full_flag"):
+                conn.execute(statement)
+            conn.commit()
+            conn.close()
+        drop()
+        self.addCleanup(drop)
+        setup = db.storage._adapter.open_store()
+        try:
+            for statement in (
+                    "CREATE TABLE full_flag (id INT)",
+                    "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                    "BEGIN IF EXISTS (SELECT 1 FROM full_flag) THEN RAISE EXCEPTION "
+                    "'could not extend file \"base/1/2\": No space left on device' "
+                    "USING ERRCODE = 'disk_full', HINT = 'Check free disk space.'; "
+                    "END IF; RETURN NULL; END $$",
+                    "CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON object_state "
+                    "FOR EACH STATEMENT EXECUTE FUNCTION disk_full()",
+                    "INSERT INTO full_flag VALUES (1)"):
+                setup.execute(statement)
+            setup.commit()
+        finally:
+            setup.close()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['kept']['v'] = 'changed'
+        with self.assertRaises(DatabaseFullError) as cm:
+            tm.commit()
+        tm.abort()
+        conn.close()
+        message = str(cm.exception)
+        self.assertIn("%s has no room left (" % db.storage._adapter.describe(), message)
+        self.assertIn('No space left on device', message)
+        self.assertIn('free disk space on the database server', message)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['kept']['v'], 'kept')
+        setup = db.storage._adapter.open_store()
+        setup.execute("DELETE FROM full_flag")
+        setup.commit()
+        setup.close()
+        with db.transaction() as conn:
+            conn.root()['kept']['v'] = 'changed'
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['kept']['v'], 'changed')
+
     def test_a_commit_still_running_when_its_link_went_is_not_said_failed(self):
         # A helper agent's check: a COMMIT that the server was still
         # working on (waiting for a synchronous standby) when the link

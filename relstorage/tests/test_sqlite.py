@@ -126,6 +126,40 @@ class SqliteConfigTests(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def test_a_database_with_no_room_left_says_so(self):
+        # A helper agent's check on a full file system: the commit failed
+        # with the driver's bare "database or disk is full" (from the
+        # move into place, an OID block, zodbconvert), naming no database.
+        # SQLite's max_page_count makes its file full here the same way.
+        from persistent.mapping import PersistentMapping
+        from relstorage.interfaces import DatabaseFullError
+        data_dir = os.path.join(self.tmp, 'data')
+        db = ZODB.config.databaseFromString(zconfig(data_dir))
+        with db.transaction() as conn:
+            conn.root()['kept'] = PersistentMapping(v='kept')
+        db.close()
+        pages = sqlite3.connect(os.path.join(data_dir, 'main.sqlite3')).execute(
+            'PRAGMA page_count').fetchone()[0]
+        db = ZODB.config.databaseFromString(zconfig(
+            data_dir, '', '<pragmas>\n max_page_count %d\n</pragmas>' % (pages + 5)))
+        try:
+            tm = transaction.TransactionManager()
+            conn = db.open(tm)
+            conn.root()['big'] = PersistentMapping(('k%d' % i, os.urandom(1000)) for i in range(200))
+            with self.assertRaises(DatabaseFullError) as cm:
+                tm.commit()
+            tm.abort()
+            conn.close()
+            message = str(cm.exception)
+            self.assertIn("SQLite database in %s has no room left" % data_dir, message)
+            self.assertIn('database or disk is full', message)
+            self.assertIn('free disk space', message)
+            with db.transaction() as conn:
+                self.assertEqual(conn.root()['kept']['v'], 'kept')
+                self.assertNotIn('big', conn.root())
+        finally:
+            db.close()
+
     def test_zconfig_to_db_round_trip(self):
         data_dir = os.path.join(self.tmp, 'data')
         text = zconfig(data_dir, 'keep-history false\ncache-local-mb 5',

@@ -1368,6 +1368,40 @@ class TestRefusals(ConvertTestCase):
                 self.assertEqual(tree_state(blobs), before)
         self.assertFalse(os.path.exists(os.path.join(db.dir, 'main.sqlite3')))
 
+    def test_a_blob_that_cannot_be_copied_leaves_no_temporary_file(self):
+        # A helper agent's check: a copy that ran out of disk space while
+        # writing a blob left the part-written zodbconvert file in the
+        # destination's blob-dir/tmp, and nothing ever removed it.  Here the
+        # console script runs with a limit on the size of the files it may
+        # write (EFBIG where a full disk says ENOSPC).
+        import resource
+        import signal
+        import subprocess
+        import sys
+        src, blobs = self.path('big.fs'), self.path('fs-blobs')
+        db = ZODB.DB(FileStorage(src, blob_dir=blobs))
+        with db.transaction() as conn:
+            conn.root()['big'] = blob = Blob()
+            with blob.open('w') as f:
+                f.write(os.urandom(3 << 20))
+        db.close()
+        dest_blobs = self.path('dest-blobs')
+        conf = self.path('limited.conf')
+        with open(conf, 'w') as f:
+            f.write('%import relstorage\n' + fs_section('source', src, blobs)
+                    + rs_section('destination', self.database(), blob_dir=dest_blobs))
+
+        def limited():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        proc = subprocess.run(
+            [sys.executable, '-c', 'import sys; from relstorage.zodbconvert import main; '
+             'sys.exit(main())', '--no-progress', conf],
+            preexec_fn=limited, capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn('File too large', proc.stderr)
+        self.assertEqual(os.listdir(os.path.join(dest_blobs, 'tmp')), [])
+
     def test_a_source_tid_beyond_the_databases_range_is_named(self):
         # A helper agent's check: said as "the destination already has a
         # later transaction; was it written to during the copy?", of the

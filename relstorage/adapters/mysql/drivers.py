@@ -6,6 +6,8 @@ that bulk uploads can be sized against ``max_allowed_packet``) and which
 exception carries which server error number.  ``classify_error`` maps error
 numbers once, for both drivers.
 """
+import re
+
 from ...interfaces import RelStorageError
 from .. import drivers
 
@@ -33,6 +35,12 @@ LOCK_ERRORS = frozenset((
 #: Access denied: to a database (1044), for a command on a table (1142),
 #: for lack of a global privilege (1227).
 PERMISSION_ERRORS = frozenset((1044, 1142, 1227))
+#: No room: ER_DISK_FULL (1021), ER_RECORD_FILE_FULL ("The table is
+#: full", 1114); and, when the OS error is ENOSPC (28),
+#: ER_ERROR_ON_WRITE (3) and ER_GET_ERRNO (1030, "Got error 28 from
+#: storage engine").
+FULL_ERRORS = frozenset((1021, 1114))
+FULL_IF_ENOSPC_ERRORS = frozenset((3, 1030))
 DUPLICATE_ERRORS = frozenset((
     1062,   # ER_DUP_ENTRY
     1586,   # ER_DUP_ENTRY_WITH_KEY_NAME
@@ -183,7 +191,8 @@ def select_driver(name='auto'):
 
 def classify_error(driver, exc):
     """'lock', 'disconnect', 'duplicate', 'permission', 'missing' (a
-    table) or None for an exception raised by ``driver``."""
+    table), 'full' (no room) or None for an exception raised by
+    ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     errno = driver.errno(exc)
@@ -195,6 +204,9 @@ def classify_error(driver, exc):
         return 'permission'
     if errno in MISSING_TABLE_ERRORS:
         return 'missing'
+    if errno in FULL_ERRORS or (errno in FULL_IF_ENOSPC_ERRORS
+                                and re.search(r'\b(errno|errcode|error):? ?28\b', str(exc), re.I)):
+        return 'full'
     if errno in DISCONNECT_ERRORS or driver.is_closed_error(exc):
         return 'disconnect'
     if errno == OPTION_PREVENTS_STATEMENT and 'read-only' in str(exc):

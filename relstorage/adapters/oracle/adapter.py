@@ -66,6 +66,7 @@ def render_binds(stmt):
 
 class OracleAdapter(Adapter):
     vendor = 'oracle'
+    full_hint = 'extend the tablespace named above, or let it grow'
     # ORA-01795: at most 1000 expressions in a list.
     max_in_list = 1000
     upload_batch = 1000

@@ -35,6 +35,14 @@ LOCK_ERRORS = frozenset((
     30006,   # ORA-30006 resource busy; acquire with WAIT timeout expired
 ))
 DUPLICATE_ERROR = 1   # ORA-00001 unique constraint violated
+FULL_ERRORS = frozenset((
+    1652,    # ORA-01652 unable to extend temp segment
+    1653,    # ORA-01653 unable to extend table
+    1654,    # ORA-01654 unable to extend index
+    1688,    # ORA-01688 unable to extend table partition
+    1691,    # ORA-01691 unable to extend lob segment
+    30036,   # ORA-30036 unable to extend segment in undo tablespace
+))
 DISCONNECT_ERRORS = frozenset((
     28,      # ORA-00028 your session has been killed
     31,      # ORA-00031 session marked for kill
@@ -123,8 +131,8 @@ def error_codes(exc):
 
 
 def classify_error(driver, exc):
-    """'lock', 'disconnect', 'duplicate' or None for an exception raised by
-    ``driver``."""
+    """'lock', 'disconnect', 'duplicate', 'full' (a tablespace) or None for
+    an exception raised by ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     code, full_code = error_codes(exc)
@@ -132,6 +140,8 @@ def classify_error(driver, exc):
         return 'lock'
     if code == DUPLICATE_ERROR:
         return 'duplicate'
+    if code in FULL_ERRORS:
+        return 'full'
     if (code in DISCONNECT_ERRORS or full_code in DISCONNECT_DRIVER_CODES
             or getattr(exc.args[0] if exc.args else None, 'is_session_dead', False)):
         return 'disconnect'

@@ -23,6 +23,7 @@ LOCK_STATES = frozenset((LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED))
 UNIQUE_VIOLATION = '23505'
 INSUFFICIENT_PRIVILEGE = '42501'
 UNDEFINED_TABLE = '42P01'
+DISK_FULL = '53100'
 #: serialization_failure: for a read-only snapshot (a load session), only
 #: a hot standby's "conflict with recovery" (it replayed changes, e.g. a
 #: pack's deletions and their vacuum, that the snapshot needed).
@@ -116,7 +117,8 @@ class Driver:
 
     def classify_error(self, exc):
         """'lock', 'disconnect', 'duplicate', 'permission', 'missing' (a
-        table), 'snapshot' (the server cancelled a snapshot) or None."""
+        table), 'snapshot' (the server cancelled a snapshot), 'full' (its
+        disk) or None."""
         if not isinstance(exc, self.Error):
             return None
         state = self.sqlstate(exc)
@@ -128,6 +130,8 @@ class Driver:
             return 'permission'
         if state == UNDEFINED_TABLE:
             return 'missing'
+        if state == DISK_FULL:
+            return 'full'
         if state == SERIALIZATION_FAILURE:
             return 'snapshot'
         if state is not None:

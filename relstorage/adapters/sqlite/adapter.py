@@ -137,6 +137,7 @@ def _variable_limit():
 class Sqlite3Adapter(Adapter):
     vendor = 'sqlite'
     display_name = 'SQLite'
+    full_hint = 'free disk space on the file system of its data-dir'
     # SQLite writes a record in about 3 us, so the scan of the fast path
     # weighs more against replaying (see Adapter).
     copy_fast_path_thresholds = dict(Adapter.copy_fast_path_thresholds,

@@ -12,12 +12,15 @@ def select_driver(name):
 
 
 def classify_error(exc):
-    """'lock', 'duplicate' or None."""
+    """'lock', 'duplicate', 'full' (no room on the disk) or None."""
     import sqlite3
     if isinstance(exc, sqlite3.OperationalError):
         text = str(exc).lower()
         if 'locked' in text or 'busy' in text:
             return 'lock'
+        # SQLITE_FULL (sqlite_errorcode from Python 3.11 on).
+        if getattr(exc, 'sqlite_errorcode', None) == 13 or 'database or disk is full' in text:
+            return 'full'
     elif isinstance(exc, sqlite3.IntegrityError) and 'UNIQUE constraint failed' in str(exc):
         return 'duplicate'
     return None
