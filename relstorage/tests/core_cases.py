@@ -183,26 +183,9 @@ class TidAndOidTests(FactoryCase):
         # (each went on with the block of OIDs the parent had reserved).
         storage = self.storage()
         first = storage.new_oid()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(read)
-                os.write(write, b''.join(storage.new_oid() for _ in range(3)))
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        got = b''
-        while True:
-            part = os.read(read, 64)
-            if not part:
-                break
-            got += part
-        os.close(read)
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(status, 0)
+        status, got = ForkedChild(
+            lambda: b''.join(storage.new_oid() for _ in range(3))).result()
+        self.assertEqual(status, 0, got)
         child = {got[i:i + 8] for i in range(0, len(got), 8)}
         self.assertEqual(len(child), 3)
         mine = {storage.new_oid() for _ in range(3)}
@@ -619,6 +602,52 @@ class ConcurrencyTests(FactoryCase):
         finally:
             db1.close()
             db2.close()
+
+
+class ForkedChild:
+    """``func()`` run in a child process forked now; ``result()`` waits
+    for it: (exit status, the bytes ``func`` returned, or the repr of what
+    it raised)."""
+
+    def __init__(self, func):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read)
+                try:
+                    said = func() or b''
+                    code = 0
+                except BaseException as exc:   # pylint:disable=broad-except
+                    said = repr(exc).encode()[:2000]
+                with os.fdopen(write, 'wb') as pipe:
+                    pipe.write(said)
+            finally:
+                os._exit(code)
+        os.close(write)
+        self.pid, self._read = pid, read
+
+    def result(self):
+        with os.fdopen(self._read, 'rb') as pipe:
+            said = pipe.read()
+        _, status = os.waitpid(self.pid, 0)
+        return status, said
+
+
+def refused_commit(test, db, change, error):
+    """Commit ``change(root)`` on a new connection of ``db``; assert that
+    it raises ``error``, abort, and return the error's text."""
+    tm = transaction.TransactionManager()
+    conn = db.open(tm)
+    try:
+        change(conn.root())
+        with test.assertRaises(error) as cm:
+            tm.commit()
+    finally:
+        tm.abort()
+        conn.close()
+    return str(cm.exception)
 
 
 def record_calls(obj, name, calls):
@@ -1550,39 +1579,24 @@ class RootStorageTests(FactoryCase):
         parent_conn = db.open(parent_tm)
         self.assertEqual(parent_conn.root()['parent']['n'], -1)
         rounds = 15
-        children = []
-        for name in names[1:]:
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
+
+        def work(name):
+            for i in range(rounds):
+                tm = transaction.TransactionManager()
+                conn = db.open(tm)
                 try:
-                    os.close(read)
-                    try:
-                        for i in range(rounds):
-                            tm = transaction.TransactionManager()
-                            conn = db.open(tm)
-                            try:
-                                conn.root()[name]['n'] = i
-                                tm.commit()
-                            finally:
-                                tm.abort()
-                                conn.close()
-                        code = 0
-                    except BaseException as exc:   # pylint:disable=broad-except
-                        os.write(write, repr(exc).encode()[:2000])
+                    conn.root()[name]['n'] = i
+                    tm.commit()
                 finally:
-                    os._exit(code)
-            os.close(write)
-            children.append((pid, read))
+                    tm.abort()
+                    conn.close()
+        children = [ForkedChild(lambda name=name: work(name)) for name in names[1:]]
         for i in range(rounds):
             parent_conn.root()['parent']['n'] = i
             parent_tm.commit()
         parent_conn.close()
-        for pid, read in children:
-            with os.fdopen(read, 'rb') as pipe:
-                said = pipe.read().decode()
-            _, status = os.waitpid(pid, 0)
+        for child in children:
+            status, said = child.result()
             self.assertEqual(status, 0, said)
         other = ZODB.DB(self.storage())
         try:

@@ -20,6 +20,7 @@ from ZODB.utils import u64
 from ZODB.utils import z64
 
 from relstorage.cache.shared import open_shared_cache
+from relstorage.tests.core_cases import ForkedChild
 from relstorage.tests.test_cache import SqliteCacheCase
 
 
@@ -100,22 +101,11 @@ class SharedCacheTests(SqliteCacheCase):
                 wrong += got != {(oid, i): value, (oid, i + 100000): value}
             return wrong, client.stats()['errors']
 
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(read)
-                os.write(write, b'%d %d' % hammer(2))
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
+        child = ForkedChild(lambda: b'%d %d' % hammer(2))
         mine = hammer(3)
-        with os.fdopen(read, 'rb') as pipe:
-            theirs = tuple(int(n) for n in pipe.read().split())
-        _, status = os.waitpid(pid, 0)
-        self.assertEqual(status, 0)
+        status, said = child.result()
+        self.assertEqual(status, 0, said)
+        theirs = tuple(int(n) for n in said.split())
         self.assertEqual((mine, theirs), ((0, 0), (0, 0)))
 
     def test_other_process_reads_what_one_committed(self):

@@ -51,6 +51,7 @@ from relstorage.storage import RelStorage
 
 from . import suite
 from .core_cases import record_calls
+from .core_cases import refused_commit
 from .core_cases import vote_behind
 from .privilege_cases import PackPrivilegeCases
 
@@ -927,14 +928,9 @@ class DiskFullTests(MySQLTestCase):
                     "'Disk full (/var/tmp/#sql-temptable.MAI); waiting for someone to free "
                     "some space... (errno: 28 \"No space left on device\")'")
         other.commit()
-        tm = transaction.TransactionManager()
-        conn = db.open(tm)
-        conn.root()['new'] = PersistentMapping(v='new')
-        with self.assertRaises(DatabaseFullError) as cm:
-            tm.commit()
-        tm.abort()
-        conn.close()
-        message = str(cm.exception)
+        message = refused_commit(
+            self, db, lambda root: root.update(new=PersistentMapping(v='new')),
+            DatabaseFullError)
         self.assertIn("%s has no room left (" % db.storage._adapter.describe(), message)
         self.assertIn('Disk full', message)
         with db.transaction() as conn:

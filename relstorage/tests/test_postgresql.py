@@ -50,6 +50,7 @@ from .blob_cases import BlobCase
 from .core_cases import FactoryCase
 from .core_cases import begin_store
 from .core_cases import make_objects
+from .core_cases import refused_commit
 from .core_cases import vote_behind
 from .privilege_cases import PackPrivilegeCases
 
@@ -603,14 +604,8 @@ class ServerDisconnectTests(PGCase):
             setup.commit()
         finally:
             setup.close()
-        tm = transaction.TransactionManager()
-        conn = db.open(tm)
-        conn.root()['kept']['v'] = 'changed'
-        with self.assertRaises(DatabaseFullError) as cm:
-            tm.commit()
-        tm.abort()
-        conn.close()
-        message = str(cm.exception)
+        message = refused_commit(self, db, lambda root: root['kept'].update(v='changed'),
+                                 DatabaseFullError)
         self.assertIn("%s has no room left (" % db.storage._adapter.describe(), message)
         self.assertIn('No space left on device', message)
         self.assertIn('free disk space on the database server', message)

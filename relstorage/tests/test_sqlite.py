@@ -30,6 +30,7 @@ from relstorage.options import Options
 
 from . import suite
 from .core_cases import record_calls
+from .core_cases import refused_commit
 from .pack_cases import mock_attr
 
 
@@ -143,14 +144,8 @@ class SqliteConfigTests(unittest.TestCase):
         db = ZODB.config.databaseFromString(zconfig(
             data_dir, '', '<pragmas>\n max_page_count %d\n</pragmas>' % (pages + 5)))
         try:
-            tm = transaction.TransactionManager()
-            conn = db.open(tm)
-            conn.root()['big'] = PersistentMapping(('k%d' % i, os.urandom(1000)) for i in range(200))
-            with self.assertRaises(DatabaseFullError) as cm:
-                tm.commit()
-            tm.abort()
-            conn.close()
-            message = str(cm.exception)
+            message = refused_commit(self, db, lambda root: root.update(big=PersistentMapping(
+                ('k%d' % i, os.urandom(1000)) for i in range(200))), DatabaseFullError)
             self.assertIn("SQLite database in %s has no room left" % data_dir, message)
             self.assertIn('database or disk is full', message)
             self.assertIn('free disk space', message)
