@@ -1130,6 +1130,26 @@ class Adapter(PackVerbs):
         (a retry votes in it) or is about to be rolled back."""
         raise NotImplementedError
 
+    #: Whether the server ends a store session idle in a transaction for
+    #: store_idle_seconds.
+    ends_idle_store_transactions = False
+
+    def store_idle_seconds(self):
+        """How long the server may let a store session sit idle in a
+        transaction before it ends the session, which rolls it back and
+        releases the commit lock and the row locks it holds (servers that
+        can: see set in their store sessions' setup).
+
+        A helper agent's check: a client whose network went silently dead
+        after its vote left the commit lock held on the server until the
+        server noticed the dead peer (PostgreSQL's keepalives: 2 hours by
+        default; MariaDB's wait_timeout: 8 hours), every writer of the
+        database failing meanwhile.  A live commit is never idle that
+        long: between its vote and finish it waits only for the other
+        databases of the transaction, each waiting at most
+        commit-lock-timeout for its own lock."""
+        return max(STORE_IDLE_MIN, 2 * float(self.options.commit_lock_timeout))
+
     def begin_store_checked(self, conn, writes_data=True, durable=True, blobs=True):
         """``begin_store`` (on the server chosen now: see
         ``follow_server``); on single-writer databases this waits for the lock."""
@@ -1407,6 +1427,10 @@ class Adapter(PackVerbs):
             conn.close()
         return old_last, mark
 
+
+#: The shortest idle time in a store transaction that a server ends
+#: (seconds; see Adapter.store_idle_seconds).
+STORE_IDLE_MIN = 60.0
 
 #: At most this many OIDs handed out and not yet stored are remembered
 #: (see Adapter.claim_fresh_oids); about 6 MB.

@@ -192,6 +192,40 @@ class TidAndOidTests(FactoryCase):
         self.assertFalse(child & (mine | {first}), (child, mine, first))
 
 
+class IdleStoreSessionTests(FactoryCase):
+    """A client that goes silent after its vote (its network died, the
+    process froze) does not keep the commit lock for hours: the server
+    ends its session after store_idle_seconds (a helper agent's check saw
+    every writer fail until the server noticed the dead peer)."""
+
+    def test_a_silent_voter_releases_the_commit_lock(self):
+        from relstorage.adapters import base
+        from relstorage.interfaces import CommitFailedError
+        self.addCleanup(setattr, base, 'STORE_IDLE_MIN', base.STORE_IDLE_MIN)
+        base.STORE_IDLE_MIN = 2.0
+        storage = self.storage(commit_lock_timeout=1)
+        if not storage._adapter.ends_idle_store_transactions:
+            self.skipTest('no server here to end an idle session')
+        self.assertEqual(storage._adapter.store_idle_seconds(), 2.0)
+        (oid,), tid = make_objects(storage, 1)
+        silent = begin_store(storage, oid, tid, 'never finished')
+        storage.tpc_vote(silent)
+        other = self.storage(commit_lock_timeout=10)
+        started = time.monotonic()
+        (_,), committed = make_objects(other, 1)
+        waited = time.monotonic() - started
+        self.assertGreater(waited, 1.0)
+        self.assertLess(waited, 9.0)
+        with self.assertRaises(CommitFailedError):
+            storage.tpc_finish(silent)
+        storage.tpc_abort(silent)
+        storage.sync()
+        self.assertEqual(storage.lastTransaction(), committed)
+        self.assertEqual(zodb_unpickle(storage.load(oid)[0]).value, 0)
+        # The next commit of that storage works.
+        self.commit(storage, oid, tid, 'next')
+
+
 class NewObjectCommitTests(FactoryCase):
     """Objects stored as new under OIDs this process's new_oid handed out
     need no row lock and no conflict check; anything else still gets both."""
@@ -2182,4 +2216,4 @@ def hf_variants():
     return tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False}) for c in ALL)
 
 
-CASES = ALL + hf_variants()
+CASES = ALL + hf_variants() + (IdleStoreSessionTests,)

@@ -746,6 +746,44 @@ class ConnectionSettingsTests(MySQLTestCase):
         kwargs.update(changes)
         return MySQLAdapter(options=Options(), driver=self.factory.driver, **kwargs)
 
+    def test_silently_dead_networks_are_bounded(self):
+        # A helper agent's check: a load and a commit hung for as long as
+        # the network stayed silently dead (no reset, nothing
+        # acknowledged), the commit lock held meanwhile.  Keepalives and
+        # TCP_USER_TIMEOUT now bound it, as on PostgreSQL, on every
+        # connection of a storage made from its configuration.
+        import socket
+        import ZODB.config
+        params = self.factory.connect_kwargs()
+        if params.get('unix_socket') or params.get('host') in (None, 'localhost'):
+            self.skipTest('the server is reached through a Unix socket')
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\n keep-history %s\n'
+            '<mysql>\n driver %s\n%s</mysql>\n</relstorage>\n</zodb>\n'
+            % ('true' if self.keep_history else 'false', self.factory.driver,
+               ''.join(' %s %s\n' % (key, value) for key, value in params.items()
+                       if value not in (None, ''))))
+        self._dbs.append(db)
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        adapter = db.storage._adapter
+        conns = [adapter.store_sessions.take(), adapter.load_sessions.take()]
+        try:
+            for conn in conns:
+                raw = conn.raw
+                fd = raw.fileno() if hasattr(raw, 'fileno') else raw._sock.fileno()
+                sock = socket.socket(fileno=os.dup(fd))
+                try:
+                    self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), 1)
+                    self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE), 60)
+                    self.assertEqual(
+                        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT), 60000)
+                finally:
+                    sock.close()
+        finally:
+            adapter.store_sessions.give_back(conns[0])
+            adapter.load_sessions.give_back(conns[1])
+
     def test_no_database_or_a_missing_option_file(self):
         # A helper agent's checks: without db, the server's "No database
         # selected" from deep in the driver; a misspelt read_default_file

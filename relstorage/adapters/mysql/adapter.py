@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 #: Keys accepted by the constructor (those of the <mysql> config section).
 CONNECT_KEYS = drivers.CONNECT_KEYS
 DEFAULT_CONNECT_TIMEOUT = 10
+#: The most seconds MariaDB's idle_write_transaction_timeout takes (a year).
+MAX_IDLE_SECONDS = 31536000
 #: Bytes kept free in every statement for its text and the packet header.
 PACKET_MARGIN = 1024
 #: Bytes of one temp_store row in an upload besides its state's hex digits:
@@ -76,6 +78,9 @@ class ServerInfo:
         self.flavor = 'MariaDB' if self.is_mariadb else 'MySQL'
         #: MariaDB scopes a variable to one statement with SET STATEMENT.
         self.supports_set_statement = self.is_mariadb
+        #: MariaDB (10.3+) ends a session idle in a transaction that wrote
+        #: (idle_write_transaction_timeout).
+        self.ends_idle_writers = self.is_mariadb
         #: Name of the session isolation variable.
         if self.is_mariadb and self.version < (11, 1):
             self.isolation_variable = 'tx_isolation'
@@ -118,6 +123,11 @@ class MySQLAdapter(Adapter):
     temp_garbage_rows = 5000
     # wait_timeout ends a held transaction's idle session.
     holds_locks_for_retry = True
+
+    @property
+    def ends_idle_store_transactions(self):
+        # (Known once connected.)
+        return self.server is not None and self.server.ends_idle_writers
 
     def __init__(self, options=None, driver=None, **connect_kwargs):
         self._params = {}
@@ -212,10 +222,17 @@ class MySQLAdapter(Adapter):
             self._q_cache = {}
             self.server = server
         level = 'REPEATABLE-READ' if purpose == 'load' else 'READ-COMMITTED'
+        settings = "SET time_zone = '+00:00', @@session.%s = '%s'" % (
+            self.server.isolation_variable, level)
+        if purpose == 'store' and self.server.ends_idle_writers:
+            # (See Adapter.store_idle_seconds.  Only transactions that
+            # wrote: a read-only one holds no lock.  MySQL has no such
+            # limit, only wait_timeout, which ends idle sessions too.)
+            settings += ', @@session.idle_write_transaction_timeout = %d' % int(
+                math.ceil(min(self.store_idle_seconds(), MAX_IDLE_SECONDS)))
         cur = raw.cursor()
         try:
-            cur.execute("SET time_zone = '+00:00', @@session.%s = '%s'"
-                        % (self.server.isolation_variable, level))
+            cur.execute(settings)
             cur.execute("SELECT @@session.max_allowed_packet")
             (packet,) = cur.fetchone()
         finally:

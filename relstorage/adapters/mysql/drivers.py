@@ -6,7 +6,9 @@ that bulk uploads can be sized against ``max_allowed_packet``) and which
 exception carries which server error number.  ``classify_error`` maps error
 numbers once, for both drivers.
 """
+import os
 import re
+import socket
 
 from ...interfaces import RelStorageError
 from .. import drivers
@@ -121,6 +123,41 @@ class Driver:
         return '<MySQL driver %s>' % self.name
 
 
+#: TCP settings of every connection's socket, as on PostgreSQL (see
+#: DEFAULT_TCP_LIMITS there): a link that went silently dead (a helper
+#: agent's check: a load and a commit hung for as long as it stayed down,
+#: the commit lock held) ends within about two minutes: keepalive probes
+#: after 60 s idle, every 10 s, 6 of them; data unacknowledged for 60 s.
+#: A server that answers acknowledges at once however long its query
+#: runs.  (Linux names; what the platform lacks is left as it is.)
+TCP_LIMITS = (('TCP_KEEPIDLE', 60), ('TCP_KEEPINTVL', 10), ('TCP_KEEPCNT', 6),
+              ('TCP_USER_TIMEOUT', 60000))
+
+
+def limit_dead_links(fd):
+    """Set TCP_LIMITS on the socket ``fd`` (unless it is a Unix socket)."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in TCP_LIMITS:
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    finally:
+        # (Closes the duplicate only: the driver's descriptor stays open.)
+        sock.close()
+
+
+def _limit_dead_links(conn, fileno):
+    try:
+        limit_dead_links(fileno())
+    except BaseException:
+        conn.close()
+        raise
+
+
 class MySQLdbDriver(Driver):
     name = 'MySQLdb'
     module_name = 'MySQLdb'
@@ -132,7 +169,9 @@ class MySQLdbDriver(Driver):
         kwargs['binary_prefix'] = True
         kwargs.setdefault('charset', 'utf8mb4')
         kwargs['autocommit'] = False
-        return self.module.connect(**kwargs)
+        conn = self.module.connect(**kwargs)
+        _limit_dead_links(conn, conn.fileno)
+        return conn
 
     def bytes_literal_size(self, data):
         # mysql_real_escape_string escapes these seven bytes with a backslash.
@@ -161,7 +200,9 @@ class PyMySQLDriver(Driver):
             kwargs['database'] = kwargs.pop('db')
         kwargs.setdefault('charset', 'utf8mb4')
         kwargs['autocommit'] = False
-        return self.module.connect(**kwargs)
+        conn = self.module.connect(**kwargs)
+        _limit_dead_links(conn, lambda: conn._sock.fileno())
+        return conn
 
     def bytes_literal_size(self, data):
         return 2 * len(data) + 12                 # _binary X'hex'

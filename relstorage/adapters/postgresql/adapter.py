@@ -92,6 +92,8 @@ class PostgreSQLConnectError(DisconnectedError):
 
 class PostgreSQLAdapter(Adapter):
     vendor = 'postgresql'
+    # idle_in_transaction_session_timeout, set in store sessions.
+    ends_idle_store_transactions = True
     has_host = True
     # See sql.TEMP_STORE.  TRUNCATE makes new files for the table (and
     # its TOAST table and indexes), about what ON COMMIT DELETE ROWS cost
@@ -198,6 +200,8 @@ class PostgreSQLAdapter(Adapter):
         setup = []
         if purpose == 'store':
             setup.append("SET lock_timeout = %d" % self._lock_timeout_ms())
+            setup.append("SET idle_in_transaction_session_timeout = %d"
+                         % self._store_idle_ms())
         if purpose == 'load' and self.driver.prepares_explicitly:
             # Saves the server parsing and planning the statement run once
             # per object read (a cold read is one of these per object).
@@ -314,7 +318,12 @@ class PostgreSQLAdapter(Adapter):
                      % max(1, int(seconds * 1000)))
 
     def end_hold(self, conn):
-        conn.execute('SET LOCAL idle_in_transaction_session_timeout TO DEFAULT')
+        # (Not TO DEFAULT: that is the server's setting, not the session's.)
+        conn.execute('SET LOCAL idle_in_transaction_session_timeout = %d'
+                     % self._store_idle_ms())
+
+    def _store_idle_ms(self):
+        return min(PG_MAX_LOCK_TIMEOUT_MS, int(self.store_idle_seconds() * 1000))
 
     # --- pack -----------------------------------------------------------
 
