@@ -58,6 +58,7 @@ FAULT_POINTS lists them in the order a commit reaches them.
 import itertools
 import logging
 import os
+import threading
 import time
 
 from ZODB import POSException
@@ -128,6 +129,8 @@ class Commit:
         self.cache = cache
         self.blobs = blobs
         self.txn = txn
+        #: The thread that began it (see RelStorage._begin_commit).
+        self.thread = threading.get_ident()
         #: (user, description, extension, status) as bytes (status a str).
         self.meta = meta
         #: The tid asked for by tpc_begin (restore), as an int, or None.

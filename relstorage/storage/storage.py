@@ -375,6 +375,15 @@ class RelStorage(ConflictResolvingStorage):
                 self._give_back_load_conn()
                 if attempt == 2:
                     raise
+            except BaseException:
+                # Anything else (an exception thrown into the thread: a
+                # request's timeout, KeyboardInterrupt) leaves no half-begun
+                # snapshot: a helper agent's check saw such sessions idle
+                # in transaction, holding back VACUUM, until garbage
+                # collection (an interrupted db.open() drops its instance).
+                conn.rollback()
+                self._give_back_load_conn()
+                raise
         self._snapshot_open = True
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
@@ -647,6 +656,12 @@ class RelStorage(ConflictResolvingStorage):
     def afterCompletion(self):
         # The end of a transaction, or the ZODB connection was closed: the
         # next snapshot (poll_invalidations) takes a session again.
+        # ZODB calls it once every resource of the transaction has finished
+        # or aborted: a commit still here is left over (see
+        # _abandon_commit), and holds its store session, perhaps locks.
+        stale = self._commit
+        if stale is not None and self._parent is not None:
+            self._abandon_commit(stale)
         with self._lock:
             self._end_snapshot()
             self._give_back_load_conn()
@@ -939,6 +954,15 @@ class RelStorage(ConflictResolvingStorage):
             if self._commit is not None and self._commit.txn is txn:
                 raise POSException.StorageTransactionError(
                     "Duplicate tpc_begin calls for same transaction")
+            stale = self._commit
+        if stale is not None and stale.thread == threading.get_ident():
+            # This thread cannot be in two commits of one storage at once:
+            # the earlier one's transaction ended without its tpc_abort
+            # running to the end (an exception thrown into the thread
+            # there: a helper agent's check saw the next commit wait for
+            # it for good).
+            self._abandon_commit(stale)
+        with self._tpc_cond:
             while self._commit is not None:
                 self._tpc_cond.wait()
             # (What the transaction read came from snapshots at or after
@@ -1108,6 +1132,21 @@ class RelStorage(ConflictResolvingStorage):
                 pending.abort()
         finally:
             self._end_tpc()
+
+    def _abandon_commit(self, pending):
+        """Abort ``pending``, a commit whose transaction is over without
+        its tpc_finish or tpc_abort having run to the end."""
+        log.warning("Aborting a commit of %s left over from a transaction that "
+                    "ended without finishing or aborting it (interrupted?)",
+                    self.getName())
+        try:
+            with self._lock:
+                pending.abort()
+        finally:
+            with self._tpc_cond:
+                current = self._commit is pending
+            if current:
+                self._end_tpc()
 
     def _end_tpc(self):
         if not self._snapshot_open:

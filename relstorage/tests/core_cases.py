@@ -1586,6 +1586,111 @@ class RootStorageTests(FactoryCase):
         self.addCleanup(db.close)
         return db
 
+    def test_a_commit_whose_abort_was_interrupted_is_not_waited_for(self):
+        # A helper agent's check (exceptions thrown into request threads,
+        # as timeouts do): an interrupt in the abort of a failed commit
+        # left the commit in the storage; the connection's next commit
+        # waited for it for good, and its locks stayed held meanwhile.
+        # Here the interrupt lands in ZODB's Connection.tpc_abort, before
+        # it reaches the storage (transaction logs and swallows it).
+        class Interrupt(Exception):
+            pass
+
+        class FailingVote:
+            """A second resource, voting after the storage, that fails."""
+            def sortKey(self):
+                return '~~~ after every ZODB connection'
+
+            def tpc_begin(self, txn):
+                pass
+
+            def commit(self, txn):
+                pass
+
+            def tpc_vote(self, txn):
+                raise Interrupt('the other resource failed its vote')
+
+            def tpc_abort(self, txn):
+                pass
+
+            def abort(self, txn):
+                pass
+
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=0)
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['x']['v'] = 1
+        tm.get().join(FailingVote())
+
+        def interrupted(txn):
+            raise Interrupt('thrown into the thread')
+        conn.tpc_abort = interrupted
+        logging.disable(logging.CRITICAL)
+        try:
+            with self.assertRaises(Interrupt):
+                tm.commit()
+        finally:
+            logging.disable(logging.NOTSET)
+        del conn.tpc_abort
+        tm.abort()
+        # Another writer is not held up by what the abandoned commit had.
+        other = transaction.TransactionManager()
+        other_conn = db.open(other)
+        other_conn.root()['x']['v'] = 2
+        other.commit()
+        other_conn.close()
+        outcome = []
+
+        def next_commit():
+            try:
+                tm.begin()
+                conn.root()['x']['v'] = 3
+                tm.commit()
+                outcome.append('committed')
+            except BaseException as exc:   # pylint:disable=broad-except
+                outcome.append(exc)
+        worker = threading.Thread(target=next_commit, daemon=True)
+        worker.start()
+        worker.join(30)
+        self.assertEqual(outcome, ['committed'])
+        conn.close()
+        with db.transaction() as check:
+            self.assertEqual(check.root()['x']['v'], 3)
+
+    def test_an_interrupted_db_open_leaves_no_session_in_a_transaction(self):
+        # A helper agent's check: an exception thrown into db.open()
+        # while the snapshot began left its database session idle in a
+        # transaction (holding back VACUUM and InnoDB's purge) until
+        # garbage collection, since ZODB drops such a connection.
+        class Interrupt(Exception):
+            pass
+        # (Not closed: ZODB's DB.close() then fails on the connection
+        # whose open() was interrupted, unregistering what it never
+        # registered.  FactoryCase closes the storage.)
+        db = ZODB.DB(self.storage())
+        with db.transaction() as conn:
+            conn.root()['x'] = 1
+        storage = db.storage
+        adapter = storage._adapter
+        marks = adapter.snapshot_marks
+
+        def interrupted(*args, **kw):
+            raise Interrupt('thrown into the thread')
+        adapter.snapshot_marks = interrupted
+        try:
+            with self.assertRaises(Interrupt):
+                db.open()
+        finally:
+            del adapter.snapshot_marks
+        self.assertIs(adapter.snapshot_marks.__func__, marks.__func__)
+        # Every load session is back in the pool, none in a transaction.
+        self.assertEqual(adapter.load_sessions.out_count(), 0)
+        idle = [conn for conn, _ in adapter.load_sessions._idle]
+        self.assertTrue(idle)
+        self.assertFalse([conn for conn in idle if conn.in_transaction])
+
     def test_workers_forked_after_the_database_was_opened(self):
         # A web server that opens the application, and with it ZODB.DB,
         # before it forks its workers (gunicorn --preload, pyramid_zodbconn
