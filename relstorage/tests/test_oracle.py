@@ -449,6 +449,8 @@ NOT_DRIVEN = {
     # Oracle cannot bound an idle transaction (holds_locks_for_retry is
     # false): a conflict always rolls back.
     'lock_hold_seconds', 'hold_locks', 'end_hold',
+    # No SQL (a number; Oracle sets no idle limit: ends_idle_store_transactions).
+    'store_idle_seconds',
 }
 #: Verbs of undo, which only a history-preserving storage has.
 HP_ONLY_VERBS = {'undo_log', 'transaction_packed', 'undo_sources'}
