@@ -699,7 +699,8 @@ class StorageCache:
         started = time.time()
         try:
             snapshot, loaded, dropped, mark, zap = persistent.load_validated(
-                path, adapter, self.local.put, self.index.record, self.database_key)
+                path, adapter, self.local.put_restored, self.index.record,
+                self.database_key)
             # (Ignored: this process's entries replace it, whatever its
             # mark; a review finding: a file of a mark the database, restored
             # from a backup, had not reached was kept as it was for good.)
