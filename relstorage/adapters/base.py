@@ -721,6 +721,25 @@ class Adapter(PackVerbs):
             fresh.add(oid)
             return oid
 
+    def socket_fd(self, raw):
+        """The file descriptor of driver connection ``raw``'s socket, or
+        None (not known, or no socket)."""
+        return None
+
+    def set_aside_inherited(self, raw, cursor):
+        """(In a child process just forked.)  Make the parent's driver
+        connection ``raw`` harmless to the parent (see connections.py);
+        return whether the child must keep it referenced to its end.
+        Here: its socket, in this process, becomes /dev/null."""
+        fd = self.socket_fd(raw)
+        if fd is not None and fd >= 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+        return True
+
     def after_fork_in_child(self):
         """In a child process just forked (os.register_at_fork): forget
         what is the parent's.  The OIDs the parent reserved

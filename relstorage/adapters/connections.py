@@ -24,10 +24,17 @@ produce records", MySQL "Commands out of sync" and a last tid read as 0,
 workers hanging).  So, in a child, every connection open at the fork is
 marked broken and *inherited*: its owner replaces it the next time it
 needs one, as it does for a connection the server dropped, and the
-inherited one is never used again, nor closed: closing would end the
-parent's session (the driver says goodbye to the server on the shared
-socket) or, for SQLite, drop the POSIX locks of the child's own
-connections to that file.  The child keeps them referenced to its end.
+inherited one is never used again.  What happens to it depends on the
+database (``Adapter.set_aside_inherited``): a server connection's socket
+is pointed at /dev/null in the child, so that nothing the driver does
+with it later (its goodbye to the server when it is freed, at the
+child's exit: a helper agent's check saw a worker's normal exit end every
+session of its parent, a commit past its vote among them) reaches the
+parent's session, and the driver's objects are kept to the child's end;
+an SQLite connection is closed at once, before the child opens any of its
+own (its locks are per process: the parent's stay; left open, its
+in-process record of the locks it held kept the child's own connections
+from writing, or the log from starting over).
 """
 import logging
 import os
@@ -117,14 +124,21 @@ class DBConnection:
         _OPEN.add(self)
 
     def inherited_by_fork(self):
-        """(In a child process just forked.)  Never use or close the
-        driver connection again; keep it referenced for good."""
+        """(In a child process just forked.)  Never use the driver
+        connection again (see the module's doc)."""
         if self.inherited:
             return
         self._finalizer.detach()
-        _INHERITED.append((self.raw, self.cursor))
         self.inherited = self.broken = True
         self.in_transaction = self.holding_locks = False
+        try:
+            keep = self.adapter.set_aside_inherited(self.raw, self.cursor)
+        except Exception:  # pylint:disable=broad-except
+            log.debug("Could not set aside an inherited %s connection", self.purpose,
+                      exc_info=True)
+            keep = True
+        if keep:
+            _INHERITED.append((self.raw, self.cursor))
 
     def adopt(self, other):
         """Take over the driver connection of ``other`` (a new connection

@@ -129,8 +129,10 @@ class Commit:
         self.cache = cache
         self.blobs = blobs
         self.txn = txn
-        #: The thread that began it (see RelStorage._begin_commit).
+        #: The thread, and process, that began it (see
+        #: RelStorage._begin_commit and _check_one_voter).
         self.thread = threading.get_ident()
+        self.pid = os.getpid()
         #: (user, description, extension, status) as bytes (status a str).
         self.meta = meta
         #: The tid asked for by tpc_begin (restore), as an int, or None.

@@ -31,6 +31,7 @@ finish must not fail for a reason vote could have detected).
 import contextlib
 import hashlib
 import logging
+import os
 import struct
 import threading
 import weakref
@@ -231,6 +232,7 @@ class RelStorage(ConflictResolvingStorage):
         # (commit.py, "Fairness"), outside the pool's count meanwhile.
         self._held_conn = None
         self._snapshot_open = False
+        self._snapshot_pid = None       # the process that began it
         self._snapshot_tid = 0
         self._poll_tid = None          # what the ZODB connection has been told
         # (oid, tid) of the newest changes of the last few polls that
@@ -385,6 +387,7 @@ class RelStorage(ConflictResolvingStorage):
                 self._give_back_load_conn()
                 raise
         self._snapshot_open = True
+        self._snapshot_pid = os.getpid()
         self._snapshot_tid = tid
         self._snapshot_pack_mark = pack_mark
         if self._read_mark is None:
@@ -950,6 +953,14 @@ class RelStorage(ConflictResolvingStorage):
 
     def _begin_commit(self, txn, meta=None, tid=None):
         self._check_open()
+        if self._snapshot_open and self._snapshot_pid != os.getpid():
+            # A helper agent's check: a worker forked while its parent had
+            # changes pending in a transaction committed them, and so did
+            # the parent: applied twice (a conflict-resolving counter went
+            # up by 10 for a change of 5).
+            raise DisconnectedError(
+                "This transaction of %s began in the parent of this forked process, "
+                "which may commit it too: abort it and begin again" % self.getName())
         with self._tpc_cond:
             if self._commit is not None and self._commit.txn is txn:
                 raise POSException.StorageTransactionError(
@@ -1064,10 +1075,12 @@ class RelStorage(ConflictResolvingStorage):
         me = threading.get_ident()
         other = root._voters.setdefault(me, self)
         if other is not self and (other._commit is None or not other._commit.voted
-                                  or other._voting_as != me or other._closed):
+                                  or other._voting_as != me or other._closed
+                                  or other._commit.pid != os.getpid()):
             # (Left by an instance released or closed in its commit, or
             # whose vote failed: only a vote that succeeded holds the
-            # commit lock.)
+            # commit lock; or by the parent of this forked process, whose
+            # lock it is.)
             root._voters[me] = other = self
         if other is not self:
             raise SameDatabaseTwiceError(

@@ -20,6 +20,7 @@ from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
 
+from relstorage.interfaces import DisconnectedError
 from relstorage.interfaces import RelStorageError
 from relstorage.interfaces import SchemaMismatchError
 from relstorage.options import Options
@@ -1691,6 +1692,126 @@ class RootStorageTests(FactoryCase):
         self.assertTrue(idle)
         self.assertFalse([conn for conn in idle if conn.in_transaction])
 
+    def configured_db(self):
+        """A ZODB.DB made from a ZConfig file, as applications make it
+        (where the factory can write one)."""
+        if not hasattr(self.factory, 'zconfig_adapter'):
+            return self.db()
+        import ZODB.config
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\n keep-history %s\n%s'
+            '</relstorage>\n</zodb>\n' % ('true' if self.keep_history else 'false',
+                                         self.factory.zconfig_adapter()))
+        self.addCleanup(db.close)
+        return db
+
+    def test_a_worker_that_exits_leaves_its_parents_sessions_alone(self):
+        # A helper agent's check: a forked worker's normal exit (the
+        # interpreter freeing what it inherited: mysqlclient then said
+        # goodbye to the server on the parent's sockets) ended every
+        # session of its parent, a commit past its vote among them.
+        from relstorage.adapters import connections
+
+        class ForkInVote:
+            """Forks a worker that frees all it inherited, then exits,
+            while the storage has voted and not finished."""
+            def sortKey(self):
+                return '~~~ after every ZODB connection'
+
+            def tpc_vote(self, txn):
+                def free_everything():
+                    # What the interpreter's exit does to them (drivers
+                    # close what they free).
+                    for raw, cursor in connections._INHERITED:
+                        for obj in (cursor, raw):
+                            try:
+                                obj.close()
+                            except Exception:   # pylint:disable=broad-except
+                                pass
+                status, said = ForkedChild(free_everything).result()
+                assert status == 0, said
+
+            tpc_begin = commit = tpc_finish = tpc_abort = abort = lambda self, txn: None
+
+        db = self.configured_db()
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=0)
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['x']['v'] = 1
+        tm.get().join(ForkInVote())
+        tm.commit()
+        conn.root()['x']['v'] = 2           # the load session, after a worker exit
+        tm.commit()
+        conn.close()
+        other = ZODB.DB(self.storage())
+        try:
+            with other.transaction() as check:
+                self.assertEqual(check.root()['x']['v'], 2)
+        finally:
+            other.close()
+
+    def test_a_worker_forked_during_a_commit_commits_its_own(self):
+        # A helper agent's check: on SQLite, a worker forked while its
+        # parent held the write lock never could write ("database is
+        # locked" after commit-lock-timeout, every time).
+        outcome = []
+
+        class ForkInVote:
+            def sortKey(self):
+                return '~~~ after every ZODB connection'
+
+            def tpc_vote(self, txn):
+                def own_commit():
+                    tm = transaction.TransactionManager()
+                    conn = db.open(tm)
+                    conn.root()['child'] = PersistentMapping(v='child')
+                    tm.commit()
+                    conn.close()
+                outcome.append(ForkedChild(own_commit))
+
+            tpc_begin = commit = tpc_finish = tpc_abort = abort = lambda self, txn: None
+
+        db = self.configured_db()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['parent'] = PersistentMapping(v='parent')
+        tm.get().join(ForkInVote())
+        tm.commit()
+        conn.close()
+        status, said = outcome[0].result()
+        self.assertEqual(status, 0, said)
+        with db.transaction() as check:
+            self.assertEqual((check.root()['parent']['v'], check.root()['child']['v']),
+                             ('parent', 'child'))
+
+    def test_a_worker_cannot_commit_its_parents_pending_changes(self):
+        # A helper agent's check: a worker forked while its parent had
+        # changes pending committed them, and so did the parent: applied
+        # twice (a conflict-resolving counter went up by 10 for +5).
+        from BTrees.Length import Length
+        db = self.configured_db()
+        with db.transaction() as conn:
+            conn.root()['n'] = Length()
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['n'].change(5)
+
+        def child_commits():
+            try:
+                tm.commit()
+            except DisconnectedError as exc:
+                tm.abort()
+                return str(exc).encode()
+            return b'committed'
+        status, said = ForkedChild(child_commits).result()
+        self.assertEqual(status, 0, said)
+        self.assertIn(b'began in the parent of this forked process', said)
+        tm.commit()
+        conn.close()
+        with db.transaction() as check:
+            self.assertEqual(check.root()['n'](), 5)
+
     def test_workers_forked_after_the_database_was_opened(self):
         # A web server that opens the application, and with it ZODB.DB,
         # before it forks its workers (gunicorn --preload, pyramid_zodbconn
@@ -1699,15 +1820,7 @@ class RootStorageTests(FactoryCase):
         # PostgreSQL "the last operation didn't produce records" and hung
         # workers, MySQL "Commands out of sync" and a last tid read as 0.
         # Each child now opens sessions of its own; the parent's go on.
-        if hasattr(self.factory, 'zconfig_adapter'):
-            import ZODB.config
-            db = ZODB.config.databaseFromString(
-                '%%import relstorage\n<zodb>\n<relstorage>\n keep-history %s\n%s'
-                '</relstorage>\n</zodb>\n' % ('true' if self.keep_history else 'false',
-                                             self.factory.zconfig_adapter()))
-            self.addCleanup(db.close)
-        else:
-            db = self.db()
+        db = self.configured_db()
         names = ('parent', 'child0', 'child1')
         with db.transaction() as conn:
             for name in names:

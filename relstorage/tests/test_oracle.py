@@ -429,6 +429,7 @@ NOT_DRIVEN = {
     'check_commit_room',        # no SQL where the server has written everything
     'claim_fresh_oids',         # no SQL
     'after_fork_in_child',      # no SQL (forgets the parent's OIDs)
+    'socket_fd', 'set_aside_inherited',     # no SQL (a forked child's sockets)
     'pack_write_lock_target',   # no SQL
     'pair_pack_tables',         # no SQL where the pack's tables live with the data
     'sync_deleted',             # no SQL (a file's fsync, where the pack's tables are apart)

@@ -459,6 +459,9 @@ class MySQLAdapter(Adapter):
             rows = dict(conn.query_all(bounded(self.sql.LOCK_COMMIT_MARKED)))
         return rows.get(0) or 0, rows.get(1) or 0
 
+    def socket_fd(self, raw):
+        return self.driver.socket_fd(raw)
+
     def hold_locks(self, conn, seconds):
         # MySQL has no limit on an idle transaction, only on an idle
         # session: shorten it (the server closing the session rolls the

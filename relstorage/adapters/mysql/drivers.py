@@ -105,6 +105,10 @@ class Driver:
         """Length of ``data`` once written into a statement."""
         raise NotImplementedError
 
+    def socket_fd(self, raw):
+        """The descriptor of ``raw``'s socket (None when closed)."""
+        raise NotImplementedError
+
     def streaming_cursor(self):
         """The cursor class that fetches rows as they are read."""
         return self.module.cursors.SSCursor
@@ -173,6 +177,9 @@ class MySQLdbDriver(Driver):
         _limit_dead_links(conn, conn.fileno)
         return conn
 
+    def socket_fd(self, raw):
+        return raw.fileno()
+
     def bytes_literal_size(self, data):
         # mysql_real_escape_string escapes these seven bytes with a backslash.
         specials = (data.count(b'\\') + data.count(b"'") + data.count(b'"')
@@ -203,6 +210,10 @@ class PyMySQLDriver(Driver):
         conn = self.module.connect(**kwargs)
         _limit_dead_links(conn, lambda: conn._sock.fileno())
         return conn
+
+    def socket_fd(self, raw):
+        sock = raw._sock
+        return None if sock is None else sock.fileno()
 
     def bytes_literal_size(self, data):
         return 2 * len(data) + 12                 # _binary X'hex'

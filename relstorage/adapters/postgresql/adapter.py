@@ -311,6 +311,9 @@ class PostgreSQLAdapter(Adapter):
         conn.call(self.driver.to_last_result, conn.cursor)
         return conn.fetchone()
 
+    def socket_fd(self, raw):
+        return raw.fileno()
+
     def hold_locks(self, conn, seconds):
         # SET LOCAL lasts until the transaction ends: a rollback, or the
         # server ending the session, undoes it with the locks.

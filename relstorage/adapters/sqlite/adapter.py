@@ -459,6 +459,21 @@ class Sqlite3Adapter(Adapter):
             # thread tries again then, the keeper not woken first.
             self._wal_retry = (now + WAL_CHECK_INTERVAL, WAL_CHECK_INTERVAL)
 
+    def set_aside_inherited(self, raw, cursor):
+        # Closed now, before the child opens connections of its own: the
+        # file locks SQLite took for it are the parent's (locks are per
+        # process), so closing lets go of none of them, nor of the
+        # child's; left open, its in-process record of them (a read lock
+        # on the log, the write lock of a commit in progress at the fork)
+        # kept the child's log from starting over, or the child from ever
+        # writing (a helper agent's checks).
+        for obj in (cursor, raw):
+            try:
+                obj.close()
+            except Exception:  # pylint:disable=broad-except
+                log.debug("Closing an inherited SQLite connection", exc_info=True)
+        return False
+
     def after_fork_in_child(self):
         super().after_fork_in_child()
         # The parent's keeper thread is not in this process (a new one
