@@ -214,7 +214,7 @@ OPTIONS = (
            'a safe name derived from the database.', active=True),
     Option('cache-local-mb', 10, 'integer',
            'Megabytes the in-process cache of pickles may take (each '
-           'entry counts its pickle and about 270 bytes of bookkeeping); 0 '
+           'entry counts its pickle and about 180 bytes of bookkeeping); 0 '
            'disables it.', active=True, valid=_NOT_NEGATIVE),
     Option('cache-local-dir', None, 'existing-dirpath',
            'Directory to save the local cache to and load it from; created '

@@ -33,9 +33,20 @@ from collections import OrderedDict
 COMPRESS_MIN = 64
 
 #: Bytes an entry takes besides its pickle's: the ordered dict's slot and
-#: link, the (oid, tid) key and its two ints, the bytes object's header
-#: (measured with tracemalloc on CPython 3.11: about 235 plus 33).
-ENTRY_OVERHEAD = 268
+#: link, the key (one int: oid and tid, see _key), the bytes object's
+#: header (measured with tracemalloc on CPython 3.11: about 141 plus 33;
+#: with an (oid, tid) tuple as the key, 229 plus 33).
+ENTRY_OVERHEAD = 180
+
+_TID_BITS = 64
+_TID_MASK = (1 << _TID_BITS) - 1
+
+
+def _key(oid_int, tid_int):
+    """One int for (oid, tid): 88 bytes less per entry than a tuple of
+    two (a helper agent's comparison: RelStorage 4.3 kept about twice as
+    many entries in the same cache-local-mb)."""
+    return (oid_int << _TID_BITS) | tid_int
 
 #: The share of the bound the protected segment may take.
 PROTECTED_SHARE = 0.8
@@ -53,7 +64,7 @@ class LocalStateCache:
         self.protected_limit = int(self.limit * PROTECTED_SHARE)
         self.object_max = int(object_max)
         self.compress = (compression == 'zlib')
-        # {(oid, tid): state}, each from least to most recently used.
+        # {_key(oid, tid): state}, each from least to most recently used.
         self._probation = OrderedDict()
         self._protected = OrderedDict()
         self._size = 0                  # both segments
@@ -64,7 +75,8 @@ class LocalStateCache:
     def __len__(self):
         return len(self._probation) + len(self._protected)
 
-    def __contains__(self, key):
+    def __contains__(self, pair):
+        key = _key(*pair)
         return key in self._protected or key in self._probation
 
     @property
@@ -73,7 +85,7 @@ class LocalStateCache:
 
     def get(self, oid_int, tid_int):
         """The state of revision (oid, tid), or None; counts a hit or miss."""
-        key = (oid_int, tid_int)
+        key = (oid_int << _TID_BITS) | tid_int
         with self._lock:
             protected = self._protected
             stored = protected.get(key)
@@ -98,7 +110,7 @@ class LocalStateCache:
             return
         state = self._packed(state) if self.compress else bytes(state)
         with self._lock:
-            self._store((oid_int, tid_int), state)
+            self._store(_key(oid_int, tid_int), state)
             self._evict()
 
     def put_restored(self, oid_int, tid_int, state):
@@ -108,7 +120,7 @@ class LocalStateCache:
             return
         state = self._packed(state) if self.compress else bytes(state)
         with self._lock:
-            self._store((oid_int, tid_int), state, protect=True)
+            self._store(_key(oid_int, tid_int), state, protect=True)
             self._evict()
 
     def put_many(self, entries):
@@ -125,7 +137,7 @@ class LocalStateCache:
         with self._lock:
             for oid_int, tid_int, state in entries:
                 if len(state) <= object_max:
-                    store((oid_int, tid_int), state)
+                    store((oid_int << _TID_BITS) | tid_int, state)
             self._evict()
 
     def _store(self, key, state, protect=False):
@@ -191,7 +203,7 @@ class LocalStateCache:
         return state
 
     def discard(self, oid_int, tid_int):
-        key = (oid_int, tid_int)
+        key = _key(oid_int, tid_int)
         with self._lock:
             old = self._protected.pop(key, None)
             if old is not None:
@@ -211,15 +223,16 @@ class LocalStateCache:
         probation's entries, then the protected ones)."""
         with self._lock:
             entries = self._ordered()
-        for (oid_int, tid_int), stored in entries:
+        for key, stored in entries:
             if type(stored) is _Compressed:
                 stored = zlib.decompress(stored)
-            yield oid_int, tid_int, stored
+            yield key >> _TID_BITS, key & _TID_MASK, stored
 
     def keys(self):
         """(oid, tid) from least to most recently used (a copy), as items."""
         with self._lock:
-            return list(self._probation) + list(self._protected)
+            keys = list(self._probation) + list(self._protected)
+        return [(key >> _TID_BITS, key & _TID_MASK) for key in keys]
 
     def clear(self):
         with self._lock:
