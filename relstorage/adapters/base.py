@@ -726,11 +726,16 @@ class Adapter(PackVerbs):
         None (not known, or no socket)."""
         return None
 
-    def set_aside_inherited(self, raw, cursor):
+    #: Whether a process forked while its parent was in a commit (a write
+    #: transaction open) may write to the database.
+    child_of_a_writer_may_write = True
+
+    def set_aside_inherited(self, raw, cursor, purpose):
         """(In a child process just forked.)  Make the parent's driver
-        connection ``raw`` harmless to the parent (see connections.py);
-        return whether the child must keep it referenced to its end.
-        Here: its socket, in this process, becomes /dev/null."""
+        connection ``raw`` (opened for ``purpose``) harmless to the parent
+        (see connections.py); return whether the child must keep it
+        referenced to its end.  Here: its socket, in this process,
+        becomes /dev/null."""
         fd = self.socket_fd(raw)
         if fd is not None and fd >= 0:
             null = os.open(os.devnull, os.O_RDWR)

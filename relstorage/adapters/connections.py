@@ -33,8 +33,9 @@ session of its parent, a commit past its vote among them) reaches the
 parent's session, and the driver's objects are kept to the child's end;
 an SQLite connection is closed at once, before the child opens any of its
 own (its locks are per process: the parent's stay; left open, its
-in-process record of the locks it held kept the child's own connections
-from writing, or the log from starting over).
+in-process record of the locks it held kept the child's log from
+starting over), unless it was writing: see the SQLite adapter's
+``set_aside_inherited``.
 """
 import logging
 import os
@@ -132,7 +133,7 @@ class DBConnection:
         self.inherited = self.broken = True
         self.in_transaction = self.holding_locks = False
         try:
-            keep = self.adapter.set_aside_inherited(self.raw, self.cursor)
+            keep = self.adapter.set_aside_inherited(self.raw, self.cursor, self.purpose)
         except Exception:  # pylint:disable=broad-except
             log.debug("Could not set aside an inherited %s connection", self.purpose,
                       exc_info=True)

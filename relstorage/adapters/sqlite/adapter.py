@@ -279,6 +279,11 @@ class Sqlite3Adapter(Adapter):
 
     def connect(self, purpose):
         path = os.path.join(self.data_dir, OID_DB if purpose == 'oid' else MAIN_DB)
+        if self._forked_in_a_write and purpose != 'load':
+            raise RelStorageError(
+                "This process was forked while its parent was writing to %s (a "
+                "commit in progress): SQLite lets it read that database but never "
+                "write there; fork outside of commits" % self.describe())
         timeout = float(self.options.commit_lock_timeout)
         try:
             raw = self.driver.connect(path, timeout=timeout, isolation_level=None,
@@ -459,20 +464,35 @@ class Sqlite3Adapter(Adapter):
             # thread tries again then, the keeper not woken first.
             self._wal_retry = (now + WAL_CHECK_INTERVAL, WAL_CHECK_INTERVAL)
 
-    def set_aside_inherited(self, raw, cursor):
+    def set_aside_inherited(self, raw, cursor, purpose):
         # Closed now, before the child opens connections of its own: the
         # file locks SQLite took for it are the parent's (locks are per
         # process), so closing lets go of none of them, nor of the
-        # child's; left open, its in-process record of them (a read lock
-        # on the log, the write lock of a commit in progress at the fork)
-        # kept the child's log from starting over, or the child from ever
-        # writing (a helper agent's checks).
+        # child's; left open, its in-process record of a read lock on the
+        # log kept the child's log from starting over (a helper agent's
+        # check).  Not one that may be writing (a commit in progress at
+        # the fork): closing rolls it back, and the rollback clears the
+        # log index entries of its frames in the -shm file, which the
+        # parent shares: the parent's commit then corrupted the database
+        # (a review finding, for a commit larger than the page cache).
+        # Kept open, its record of the write lock keeps the child's own
+        # connections from ever writing (a helper agent's check saw them
+        # wait commit-lock-timeout, and fail, every time): such a child is
+        # refused writes at once (connect).
+        if purpose != 'load' and raw.in_transaction:
+            self._forked_in_a_write = True
+            return True
         for obj in (cursor, raw):
             try:
                 obj.close()
             except Exception:  # pylint:disable=broad-except
                 log.debug("Closing an inherited SQLite connection", exc_info=True)
         return False
+
+    #: (In a forked child) the parent was writing as it forked: see
+    #: set_aside_inherited.
+    _forked_in_a_write = False
+    child_of_a_writer_may_write = False
 
     def after_fork_in_child(self):
         super().after_fork_in_child()
