@@ -1168,11 +1168,17 @@ class Adapter(PackVerbs):
         after its vote left the commit lock held on the server until the
         server noticed the dead peer (PostgreSQL's keepalives: 2 hours by
         default; MariaDB's wait_timeout: 8 hours), every writer of the
-        database failing meanwhile.  A live commit is never idle that
-        long: between its vote and finish it waits only for the other
-        databases of the transaction, each waiting at most
-        commit-lock-timeout for its own lock."""
-        return max(STORE_IDLE_MIN, 2 * float(self.options.commit_lock_timeout))
+        database failing meanwhile; so does a client that froze.  Between
+        its vote and finish a live commit waits for the other participants
+        of the transaction: other databases, each waiting at most
+        commit-lock-timeout for its lock, but also whatever else joined it
+        (a review finding: a data manager slower than the first bound, 60
+        s, had the session ended under a voted commit, whose finish then
+        failed after the others had committed).  So the bound is long:
+        it is for frozen clients and, where the server cannot probe its
+        peers (MariaDB), dead networks; PostgreSQL's own keepalives end a
+        session whose network died within minutes (connect_to)."""
+        return max(STORE_IDLE_MIN, 10 * float(self.options.commit_lock_timeout))
 
     def begin_store_checked(self, conn, writes_data=True, durable=True, blobs=True):
         """``begin_store`` (on the server chosen now: see
@@ -1454,7 +1460,7 @@ class Adapter(PackVerbs):
 
 #: The shortest idle time in a store transaction that a server ends
 #: (seconds; see Adapter.store_idle_seconds).
-STORE_IDLE_MIN = 60.0
+STORE_IDLE_MIN = 600.0
 
 #: At most this many OIDs handed out and not yet stored are remembered
 #: (see Adapter.claim_fresh_oids); about 6 MB.

@@ -159,11 +159,13 @@ def _own_client(server):
     processes reading replies from one socket take each other's), nor to
     close (the parent's goes on using them).  The parent's client is kept
     referenced, so that nothing closes its sockets."""
-    if server._pid != os.getpid():
+    pid = os.getpid()
+    if server._pid != pid:
         _INHERITED.append(server._client)
-        server._client = server._make()
-        server._pid = os.getpid()
-        # (Possibly held by a thread of the parent as it forked.)
+        # (The lock possibly held by a thread of the parent as it forked.
+        # Replaced before the pid says it is done: a review finding.)
         if hasattr(server, '_lock'):
             server._lock = threading.Lock()
+        server._client = server._make()
+        server._pid = pid
     return server._client

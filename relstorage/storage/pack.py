@@ -222,6 +222,11 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             # second or so at a million objects).
             report.candidates = adapter.pack_candidate_stats(conn)
             if prepack_only and shared_blobs:
+                # (Not left in a transaction while it walks the blob
+                # directory, which may take long: the server may end a
+                # store session idle in one, a review finding.  What it
+                # asks next of this session was committed above.)
+                conn.rollback()
                 # The blob files are the count there, not blob_chunk rows.
                 files, _ = sweep_blob_files(adapter, blobs, report.pack_tid,
                                             remove=False, pack_conn=conn)

@@ -204,7 +204,7 @@ class IdleStoreSessionTests(FactoryCase):
         from relstorage.interfaces import CommitFailedError
         self.addCleanup(setattr, base, 'STORE_IDLE_MIN', base.STORE_IDLE_MIN)
         base.STORE_IDLE_MIN = 2.0
-        storage = self.storage(commit_lock_timeout=1)
+        storage = self.storage(commit_lock_timeout=0.1)
         if not storage._adapter.ends_idle_store_transactions:
             self.skipTest('no server here to end an idle session')
         self.assertEqual(storage._adapter.store_idle_seconds(), 2.0)
@@ -225,6 +225,40 @@ class IdleStoreSessionTests(FactoryCase):
         self.assertEqual(zodb_unpickle(storage.load(oid)[0]).value, 0)
         # The next commit of that storage works.
         self.commit(storage, oid, tid, 'next')
+
+    def test_a_slow_participant_of_the_transaction_is_waited_for(self):
+        # A review finding: the first bound (twice commit-lock-timeout,
+        # at least 60 s) ended the session of a voted commit while
+        # another participant of the transaction (a data manager sending
+        # mail or files, another kind of storage) took longer than that:
+        # its finish failed after the others had committed.  The bound is
+        # ten times commit-lock-timeout, at least ten minutes.
+        from relstorage.adapters import base
+        self.assertEqual(base.STORE_IDLE_MIN, 600.0)
+        self.addCleanup(setattr, base, 'STORE_IDLE_MIN', base.STORE_IDLE_MIN)
+        base.STORE_IDLE_MIN = 1.0
+        db = ZODB.DB(self.storage(commit_lock_timeout=0.3))
+        self.addCleanup(db.close)
+        if not db.storage._adapter.ends_idle_store_transactions:
+            self.skipTest('no server here to end an idle session')
+
+        class Slow:
+            def sortKey(self):
+                return '~~~ after every ZODB connection'
+
+            def tpc_vote(self, txn):
+                time.sleep(2.0)         # past twice commit-lock-timeout
+
+            tpc_begin = commit = tpc_finish = tpc_abort = abort = lambda self, txn: None
+
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['x'] = 'slow'
+        tm.get().join(Slow())
+        tm.commit()
+        conn.close()
+        with db.transaction() as check:
+            self.assertEqual(check.root()['x'], 'slow')
 
 
 class NewObjectCommitTests(FactoryCase):

@@ -818,6 +818,14 @@ class ConnectionErrorTests(unittest.TestCase):
                 self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), 1)
             finally:
                 sock.close()
+            # The server's side too (its default follows the OS: 2 hours),
+            # so that a session whose client's network died ends, and lets
+            # go of the commit lock (a helper agent's check).
+            cur = raw.cursor()
+            cur.execute("SELECT current_setting('tcp_keepalives_idle'), "
+                        "current_setting('tcp_keepalives_count')")
+            self.assertEqual(cur.fetchone(), ('60', '6'))
+            cur.close()
         finally:
             raw.close()
         adapter = self.adapter(dsn + ' keepalives_idle=300')

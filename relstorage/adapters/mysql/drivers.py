@@ -6,12 +6,15 @@ that bulk uploads can be sized against ``max_allowed_packet``) and which
 exception carries which server error number.  ``classify_error`` maps error
 numbers once, for both drivers.
 """
+import logging
 import os
 import re
 import socket
 
 from ...interfaces import RelStorageError
 from .. import drivers
+
+log = logging.getLogger(__name__)
 
 #: Canonical driver name -> other accepted spellings (case is ignored).
 DRIVER_NAMES = {
@@ -144,11 +147,17 @@ def limit_dead_links(fd):
     try:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in TCP_LIMITS:
+        for level, name, value in ((socket.SOL_SOCKET, 'SO_KEEPALIVE', 1),) + tuple(
+                (socket.IPPROTO_TCP, name, value) for name, value in TCP_LIMITS):
             option = getattr(socket, name, None)
-            if option is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            if option is None:
+                continue
+            try:
+                sock.setsockopt(level, option, value)
+            except OSError as exc:
+                # (A kernel that names the option and refuses it: the
+                # connection works without, as before.  A review finding.)
+                log.debug("Cannot set %s on a MySQL connection's socket: %s", name, exc)
     finally:
         # (Closes the duplicate only: the driver's descriptor stays open.)
         sock.close()

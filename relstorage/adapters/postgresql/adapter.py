@@ -143,7 +143,10 @@ class PostgreSQLAdapter(Adapter):
         self._password = params.get('password') or None
         if not params.get('connect_timeout'):
             params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
-        if not any(key in params for key, _ in DEFAULT_TCP_LIMITS + (('keepalives', ''),)):
+        #: Whether the server's keepalives are set too (connect_to).
+        self._server_keepalives = not any(
+            key in params for key, _ in DEFAULT_TCP_LIMITS + (('keepalives', ''),))
+        if self._server_keepalives:
             params.update(DEFAULT_TCP_LIMITS)
         self._params = params
         self._dsn = self.driver.make_dsn(params)
@@ -198,6 +201,16 @@ class PostgreSQLAdapter(Adapter):
             # redacted) in ours.
             raise self._connect_error(exc, server) from None
         setup = []
+        if self._server_keepalives:
+            # The server's side of the same limits (its defaults follow
+            # the OS: probes after 2 hours): a session whose client's
+            # network died ends within minutes, and with it what it held
+            # (a commit's locks: a helper agent's check saw every writer
+            # of the database fail meanwhile).  A live client answers the
+            # probes, however long it is busy elsewhere.
+            setup.append("SELECT set_config('tcp_keepalives_idle', '60', false), "
+                         "set_config('tcp_keepalives_interval', '10', false), "
+                         "set_config('tcp_keepalives_count', '6', false)")
         if purpose == 'store':
             setup.append("SET lock_timeout = %d" % self._lock_timeout_ms())
             setup.append("SET idle_in_transaction_session_timeout = %d"
