@@ -756,6 +756,10 @@ class Adapter(PackVerbs):
         self._oid_lock = threading.Lock()
         self._oid_block = []
         self._fresh_oids = set()
+        for name in ('store_sessions', 'load_sessions'):
+            pool = getattr(self, name, None)     # (an adapter half made)
+            if pool is not None:
+                pool.after_fork_in_child()
 
     def claim_fresh_oids(self, oids):
         """The OIDs of ``oids`` that ``new_oid`` handed out in this process

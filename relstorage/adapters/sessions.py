@@ -138,7 +138,9 @@ class SessionPool:
                     and len(self._idle) < self.size)
             if keep:
                 self._idle.append((conn, now))
-            self._out -= 1
+            # (Not below 0: a session handed out before a fork, given
+            # back in the child, which counts from 0: after_fork_in_child.)
+            self._out = max(0, self._out - 1)
             if self.bounded:
                 self._cond.notify()
         for old in expired:
@@ -171,8 +173,22 @@ class SessionPool:
 
     def _returned(self):
         with self._cond:
-            self._out -= 1
+            self._out = max(0, self._out - 1)
             self._cond.notify()
+
+    def after_fork_in_child(self):
+        """(In a child process just forked, its connections already set
+        aside: connections.py.)  The parent's sessions are not the
+        child's: none is idle here, none out (those the parent's other
+        threads had would never come back, and the bound would shrink by
+        them), and the lock is new (another thread of the parent may have
+        held it: a review finding)."""
+        self._cond = threading.Condition(threading.Lock())
+        idle = [conn for conn, _ in self._idle]
+        self._idle.clear()
+        self._out = 0
+        for conn in idle:
+            conn.close()
 
     def idle_count(self):
         with self._cond:
