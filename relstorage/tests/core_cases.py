@@ -1847,6 +1847,28 @@ class RootStorageTests(FactoryCase):
         finally:
             other.close()
 
+    def test_a_worker_is_not_short_of_the_sessions_its_parent_had_out(self):
+        # A review finding: the child's pool counted the store sessions
+        # the parent's other threads had out at the fork, which never come
+        # back there: with session-pool-size 1, every commit of the child
+        # waited commit-lock-timeout and failed (SessionPoolExhaustedError).
+        db = ZODB.DB(self.storage(session_pool_size=1, commit_lock_timeout=2))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['x'] = 0
+        pool = db.storage._adapter.store_sessions
+        held = pool.take()          # another thread of the parent, committing
+        try:
+            def child_commits():
+                with db.transaction() as conn:
+                    conn.root()['x'] = 1
+            status, said = ForkedChild(child_commits).result()
+        finally:
+            pool.give_back(held)
+        self.assertEqual(status, 0, said)
+        with db.transaction() as check:
+            self.assertEqual(check.root()['x'], 1)
+
     def test_a_worker_cannot_commit_its_parents_pending_changes(self):
         # A helper agent's check: a worker forked while its parent had
         # changes pending committed them, and so did the parent: applied
