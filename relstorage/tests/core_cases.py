@@ -242,19 +242,11 @@ class IdleStoreSessionTests(FactoryCase):
         if not db.storage._adapter.ends_idle_store_transactions:
             self.skipTest('no server here to end an idle session')
 
-        class Slow:
-            def sortKey(self):
-                return '~~~ after every ZODB connection'
-
-            def tpc_vote(self, txn):
-                time.sleep(2.0)         # past twice commit-lock-timeout
-
-            tpc_begin = commit = tpc_finish = tpc_abort = abort = lambda self, txn: None
-
         tm = transaction.TransactionManager()
         conn = db.open(tm)
         conn.root()['x'] = 'slow'
-        tm.get().join(Slow())
+        # Past twice commit-lock-timeout, in its vote.
+        tm.get().join(VotesAfterUs(lambda: time.sleep(2.0)))
         tm.commit()
         conn.close()
         with db.transaction() as check:
@@ -1273,33 +1265,35 @@ class _Boom(Exception):
     pass
 
 
-class _FailingManager:
-    """A resource manager that votes after us (its sort key says so) and
-    fails, after ``before_failing`` has broken something."""
+class VotesAfterUs:
+    """A resource manager of the same transaction that votes after the
+    storage (its sort key says so), calling ``on_vote()`` then."""
 
-    def __init__(self, before_failing):
-        self.before_failing = before_failing
+    def __init__(self, on_vote):
+        self.on_vote = on_vote
 
     def sortKey(self):
         return '~after everything'
 
+    def tpc_vote(self, txn):
+        self.on_vote()
+
     def tpc_begin(self, txn):
         pass
 
-    def commit(self, txn):
-        pass
+    commit = tpc_finish = tpc_abort = abort = tpc_begin
+
+
+class _FailingManager(VotesAfterUs):
+    """One that fails its vote, after ``before_failing`` has broken
+    something."""
 
     def tpc_vote(self, txn):
-        self.before_failing()
+        self.on_vote()
         raise _Boom('the other database refused')
 
     def tpc_finish(self, txn):
         raise AssertionError('not reached')
-
-    def tpc_abort(self, txn):
-        pass
-
-    abort = tpc_abort
 
 
 class FairnessTests(FactoryCase):
@@ -1631,40 +1625,15 @@ class RootStorageTests(FactoryCase):
         class Interrupt(Exception):
             pass
 
-        class FailingVote:
-            """A second resource, voting after the storage, that fails."""
-            def sortKey(self):
-                return '~~~ after every ZODB connection'
-
-            def tpc_begin(self, txn):
-                pass
-
-            def commit(self, txn):
-                pass
-
-            def tpc_vote(self, txn):
-                raise Interrupt('the other resource failed its vote')
-
-            def tpc_abort(self, txn):
-                pass
-
-            def abort(self, txn):
-                pass
-
         db = self.db()
-        with db.transaction() as conn:
-            conn.root()['x'] = PersistentMapping(v=0)
-        tm = transaction.TransactionManager()
-        conn = db.open(tm)
-        conn.root()['x']['v'] = 1
-        tm.get().join(FailingVote())
+        tm, conn = self.change_beside(db, _FailingManager(lambda: None))
 
         def interrupted(txn):
             raise Interrupt('thrown into the thread')
         conn.tpc_abort = interrupted
         logging.disable(logging.CRITICAL)
         try:
-            with self.assertRaises(Interrupt):
+            with self.assertRaises(_Boom):
                 tm.commit()
         finally:
             logging.disable(logging.NOTSET)
@@ -1726,6 +1695,18 @@ class RootStorageTests(FactoryCase):
         self.assertTrue(idle)
         self.assertFalse([conn for conn in idle if conn.in_transaction])
 
+    @staticmethod
+    def change_beside(db, manager):
+        """Commit x = {'v': 0}; then, in a new connection's transaction
+        with ``manager`` joined, set v to 1.  (tm, connection)."""
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=0)
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        conn.root()['x']['v'] = 1
+        tm.get().join(manager)
+        return tm, conn
+
     def configured_db(self):
         """A ZODB.DB made from a ZConfig file, as applications make it
         (where the factory can write one)."""
@@ -1746,34 +1727,23 @@ class RootStorageTests(FactoryCase):
         # session of its parent, a commit past its vote among them.
         from relstorage.adapters import connections
 
-        class ForkInVote:
+        def fork_in_vote():
             """Forks a worker that frees all it inherited, then exits,
             while the storage has voted and not finished."""
-            def sortKey(self):
-                return '~~~ after every ZODB connection'
-
-            def tpc_vote(self, txn):
-                def free_everything():
-                    # What the interpreter's exit does to them (drivers
-                    # close what they free).
-                    for raw, cursor in connections._INHERITED:
-                        for obj in (cursor, raw):
-                            try:
-                                obj.close()
-                            except Exception:   # pylint:disable=broad-except
-                                pass
-                status, said = ForkedChild(free_everything).result()
-                assert status == 0, said
-
-            tpc_begin = commit = tpc_finish = tpc_abort = abort = lambda self, txn: None
+            def free_everything():
+                # What the interpreter's exit does to them (drivers
+                # close what they free).
+                for raw, cursor in connections._INHERITED:
+                    for obj in (cursor, raw):
+                        try:
+                            obj.close()
+                        except Exception:   # pylint:disable=broad-except
+                            pass
+            status, said = ForkedChild(free_everything).result()
+            assert status == 0, said
 
         db = self.configured_db()
-        with db.transaction() as conn:
-            conn.root()['x'] = PersistentMapping(v=0)
-        tm = transaction.TransactionManager()
-        conn = db.open(tm)
-        conn.root()['x']['v'] = 1
-        tm.get().join(ForkInVote())
+        tm, conn = self.change_beside(db, VotesAfterUs(fork_in_vote))
         tm.commit()
         conn.root()['x']['v'] = 2           # the load session, after a worker exit
         tm.commit()
@@ -1795,26 +1765,20 @@ class RootStorageTests(FactoryCase):
         # larger than SQLite's page cache).
         outcome = []
 
-        class ForkInVote:
-            def sortKey(self):
-                return '~~~ after every ZODB connection'
-
-            def tpc_vote(self, txn):
-                def own_commit():
-                    tm = transaction.TransactionManager()
-                    conn = db.open(tm)
-                    conn.root()['child'] = PersistentMapping(v='child')
-                    try:
-                        tm.commit()
-                    except RelStorageError as exc:
-                        return str(exc).encode()
-                    finally:
-                        tm.abort()
-                        conn.close()
-                    return b'committed'
-                outcome.append(ForkedChild(own_commit))
-
-            tpc_begin = commit = tpc_finish = tpc_abort = abort = lambda self, txn: None
+        def fork_in_vote():
+            def own_commit():
+                tm = transaction.TransactionManager()
+                conn = db.open(tm)
+                conn.root()['child'] = PersistentMapping(v='child')
+                try:
+                    tm.commit()
+                except RelStorageError as exc:
+                    return str(exc).encode()
+                finally:
+                    tm.abort()
+                    conn.close()
+                return b'committed'
+            outcome.append(ForkedChild(own_commit))
 
         db = self.configured_db()
         tm = transaction.TransactionManager()
@@ -1824,7 +1788,7 @@ class RootStorageTests(FactoryCase):
         # go to the log before its COMMIT.
         conn.root()['big'] = PersistentMapping(
             ('k%d' % i, PersistentMapping(v=os.urandom(3000))) for i in range(1500))
-        tm.get().join(ForkInVote())
+        tm.get().join(VotesAfterUs(fork_in_vote))
         tm.commit()
         conn.close()
         status, said = outcome[0].result()
