@@ -149,6 +149,7 @@ class SqliteConfigTests(unittest.TestCase):
             self.assertIn("SQLite database in %s has no room left" % data_dir, message)
             self.assertIn('database or disk is full', message)
             self.assertIn('free disk space', message)
+            self.assertIn('or raise <pragmas> max_page_count', message)
             with db.transaction() as conn:
                 self.assertEqual(conn.root()['kept']['v'], 'kept')
                 self.assertNotIn('big', conn.root())
@@ -845,7 +846,10 @@ class SqliteConfigTests(unittest.TestCase):
         conn.root()['big'] = PersistentMapping(data=os.urandom(1000 * 1024))
         later = Later()
         tm.get().join(later)
-        with self.assertRaises(RelStorageError) as raised:
+        # (DatabaseFullError, as when SQLite itself finds no room: a
+        # helper agent's check found a plain RelStorageError here.)
+        from relstorage.interfaces import DatabaseFullError
+        with self.assertRaises(DatabaseFullError) as raised:
             tm.commit()
         tm.abort()
         self.assertIn('No room to commit to SQLite database in %s' % os.path.join(small, 'data'),
@@ -1243,6 +1247,75 @@ for i in range(rounds):
             tm.abort()
 db.close()
 '''
+
+
+FORK_IN_VOTE_SCRIPT = """
+import os, sys, time, sqlite3, transaction, ZODB.config
+from persistent.mapping import PersistentMapping
+data_dir = sys.argv[1]
+db = ZODB.config.databaseFromString(
+    '%%import relstorage\\n<zodb>\\n<relstorage>\\n<sqlite3>\\n data-dir %s\\n'
+    '</sqlite3>\\n</relstorage>\\n</zodb>\\n' % data_dir)
+with db.transaction() as conn:
+    conn.root()['big'] = PersistentMapping()
+state = {}
+class ForkInVote:
+    def sortKey(self):
+        return '~after everything'
+    def tpc_vote(self, txn):
+        pid = os.fork()
+        if pid == 0:
+            state['child'] = True       # goes on with the commit, refused
+            return
+        state['pid'] = pid
+        time.sleep(0.3)
+    def tpc_begin(self, txn):
+        pass
+    commit = tpc_finish = tpc_abort = abort = tpc_begin
+conn = db.open()
+for i in range(160):                    # 3 MB: more than the page cache
+    conn.root()['big'][i] = PersistentMapping(d=os.urandom(20000))
+transaction.get().join(ForkInVote())
+try:
+    transaction.commit()
+except Exception as exc:
+    if 'child' not in state:
+        raise
+if 'child' in state:
+    transaction.abort()
+    sys.exit(0)                         # a normal exit: the interpreter frees all
+os.waitpid(state['pid'], 0)
+conn.close()
+db.close()
+main = os.path.join(data_dir, 'main.sqlite3')
+print(sqlite3.connect(main).execute('PRAGMA integrity_check').fetchone()[0])
+db = ZODB.config.databaseFromString(
+    '%%import relstorage\\n<zodb>\\n<relstorage>\\n<sqlite3>\\n data-dir %s\\n'
+    '</sqlite3>\\n</relstorage>\\n</zodb>\\n' % data_dir)
+with db.transaction() as conn:
+    print(len(conn.root()['big']), sum(len(m['d']) for m in conn.root()['big'].values()))
+db.close()
+"""
+
+
+class SqliteForkTests(unittest.TestCase):
+
+    def test_a_worker_forked_in_a_commit_that_exits_normally(self):
+        # A helper agent's check: a worker forked while its parent
+        # committed (more than SQLite's page cache), that went on with the
+        # inherited commit (refused), aborted and exited normally: the
+        # interpreter, ending, freed the inherited connection, which
+        # closed it, rolling back the parent's commit in the -shm file
+        # both share: "database disk image is malformed".
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_fork_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        script = os.path.join(tmp, 'fork_in_vote.py')
+        with open(script, 'w') as f:
+            f.write(FORK_IN_VOTE_SCRIPT)
+        proc = subprocess.run([sys.executable, script, os.path.join(tmp, 'data')],
+                              capture_output=True, text=True, timeout=120, check=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.split(), ['ok', '160', str(160 * 20000)])
 
 
 class SqliteOidBlockTests(unittest.TestCase):
@@ -1880,7 +1953,7 @@ def _storage(data_dir):
 def _test_suite():
     result = suite.make_suite(SqliteFactory())
     loader = unittest.TestLoader()
-    for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests,
+    for case in (SqliteConfigTests, SqliteOidBlockTests, SqliteMultiProcessTests, SqliteForkTests,
                  SqliteWriteLockWaitTests, SqliteEmptyCommitDurabilityTests,
                  SqlitePackFileTests, SqlitePackFileHPTests):
         result.addTest(loader.loadTestsFromTestCase(case))

@@ -13,6 +13,7 @@ Write transactions begin IMMEDIATE: the database-wide lock is taken at once
 (waiting up to commit-lock-timeout) instead of failing later on upgrade.
 The wait for it is ours, not SQLite's busy handler: see ``begin_store``.
 """
+import ctypes
 import fcntl
 import logging
 import os
@@ -23,6 +24,7 @@ import time
 import weakref
 
 from ...directories import ensure_directory
+from ...interfaces import DatabaseFullError
 from ...interfaces import RelStorageError
 from ..base import Adapter
 from ..packing import PackLock
@@ -137,7 +139,13 @@ def _variable_limit():
 class Sqlite3Adapter(Adapter):
     vendor = 'sqlite'
     display_name = 'SQLite'
-    full_hint = 'free disk space on the file system of its data-dir'
+
+    @property
+    def full_hint(self):
+        hint = 'free disk space on the file system of its data-dir'
+        if 'max_page_count' in self.pragmas:
+            hint += ', or raise <pragmas> max_page_count (%s)' % self.pragmas['max_page_count']
+        return hint
     # SQLite writes a record in about 3 us, so the scan of the fast path
     # weighs more against replaying (see Adapter).
     copy_fast_path_thresholds = dict(Adapter.copy_fast_path_thresholds,
@@ -243,7 +251,7 @@ class Sqlite3Adapter(Adapter):
         st = os.statvfs(self.data_dir)
         free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
         if free < needed:
-            raise RelStorageError(
+            raise DatabaseFullError(
                 "No room to commit to %s: %d KB free on its file system, and the "
                 "commit may need %d KB (nothing was committed)"
                 % (self.describe(), free // 1024, needed // 1024))
@@ -481,6 +489,12 @@ class Sqlite3Adapter(Adapter):
         # refused writes at once (connect).
         if purpose != 'load' and raw.in_transaction:
             self._forked_in_a_write = True
+            # Never freed either, not even as the interpreter ends (a
+            # helper agent's check: a child's normal exit freed it from
+            # connections._INHERITED, freeing closed it, and the parent's
+            # database was malformed): a reference nothing drops.
+            for obj in (raw, cursor):
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
             return True
         for obj in (cursor, raw):
             try:
