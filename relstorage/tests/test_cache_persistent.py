@@ -78,6 +78,8 @@ class PersistentCacheTests(unittest.TestCase):
                                   'tmpfs', small], capture_output=True, check=False)
         if mounted.returncode:
             self.skipTest('cannot mount a tmpfs here: %s' % mounted.stderr.decode().strip())
+        # (Removed after the unmount: tearDown's rmtree cannot.)
+        self.addCleanup(shutil.rmtree, self.tmp, True)
         self.addCleanup(subprocess.run, ['umount', small], check=False)
         fillers = [os.path.join(small, name) for name in ('filler1', 'filler2')]
         for filler in fillers:

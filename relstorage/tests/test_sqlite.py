@@ -707,6 +707,9 @@ class SqliteConfigTests(unittest.TestCase):
         if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', path],
                           capture_output=True).returncode:
             self.skipTest('cannot mount a tmpfs here')
+        # (Removed after the unmount: tearDown's rmtree, earlier, cannot
+        # remove a mount point, and left the directory in /tmp.)
+        self.addCleanup(shutil.rmtree, self.tmp, True)
         self.addCleanup(subprocess.run, ['umount', '-l', path], capture_output=True)
         return path
 
