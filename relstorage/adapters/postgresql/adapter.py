@@ -215,11 +215,6 @@ class PostgreSQLAdapter(Adapter):
             setup.append("SET lock_timeout = %d" % self._lock_timeout_ms())
             setup.append("SET idle_in_transaction_session_timeout = %d"
                          % self._store_idle_ms())
-        if purpose == 'load' and self.driver.prepares_explicitly:
-            # Saves the server parsing and planning the statement run once
-            # per object read (a cold read is one of these per object).
-            setup.append("PREPARE rs_load_current(bigint) AS "
-                         + self.sql.LOAD_CURRENT.replace('%s', '$1'))
         if setup:
             cur = raw.cursor()
             try:
@@ -235,6 +230,17 @@ class PostgreSQLAdapter(Adapter):
 
     def load_current(self, conn, oid):
         if conn.purpose == 'load' and self.driver.prepares_explicitly:
+            if not conn.session_settings.get('load_prepared'):
+                # Saves the server parsing and planning the statement run
+                # once per object read (a cold read is one of these per
+                # object).  At the first load, not as the session opens:
+                # a replica that has not replayed the schema yet failed
+                # the connection with "relation current_object does not
+                # exist", where a load's error has the replica left for a
+                # while (translate_error).  (PREPARE outlives a rollback.)
+                conn.execute("PREPARE rs_load_current(bigint) AS "
+                             + self.sql.LOAD_CURRENT.replace('%s', '$1'))
+                conn.session_settings['load_prepared'] = True
             return conn.query_one('EXECUTE rs_load_current(%s)', (oid,))
         return super().load_current(conn, oid)
 
