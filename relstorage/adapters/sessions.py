@@ -91,11 +91,6 @@ class SessionPool:
             while True:
                 if self._idle:
                     conn, since = self._idle.pop()     # the most recently used
-                    if conn.broken:
-                        # (Inherited from the parent of a forked process:
-                        # connections.py.  Closing it closes nothing.)
-                        conn.close()
-                        continue
                     break
                 if not self.bounded or self._out < self.size:
                     conn = since = None

@@ -105,23 +105,18 @@ class LocalStateCache:
             return zlib.decompress(stored)
         return stored
 
-    def put(self, oid_int, tid_int, state):
+    def put(self, oid_int, tid_int, state, protect=False):
         if state is None or not self.limit or len(state) > self.object_max:
             return
         state = self._packed(state) if self.compress else bytes(state)
         with self._lock:
-            self._store(_key(oid_int, tid_int), state)
+            self._store(_key(oid_int, tid_int), state, protect)
             self._evict()
 
     def put_restored(self, oid_int, tid_int, state):
         """``put`` of an entry read from a cache file, where they come
         least recently used first: taken as read again (protected)."""
-        if state is None or not self.limit or len(state) > self.object_max:
-            return
-        state = self._packed(state) if self.compress else bytes(state)
-        with self._lock:
-            self._store(_key(oid_int, tid_int), state, protect=True)
-            self._evict()
+        self.put(oid_int, tid_int, state, protect=True)
 
     def put_many(self, entries):
         """``put`` for each (oid, tid, state) of ``entries`` (states are

@@ -70,29 +70,64 @@ def _is_memcache_connection_error(exc):
                                          'SomeErrors', 'ServerDead'))
 
 
-class PymemcacheServer(Server):
+#: Clients a forked child inherited (see _MemcachedServer.client): kept,
+#: never closed.
+_INHERITED = []
+
+
+class _MemcachedServer(Server):
+    """A memcached client made by ``make()``, made again in a child
+    process forked after it was made: the parent's sockets are not the
+    child's to use (two processes reading replies from one socket take
+    each other's), nor to close (the parent's goes on using them).  The
+    parent's client is kept referenced, so that nothing closes its
+    sockets."""
 
     kind = 'memcached'
+    is_connection_error = staticmethod(_is_memcache_connection_error)
+
+    def __init__(self, label, make):
+        Server.__init__(self, label)
+        self._make = make
+        self._pid = os.getpid()
+        self._client = make()
+        # (A pylibmc client is not thread-safe; pymemcache's pool is.)
+        self._lock = threading.Lock()
+
+    @property
+    def client(self):
+        pid = os.getpid()
+        if self._pid != pid:
+            _INHERITED.append(self._client)
+            # (The lock possibly held by a thread of the parent as it
+            # forked.  Replaced before the pid says it is done: a review
+            # finding.)
+            self._lock = threading.Lock()
+            self._client = self._make()
+            self._pid = pid
+        return self._client
+
+    def _close_client(self, client):
+        raise NotImplementedError
+
+    def close(self):
+        if self._pid == os.getpid():
+            self._close_client(self._client)
+
+
+class PymemcacheServer(_MemcachedServer):
 
     def __init__(self, address):
-        Server.__init__(self, '%s:%d' % address)
         try:
             from pymemcache.client.base import PooledClient
         except ImportError:
             raise ValueError('cache-servers names memcached servers, but the pymemcache '
                              'package is not installed (pip install '
                              'relstorage[memcache])') from None
-        self._make = lambda: PooledClient(address, connect_timeout=CONNECT_TIMEOUT,
-                                          timeout=TIMEOUT, no_delay=True,
-                                          default_noreply=True)
-        self._pid = os.getpid()
-        self._client = self._make()
-
-    is_connection_error = staticmethod(_is_memcache_connection_error)
-
-    @property
-    def client(self):
-        return _own_client(self)
+        _MemcachedServer.__init__(
+            self, '%s:%d' % address,
+            lambda: PooledClient(address, connect_timeout=CONNECT_TIMEOUT, timeout=TIMEOUT,
+                                 no_delay=True, default_noreply=True))
 
     def get_many(self, keys):
         client = self.client
@@ -104,37 +139,25 @@ class PymemcacheServer(Server):
         # Without noreply pymemcache reads the replies (the keys not stored).
         self.client.set_many(values, noreply=not wait)
 
-    def close(self):
-        if self._pid == os.getpid():
-            self._client.close()
+    def _close_client(self, client):
+        client.close()
 
 
-class PylibmcServer(Server):
-
-    kind = 'memcached'
+class PylibmcServer(_MemcachedServer):
 
     def __init__(self, addresses):
-        Server.__init__(self, ' '.join('%s:%d' % a for a in addresses))
         try:
             module = importlib.import_module('pylibmc')
         except ImportError:
             raise ValueError('cache-module-name pylibmc, but the pylibmc package is not '
                              'installed (pip install pylibmc, or leave cache-module-name '
                              'unset for pymemcache)') from None
-        self._make = lambda: module.Client(['%s:%d' % a for a in addresses], binary=True)
-        self._pid = os.getpid()
-        self._client = self._make()
-        # A pylibmc client is not thread-safe.
-        self._lock = threading.Lock()
-
-    is_connection_error = staticmethod(_is_memcache_connection_error)
-
-    @property
-    def client(self):
-        return _own_client(self)
+        _MemcachedServer.__init__(
+            self, ' '.join('%s:%d' % a for a in addresses),
+            lambda: module.Client(['%s:%d' % a for a in addresses], binary=True))
 
     def get_many(self, keys):
-        client = self.client        # (before the lock: see _own_client)
+        client = self.client        # (before the lock: see client)
         with self._lock:
             return client.get_multi(keys)
 
@@ -144,28 +167,5 @@ class PylibmcServer(Server):
         with self._lock:
             client.set_multi(values)
 
-    def close(self):
-        if self._pid == os.getpid():
-            self._client.disconnect_all()
-
-
-#: Clients a forked child inherited (see _own_client): kept, never closed.
-_INHERITED = []
-
-
-def _own_client(server):
-    """``server``'s client, made again in a child process forked after it
-    was made: the parent's sockets are not the child's to use (two
-    processes reading replies from one socket take each other's), nor to
-    close (the parent's goes on using them).  The parent's client is kept
-    referenced, so that nothing closes its sockets."""
-    pid = os.getpid()
-    if server._pid != pid:
-        _INHERITED.append(server._client)
-        # (The lock possibly held by a thread of the parent as it forked.
-        # Replaced before the pid says it is done: a review finding.)
-        if hasattr(server, '_lock'):
-            server._lock = threading.Lock()
-        server._client = server._make()
-        server._pid = pid
-    return server._client
+    def _close_client(self, client):
+        client.disconnect_all()

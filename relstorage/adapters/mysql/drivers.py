@@ -112,6 +112,15 @@ class Driver:
         """The descriptor of ``raw``'s socket (None when closed)."""
         raise NotImplementedError
 
+    def _limited(self, conn):
+        """``conn``, its socket given TCP_LIMITS (closed if that fails)."""
+        try:
+            limit_dead_links(self.socket_fd(conn))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def streaming_cursor(self):
         """The cursor class that fetches rows as they are read."""
         return self.module.cursors.SSCursor
@@ -163,14 +172,6 @@ def limit_dead_links(fd):
         sock.close()
 
 
-def _limit_dead_links(conn, fileno):
-    try:
-        limit_dead_links(fileno())
-    except BaseException:
-        conn.close()
-        raise
-
-
 class MySQLdbDriver(Driver):
     name = 'MySQLdb'
     module_name = 'MySQLdb'
@@ -182,9 +183,7 @@ class MySQLdbDriver(Driver):
         kwargs['binary_prefix'] = True
         kwargs.setdefault('charset', 'utf8mb4')
         kwargs['autocommit'] = False
-        conn = self.module.connect(**kwargs)
-        _limit_dead_links(conn, conn.fileno)
-        return conn
+        return self._limited(self.module.connect(**kwargs))
 
     def socket_fd(self, raw):
         return raw.fileno()
@@ -216,9 +215,7 @@ class PyMySQLDriver(Driver):
             kwargs['database'] = kwargs.pop('db')
         kwargs.setdefault('charset', 'utf8mb4')
         kwargs['autocommit'] = False
-        conn = self.module.connect(**kwargs)
-        _limit_dead_links(conn, lambda: conn._sock.fileno())
-        return conn
+        return self._limited(self.module.connect(**kwargs))
 
     def socket_fd(self, raw):
         sock = raw._sock

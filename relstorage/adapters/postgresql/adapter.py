@@ -200,7 +200,7 @@ class PostgreSQLAdapter(Adapter):
             # Not chained: the driver's own text is already summarised (and
             # redacted) in ours.
             raise self._connect_error(exc, server) from None
-        setup = []
+        settings = []
         if self._server_keepalives:
             # The server's side of the same limits (its defaults follow
             # the OS: probes after 2 hours): a session whose client's
@@ -208,18 +208,17 @@ class PostgreSQLAdapter(Adapter):
             # (a commit's locks: a helper agent's check saw every writer
             # of the database fail meanwhile).  A live client answers the
             # probes, however long it is busy elsewhere.
-            setup.append("SELECT set_config('tcp_keepalives_idle', '60', false), "
-                         "set_config('tcp_keepalives_interval', '10', false), "
-                         "set_config('tcp_keepalives_count', '6', false)")
+            settings += [('tcp_keepalives_idle', 60), ('tcp_keepalives_interval', 10),
+                         ('tcp_keepalives_count', 6)]
         if purpose == 'store':
-            setup.append("SET lock_timeout = %d" % self._lock_timeout_ms())
-            setup.append("SET idle_in_transaction_session_timeout = %d"
-                         % self._store_idle_ms())
-        if setup:
+            settings += [('lock_timeout', self._lock_timeout_ms()),
+                         ('idle_in_transaction_session_timeout', self._store_idle_ms())]
+        if settings:
             cur = raw.cursor()
             try:
-                for stmt in setup:
-                    cur.execute(stmt)
+                # (One round trip for them all.)
+                cur.execute('SELECT ' + ', '.join(
+                    "set_config('%s', '%d', false)" % item for item in settings))
                 raw.commit()
             except self.driver.Error as exc:
                 raw.close()
