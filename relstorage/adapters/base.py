@@ -952,9 +952,7 @@ class Adapter(PackVerbs):
             row = conn.query_one(self.q(self.sql.LOAD_BEFORE), (oid, tid))
             if row is None:
                 return None
-            state, start = _bytes(row[0]), row[1]
-            end = conn.query_value(self.q(self.sql.NEXT_TID_AFTER), (oid, start))
-            return state, start, end
+            return _bytes(row[0]), row[1], row[2]
         row = self.load_current(conn, oid)
         if row is None or row[1] >= tid:
             return None

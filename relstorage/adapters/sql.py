@@ -211,15 +211,17 @@ class Statements:
         SELECT state FROM object_state WHERE zoid = %s AND tid = %s
     """
 
+    #: With the tid of the next revision (the end of this one's validity),
+    #: in the same round trip: loadBefore answers both.  (The subquery runs
+    #: for the one row the index's backward scan yields.)
     LOAD_BEFORE = """
-        SELECT state, tid FROM object_state
-        WHERE zoid = %s AND tid < %s
-        ORDER BY tid DESC
+        SELECT s.state, s.tid,
+               (SELECT MIN(n.tid) FROM object_state n
+                WHERE n.zoid = s.zoid AND n.tid > s.tid)
+        FROM object_state s
+        WHERE s.zoid = %s AND s.tid < %s
+        ORDER BY s.tid DESC
         LIMIT 1
-    """
-
-    NEXT_TID_AFTER = """
-        SELECT MIN(tid) FROM object_state WHERE zoid = %s AND tid > %s
     """
 
     CURRENT_TIDS = "SELECT zoid, tid FROM current_object WHERE zoid IN ({in_list})"

@@ -481,7 +481,7 @@ NOT_SENT = {
 }
 #: Statements about older revisions, which a history-free database has not:
 #: the verbs send them only when keep-history is on.
-HP_ONLY = ('LOAD_BEFORE', 'NEXT_TID_AFTER', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS',
+HP_ONLY = ('LOAD_BEFORE', 'DELETE_OLDER_REVISIONS', 'DELETE_OLDER_BLOBS',
            # The history-preserving incremental reachability.
            'PACK_FILL_CHANGED', 'PACK_SEED_DROPPED', 'PACK_SEED_NEW', 'PACK_FILL_DOM',
            'PACK_REACH_OUTSIDE_DOM', 'PACK_DOM_ENTRIES_AT', 'PACK_LATE_DOM_AT',
