@@ -680,6 +680,9 @@ class SharedBlobDirTests(BlobCase):
         self.assertTrue(os.path.exists(marker))
         other = self.factory.named('shared_blobs_b')
         other.fresh(self.keep_history)
+        # (A SQLite one makes a directory of its own: one was left in /tmp
+        # by each run of the suite.)
+        self.addCleanup(other.cleanup)
         for read_only in (False, True):
             with self.assertRaises(RelStorageError) as raised:
                 self.shared_storage(other, read_only=read_only)
