@@ -48,7 +48,7 @@ setup(
         'redis': redis,
         # zodbpack's progress display on a terminal (optional).
         'progress': ['tqdm>=4.42'],
-        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi'] + postgresql + mysql + ['pymemcache', 'tqdm>=4.42']
+        'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi', 'zc.zlibstorage'] + postgresql + mysql + ['pymemcache', 'tqdm>=4.42']
                 + redis + oracle + ['sqlglot'],
     },
     entry_points={

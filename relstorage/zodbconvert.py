@@ -188,6 +188,12 @@ def _make_read_only(factory):
         before = section.read_only
         section.read_only = True                          # filestorage, zeoclient, ...
         return lambda: setattr(section, 'read_only', before)
+    base = getattr(section, 'base', None) if section is not None else None
+    if base is not None and hasattr(base, 'open'):
+        # A wrapper (<zlibstorage>, <before>) of the storage in its section:
+        # that one, read-only (a helper agent's check: a RelStorage 4.x
+        # database inside <zlibstorage> was refused as a source).
+        return _make_read_only(base)
     return None
 
 

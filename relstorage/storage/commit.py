@@ -124,8 +124,13 @@ class Commit:
     """The two-phase commit of one transaction (or one batch of copied
     transactions) on one storage instance."""
 
-    def __init__(self, adapter, cache, blobs, txn, meta=None, tid=None, read_mark=None):
+    def __init__(self, adapter, cache, blobs, txn, meta=None, tid=None, read_mark=None,
+                 untransform=None):
         self.adapter = adapter
+        #: The record transform of a storage wrapper (<zlibstorage>)
+        #: undone, for reading the references of what is stored (see
+        #: _stored_references), or None.
+        self.untransform = untransform
         self.cache = cache
         self.blobs = blobs
         self.txn = txn
@@ -443,8 +448,13 @@ class Commit:
             group = list(itertools.islice(rows, 1000))
             if not group:
                 return result
-            result.extend(zip([oid for oid, _, _ in group],
-                              stored_references([state for _, _, state in group])))
+            states = [state for _, _, state in group]
+            if self.untransform is not None:
+                # (A helper agent's check: compressed by <zlibstorage>, they
+                # read as no references at all.)
+                states = [state if state is None else self.untransform(state)
+                          for state in states]
+            result.extend(zip([oid for oid, _, _ in group], stored_references(states)))
 
     def _lost_if_raises(self, check, *args):
         """Run a conflict check and return what it returns; a

@@ -789,7 +789,7 @@ def _as_ints(oid, tid, refs):
 def _unreadable(oid, tid, exc):
     return PackError(
         "Cannot read the references of object 0x%x at transaction 0x%x (%s: %s); "
-        "the pack stopped without removing anything more."
+        "the analysis stopped there, and nothing more was removed."
         % (oid, tid, type(exc).__name__, exc))
 
 

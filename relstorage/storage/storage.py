@@ -30,6 +30,7 @@ finish must not fail for a reason vote could have detected).
 """
 import contextlib
 import hashlib
+import inspect
 import logging
 import os
 import struct
@@ -51,6 +52,8 @@ from ZODB.interfaces import IStorageCurrentRecordIteration
 from ZODB.interfaces import IStorageIteration
 from ZODB.interfaces import IStorageRestoreable
 from ZODB.interfaces import IStorageUndoable
+from ZODB.interfaces import IStorageWrapper
+from ZODB.serialize import referencesf as zodb_referencesf
 from ZODB.utils import p64
 from ZODB.utils import u64
 
@@ -154,6 +157,9 @@ class RelStorage(ConflictResolvingStorage):
         self._is_read_only = bool(options.read_only)
         self._parent = _parent
         self._before = None                 # historical instances: load before this tid
+        # A storage wrapper (IStorageWrapper: <zlibstorage>) that registered
+        # itself with this storage, see new_instance.
+        self._wrapper = None
 
         if _parent is None:
             # The one place every way of opening a storage goes through.
@@ -294,16 +300,77 @@ class RelStorage(ConflictResolvingStorage):
     # Instances (IMVCCStorage)
 
     def new_instance(self):
-        instance = type(self)(self._adapter, name=self._name, options=self._options,
-                              _parent=self)
-        self._instances.add(instance)
-        return instance
+        return self._wrapped(self._new_instance())
 
     def before_instance(self, before=None):
-        instance = self.new_instance()
+        instance = self._new_instance()
         instance._before = u64(before) if before is not None else None
         instance._is_read_only = True
+        return self._wrapped(instance)
+
+    def _new_instance(self):
+        root = self._root
+        instance = type(self)(self._adapter, name=self._name, options=self._options,
+                              _parent=root)
+        root._instances.add(instance)
         return instance
+
+    def _wrapped(self, instance):
+        """``instance`` inside wrappers like those this storage is inside.
+
+        A helper agent's check: with ``<zlibstorage>`` around
+        ``<relstorage>``, ZODB.DB asks the wrapper for its connections'
+        instances, and the wrapper's ``__getattr__`` handed the question to
+        this storage: connections used bare instances, whose states were
+        neither compressed when stored nor decompressed when loaded, while
+        conflict resolution compressed what it wrote (the wrapper's record
+        transform): every later load of a resolved object failed.  Each
+        wrapper (IStorageWrapper, registered with ``registerDB``; one
+        wrapped in another registers with it, as ``db``) is made again
+        around the instance, with its settings (attributes that are not
+        bound to the storage it wraps: zlibstorage's ``compress false``).
+        Making it registers it with the instance, which takes its record
+        transforms for conflict resolution."""
+        chain = []
+        wrapper = self._root._wrapper
+        while wrapper is not None and wrapper not in chain:
+            chain.append(wrapper)
+            above = getattr(wrapper, 'db', None)
+            wrapper = above if IStorageWrapper.providedBy(above) else None
+        for index, wrapper in enumerate(chain):
+            made = type(wrapper)(instance)
+            for name, value in vars(wrapper).items():
+                if name in vars(made) and name not in ('base', 'db') and not (
+                        inspect.ismethod(value)
+                        or IStorage.providedBy(value) or IStorageWrapper.providedBy(value)):
+                    setattr(made, name, value)
+            if index == len(chain) - 1 and getattr(wrapper, 'db', None) is not None:
+                # (The top one's database: ZODB.DB, whose record transforms
+                # are its own, none by default.)
+                made.registerDB(wrapper.db)
+            instance = made
+        return instance
+
+    def registerDB(self, wrapper):
+        """IStorage.registerDB: ZODB.DB, or a storage wrapper, registers
+        itself; conflict resolution takes its record transforms."""
+        self._wrapper = wrapper if IStorageWrapper.providedBy(wrapper) else None
+        super().registerDB(wrapper)
+
+    def _references_function(self, referencesf):
+        """The function a pack reads references with: ZODB's, given to
+        the storage inside a wrapper that transforms records (zodbpack on a
+        configuration with ``<zlibstorage>``, whose ``run_pack`` is this
+        storage's), reads them untransformed (a helper agent's check: the
+        pack stopped at the first compressed record).  A wrapper's own
+        ``pack`` gives a function that untransforms already."""
+        if self._root._wrapper is None or referencesf is not zodb_referencesf:
+            return referencesf
+        untransform = self._root._crs_untransform_record_data
+
+        def references(data, oids=None):
+            return referencesf(untransform(data), oids)
+        return references
 
     def release(self):
         with self._lock:
@@ -981,7 +1048,8 @@ class RelStorage(ConflictResolvingStorage):
             # the mark of the last poll never moved for a storage used
             # without ZODB.DB.)
             self._commit = commit.Commit(self._adapter, self._cache, self._blobs,
-                                         txn, meta, tid, read_mark=self._read_mark)
+                                         txn, meta, tid, read_mark=self._read_mark,
+                                         untransform=self._crs_untransform_record_data)
         return self._commit
 
     def store(self, oid, serial, data, version, txn):
@@ -1372,7 +1440,7 @@ class RelStorage(ConflictResolvingStorage):
         elif skip_prepack:
             prepack_only = False
         report = pack.pack(
-            self._adapter, options, t, referencesf,
+            self._adapter, options, t, self._references_function(referencesf),
             gc=options.pack_gc if gc is None else gc,
             blobs=self._blobs, cache=self._cache,
             prepack_only=options.pack_prepack_only if prepack_only is None else prepack_only,
@@ -1387,7 +1455,8 @@ class RelStorage(ConflictResolvingStorage):
         as (oid, tid, missing oid) integers; removes nothing."""
         self._check_open()
         from . import pack
-        return pack.check_references(self._adapter, referencesf, progress=progress)
+        return pack.check_references(self._adapter, self._references_function(referencesf),
+                                     progress=progress)
 
     def zap_all(self, **kwargs):
         """Remove every object and transaction, leaving an empty, usable
