@@ -721,6 +721,14 @@ class Adapter(PackVerbs):
             fresh.add(oid)
             return oid
 
+    def forget_oids(self):
+        """Drop the OIDs reserved and not handed out (the database was
+        restored from a backup: its counter may hand them out again); the
+        next ``new_oid`` reserves a block from the counter as it is now."""
+        with self._oid_lock:
+            self._oid_block = []
+            self._fresh_oids.clear()
+
     def socket_fd(self, raw):
         """The file descriptor of driver connection ``raw``'s socket, or
         None (not known, or no socket)."""

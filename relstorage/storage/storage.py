@@ -435,7 +435,7 @@ class RelStorage(ConflictResolvingStorage):
                 self._adapter.begin_snapshot(conn)
                 witnesses = self._witnesses if polling else ()
                 tid, pack_mark, found = self._adapter.snapshot_marks(
-                    conn, [oid for oid, _ in witnesses])
+                    conn, [oid for oid, _, _ in witnesses])
                 break
             except DisconnectedError:
                 # The server restarted or dropped us since the last
@@ -465,10 +465,22 @@ class RelStorage(ConflictResolvingStorage):
         # a snapshot that has that revision's transaction: this is not the
         # history the witness came from (a restored backup, committed to
         # since, so that the last tid did not go back).  (A replica behind
-        # does not have that transaction; an object gone was removed by a
-        # pack; undo, deleteObject and copies write newer tids.)
-        older = [found[oid] for oid, seen in witnesses
-                 if found.get(oid) is not None and found[oid] < seen <= tid]
+        # does not have that transaction; undo, deleteObject and copies
+        # write newer tids.)  Or gone, with no pack batch since that poll
+        # (only packs and zap_all remove rows, and both move the pack
+        # mark): a helper agent's check found the newest change of a poll
+        # was often an object that commit created, which a restored backup
+        # does not have at all; where that history began is then unknown,
+        # and all of it is abandoned.
+        older = []
+        for oid, seen, seen_mark in witnesses:
+            if seen <= tid:
+                now = found.get(oid)
+                if now is None:
+                    if pack_mark == seen_mark:
+                        older.append(0)
+                elif now < seen:
+                    older.append(now)
         self._diverged_at = min(older) if older else None
         if conn.replica and tid < self._high_water():
             self._replica_behind(tid, polling)
@@ -682,7 +694,7 @@ class RelStorage(ConflictResolvingStorage):
         changes = self._cache.poll(self._adapter, conn, previous, current)
         if changes:
             # (The newest change; its object is checked by the next polls.)
-            newest = max(changes, key=itemgetter(1))
+            newest = max(changes, key=itemgetter(1)) + (self._snapshot_pack_mark,)
             if not self._witnesses or newest[1] > self._witnesses[0][1]:
                 keep = self._adapter.snapshot_witnesses - 1
                 self._witnesses = [newest] + self._witnesses[:keep]
@@ -701,9 +713,13 @@ class RelStorage(ConflictResolvingStorage):
 
     def _forget_history(self):
         """After a restored backup: what this instance knew of the
-        history it polled is gone with it."""
+        history it polled is gone with it, and so are the OIDs it reserved
+        (a helper agent's check: drawn from the counter after the backup
+        point, they were drawn again from the restored counter by other
+        processes, and every commit of one of them failed)."""
         self._own_tids = set()
         self._witnesses = []
+        self._adapter.forget_oids()
 
     def _pack_removals(self, conn, after_mark, upto_mark):
         """OIDs (bytes) the pack batches of marks (after_mark, upto_mark]

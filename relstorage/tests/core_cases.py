@@ -2367,7 +2367,14 @@ class OwnCommitPollTests(FactoryCase):
         # states the restore removed.
         self.check_restore_noticed(pack=False)
 
-    def check_restore_noticed(self, pack):
+    def test_a_restore_without_an_object_a_poll_reported_is_noticed(self):
+        # A helper agent's check: the newest change a poll reported (its
+        # witness) was an object that transaction created; the restored
+        # database did not have it at all, which was taken for a pack's
+        # removal, and the process went on serving the lost states.
+        self.check_restore_noticed(pack=False, lost_creation=True)
+
+    def check_restore_noticed(self, pack, lost_creation=False):
         reader, writer = ZODB.DB(self.storage()), ZODB.DB(self.storage())
         self.addCleanup(reader.close)
         self.addCleanup(writer.close)
@@ -2393,6 +2400,10 @@ class OwnCommitPollTests(FactoryCase):
         for i in range(5):
             c_w.root()['items'][i]['v'] = 1
         tm_w.commit()
+        if lost_creation:
+            # (Unreferenced: that commit changes no object the backup has.)
+            c_w.add(PersistentMapping(v='lost'))
+            tm_w.commit()
         if pack:
             # (A backup older than the last pack: the pack mark goes back.)
             reader.pack(time.time() + 1)
@@ -2405,6 +2416,13 @@ class OwnCommitPollTests(FactoryCase):
         c_r2 = reader.open(tm_r2)
         self.assertEqual([c_r2.root()['items'][i]['v'] for i in range(5)], [1] * 5)
         tm_r2.abort()
+        # OIDs the reader's process reserved after the backup point (the
+        # restored counter hands them out again).
+        reader.storage.new_oid()
+        reserved = []
+        allocate = reader.storage.adapter.allocate_oid_block
+        reader.storage.adapter.allocate_oid_block = lambda conn: (
+            reserved.append(1) or allocate(conn))
         for table in tables:
             conn.execute('DELETE FROM %s' % table)
             conn.execute('INSERT INTO %s SELECT * FROM bk_%s' % (table, table))
@@ -2430,6 +2448,10 @@ class OwnCommitPollTests(FactoryCase):
         self.assertEqual([c_r2.root()['items'][i]['v'] for i in range(5)], [0] * 5)
         self.assertEqual(c_r2.root()['after'], 1)
         tm_r2.abort()
+        # The reserved OIDs are forgotten: the next one comes from the
+        # counter as the restore left it.
+        reader.storage.new_oid()
+        self.assertEqual(reserved, [1])
 
     def test_a_restore_from_before_a_pack_is_noticed(self):
         # A review finding: the pack mark went back with the restore, and
