@@ -1620,6 +1620,23 @@ class SqlitePackFileTests(unittest.TestCase):
             self.assertEqual(conn.root()['x']['b']['v'], 'B')
         self.assert_reachable_load()
 
+    def test_main_file_restored_without_its_oid_file(self):
+        # A helper agent's check: main.sqlite3 restored alone (no
+        # oids.sqlite3 beside it); the new counter started at 1, and every
+        # commit of new objects failed until it passed the stored OIDs.
+        with self.db.transaction() as conn:
+            conn.root()['items'] = PersistentMapping(
+                {i: PersistentMapping(v=i) for i in range(50)})
+        self.db.close()
+        os.remove(os.path.join(self.data_dir, 'oids.sqlite3'))
+        self.db = self.open_db()
+        with self.db.transaction() as conn:
+            conn.root()['new'] = PersistentMapping(v='new')
+        with self.db.transaction() as conn:
+            self.assertEqual(conn.root()['new']['v'], 'new')
+            self.assertEqual([conn.root()['items'][i]['v'] for i in range(50)],
+                             list(range(50)))
+
     def test_zap_all_forgets_what_the_pack_recorded(self):
         self.make_garbage('a')
         self.zodbpack()

@@ -714,7 +714,7 @@ class Sqlite3Adapter(Adapter):
         conn.execute('BEGIN IMMEDIATE')
         try:
             row = conn.query_one('SELECT next_oid FROM oid_counter WHERE id = 0')
-            first = row[0] if row else 1
+            first = row[0] if row else self._highest_stored_oid() + 1
             if row is None:
                 conn.execute('INSERT INTO oid_counter (id, next_oid) VALUES (0, ?)',
                              (first + size,))
@@ -728,6 +728,22 @@ class Sqlite3Adapter(Adapter):
         self._oid_block_size = min(size * 2, OID_BLOCK_MAX)
         self._oid_high = max(self._oid_high, first + size - 1)
         return list(range(first, first + size))
+
+    def _highest_stored_oid(self):
+        """The highest OID of ``main.sqlite3`` (0 when empty), read on a
+        load session of its own.  For a counter that starts: a helper
+        agent's check restored ``main.sqlite3`` without its ``oids.sqlite3``,
+        and the new counter handed out OIDs from 1, each of which failed its
+        commit (39 in a row on a 505-object database).  (Not another
+        connection to the file, opened and closed here: closing a file's
+        descriptor drops every lock the process holds on it.)"""
+        pool = self.load_sessions
+        conn = pool.take()
+        try:
+            return conn.query_value('SELECT MAX(zoid) FROM object_state') or 0
+        finally:
+            conn.rollback()
+            pool.give_back(conn)
 
     def raise_oid_floor(self, conn, max_oid):
         # The usual commit stores only OIDs this process reserved: the
