@@ -338,7 +338,15 @@ class RelStorage(ConflictResolvingStorage):
             above = getattr(wrapper, 'db', None)
             wrapper = above if IStorageWrapper.providedBy(above) else None
         for index, wrapper in enumerate(chain):
-            made = type(wrapper)(instance)
+            try:
+                made = type(wrapper)(instance)
+            except Exception as exc:
+                # (A bare instance would read the wrapper's records as
+                # they are stored: transformed.)
+                raise StorageError(
+                    "Cannot make the storage wrapper %s again around a connection's "
+                    "instance of %s (%s: %s)" % (type(wrapper).__name__, self._name,
+                                                 type(exc).__name__, exc)) from exc
             for name, value in vars(wrapper).items():
                 if name in vars(made) and name not in ('base', 'db') and not (
                         inspect.ismethod(value)
