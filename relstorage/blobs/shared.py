@@ -7,8 +7,8 @@ pointing at a missing file, and a rename never exposes half a file.
 """
 import errno
 import os
-import tempfile
 import time
+import uuid
 
 from ZODB.blob import link_or_copy
 from ZODB.blob import rename_or_copy_blob
@@ -118,6 +118,12 @@ def _read_key(path):
                 text = f.read()
         except FileNotFoundError:
             return None
+        except PermissionError as exc:
+            raise RelStorageError(
+                "Cannot read %s, which names the database of the shared blob-dir (%s): "
+                "every user of the blob-dir needs to read it (written by an earlier "
+                "build readable by its owner only: chmod it as the blob files are)"
+                % (path, exc.strerror)) from exc
         words = text.split()
         if text.endswith('\n') and words:
             try:
@@ -131,9 +137,13 @@ def _read_key(path):
 
 
 def _create(path, text):
-    """Write ``path`` whole or not at all, unless it exists."""
-    fd, temp = tempfile.mkstemp(prefix=os.path.basename(path) + '.', suffix='.tmp',
-                                dir=os.path.dirname(path))
+    """Write ``path`` whole or not at all, unless it exists; with the
+    permissions the umask gives, as the directory's other files (a helper
+    agent's check: made by mkstemp, it was readable by its owner only, and
+    a second system user of a shared blob-dir could not open the storage,
+    even read-only, where RelStorage 4.3 worked)."""
+    temp = '%s.%s.tmp' % (path, uuid.uuid4().hex)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, 'w') as f:
         f.write(text)
         f.flush()
@@ -148,7 +158,7 @@ def _create(path, text):
         # (A file system without hard links: created empty and written,
         # which _read_key waits out.)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             pass
         else:

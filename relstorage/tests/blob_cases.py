@@ -666,6 +666,22 @@ class SharedBlobDirTests(BlobCase):
         self._open.append(storage)
         return storage
 
+    def test_the_directory_s_files_follow_the_umask(self):
+        # A helper agent's check: the file naming the directory's database
+        # was readable by its owner only (whatever the umask), and a second
+        # system user sharing the directory could not open the storage.
+        from relstorage.blobs.shared import DATABASE_MARKER
+        old = os.umask(0o002)
+        try:
+            db = ZODB.DB(self.shared_storage())
+            self.addCleanup(db.close)
+            with db.transaction() as conn:
+                conn.root()['x'] = Blob(b'data')
+        finally:
+            os.umask(old)
+        marker = os.path.join(self.tmp, 'shared', DATABASE_MARKER)
+        self.assertEqual(os.stat(marker).st_mode & 0o777, 0o664)
+
     def test_a_directory_belongs_to_one_database(self):
         # A helper agent's check: databases A and B given the same shared
         # blob-dir (a staging copy pointed at production's directory) both
