@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 import unittest
+import unittest.mock
 
 import transaction
 import ZConfig
@@ -144,12 +145,18 @@ class SqliteConfigTests(unittest.TestCase):
         db = ZODB.config.databaseFromString(zconfig(
             data_dir, '', '<pragmas>\n max_page_count %d\n</pragmas>' % (pages + 5)))
         try:
-            message = refused_commit(self, db, lambda root: root.update(big=PersistentMapping(
-                ('k%d' % i, os.urandom(1000)) for i in range(200))), DatabaseFullError)
+            with unittest.mock.patch.dict(os.environ, {'SQLITE_TMPDIR': self.tmp}):
+                message = refused_commit(self, db, lambda root: root.update(
+                    big=PersistentMapping(('k%d' % i, os.urandom(1000)) for i in range(200))),
+                    DatabaseFullError)
             self.assertIn("SQLite database in %s has no room left" % data_dir, message)
             self.assertIn('database or disk is full', message)
             self.assertIn('free disk space', message)
             self.assertIn('or raise <pragmas> max_page_count', message)
+            # (A helper agent's check: a small /tmp fills first with a
+            # commit's blob, and the message named the data-dir only.)
+            self.assertIn('the directory SQLite writes its temporary files to (%s,'
+                          % self.tmp, message)
             with db.transaction() as conn:
                 self.assertEqual(conn.root()['kept']['v'], 'kept')
                 self.assertNotIn('big', conn.root())

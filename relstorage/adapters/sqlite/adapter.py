@@ -136,6 +136,16 @@ def _variable_limit():
         return 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 
 
+def _sqlite_temp_dir():
+    """The directory SQLite puts its temporary files in on Unix (its
+    unixTempFileDir: the first writable directory of these)."""
+    for path in (os.environ.get('SQLITE_TMPDIR'), os.environ.get('TMPDIR'),
+                 '/var/tmp', '/usr/tmp', '/tmp'):
+        if path and os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK):
+            return path
+    return '.'
+
+
 class Sqlite3Adapter(Adapter):
     vendor = 'sqlite'
     display_name = 'SQLite'
@@ -143,6 +153,13 @@ class Sqlite3Adapter(Adapter):
     @property
     def full_hint(self):
         hint = 'free disk space on the file system of its data-dir'
+        if str(self.pragmas.get('temp_store', '')).lower() not in ('2', 'memory'):
+            # A helper agent's check: with a small /tmp, a commit of a blob
+            # larger than its free space failed naming the data-dir only.
+            hint += (", or of the directory SQLite writes its temporary files to "
+                     "(%s, the first usable of SQLITE_TMPDIR, TMPDIR, /var/tmp, /usr/tmp, "
+                     "/tmp: a commit's blobs and a pack's work tables go through it)"
+                     % _sqlite_temp_dir())
         if 'max_page_count' in self.pragmas:
             hint += ', or raise <pragmas> max_page_count (%s)' % self.pragmas['max_page_count']
         return hint
