@@ -581,6 +581,8 @@ class Adapter(PackVerbs):
         """
         conn = self.open_connection('store')
         try:
+            if not read_only:
+                self.check_can_write(conn)
             tables = self.list_tables(conn)
             if 'object_state' not in tables and create and not read_only \
                     and self.begin_schema_creation(conn):
@@ -649,6 +651,11 @@ class Adapter(PackVerbs):
         return (" If the table %s is there, this user has no privilege on it: the "
                 "server lists to a user only the tables it may use; check the grants."
                 % table)
+
+    def check_can_write(self, conn):
+        """Vendor hook, at the opening of a storage that may write, on a
+        store session: raise RelStorageError, naming the setting, where
+        the server is set up so that its commits would fail."""
 
     def begin_schema_creation(self, conn):
         """Vendor hook: make the creation of the schema one transaction
@@ -728,6 +735,15 @@ class Adapter(PackVerbs):
         with self._oid_lock:
             self._oid_block = []
             self._fresh_oids.clear()
+            # (A review finding: with the floor kept, an OID drawn before
+            # and committed after the restore raised the restored counter
+            # past it no more, and it was drawn again.)
+            self.forget_oid_floor()
+
+    def forget_oid_floor(self):
+        """Vendor hook (under the OID lock): forget how far this process
+        knows the counter to be past (which spares ``raise_oid_floor`` its
+        query)."""
 
     def socket_fd(self, raw):
         """The file descriptor of driver connection ``raw``'s socket, or
@@ -957,7 +973,7 @@ class Adapter(PackVerbs):
     def load_before(self, conn, oid, tid):
         """(state, tid, end_tid) of the revision current just before ``tid``."""
         if self.keep_history:
-            row = conn.query_one(self.q(self.sql.LOAD_BEFORE), (oid, tid))
+            row = conn.query_one(self.q(self.sql.LOAD_BEFORE), (oid, tid, oid, tid))
             if row is None:
                 return None
             return _bytes(row[0]), row[1], row[2]

@@ -212,12 +212,16 @@ class Statements:
     """
 
     #: With the tid of the next revision (the end of this one's validity),
-    #: in the same round trip: loadBefore answers both.  (The subquery runs
-    #: for the one row the index's backward scan yields.)
+    #: in the same round trip: loadBefore answers both.  Parameters: oid,
+    #: tid, oid, tid.  The next revision after the newest before tid is the
+    #: first at or after tid: a subquery that does not depend on the outer
+    #: row, which MySQL answers from the index's first key (a review
+    #: finding: correlated on s.tid, MariaDB read every revision of the
+    #: object for it, 40 ms instead of 1 at 200,000 revisions).
     LOAD_BEFORE = """
         SELECT s.state, s.tid,
                (SELECT MIN(n.tid) FROM object_state n
-                WHERE n.zoid = s.zoid AND n.tid > s.tid)
+                WHERE n.zoid = %s AND n.tid >= %s)
         FROM object_state s
         WHERE s.zoid = %s AND s.tid < %s
         ORDER BY s.tid DESC

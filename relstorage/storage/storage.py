@@ -30,11 +30,11 @@ finish must not fail for a reason vote could have detected).
 """
 import contextlib
 import hashlib
-import inspect
 import logging
 import os
 import struct
 import threading
+import types
 import weakref
 from operator import itemgetter
 
@@ -241,8 +241,8 @@ class RelStorage(ConflictResolvingStorage):
         self._snapshot_pid = None       # the process that began it
         self._snapshot_tid = 0
         self._poll_tid = None          # what the ZODB connection has been told
-        # (oid, tid) of the newest changes of the last few polls that
-        # reported any, newest first, checked by the next polling snapshot
+        # (oid, tid, pack mark of that poll's snapshot) of the newest
+        # changes of the last few polls that reported any, newest first, checked by the next polling snapshot
         # (see _poll_invalidations); what that check found: None, or the
         # oldest tid a witness's object has there, older than its change.
         self._witnesses = []
@@ -348,13 +348,17 @@ class RelStorage(ConflictResolvingStorage):
                     "instance of %s (%s: %s)" % (type(wrapper).__name__, self._name,
                                                  type(exc).__name__, exc)) from exc
             for name, value in vars(wrapper).items():
-                if name in vars(made) and name not in ('base', 'db') and not (
-                        inspect.ismethod(value)
-                        or IStorage.providedBy(value) or IStorageWrapper.providedBy(value)):
+                # Settings only: plain functions and immutable values (not
+                # what is bound to the storage it wraps, nor state the
+                # connections would share: a review finding).
+                if (name in vars(made) and not name.startswith('__')
+                        and name not in ('base', 'db')
+                        and isinstance(value, _WRAPPER_SETTINGS)):
                     setattr(made, name, value)
             if index == len(chain) - 1 and getattr(wrapper, 'db', None) is not None:
-                # (The top one's database: ZODB.DB, whose record transforms
-                # are its own, none by default.)
+                # (The database the top one was registered with, if any
+                # (ZEO's server; ZODB.DB registers with no IMVCCStorage),
+                # whose record transforms come above the wrappers'.)
                 made.registerDB(wrapper.db)
             instance = made
         return instance
@@ -650,8 +654,7 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's pack mark went backwards (from %d to %d; restored "
                         "from a backup?); invalidating all caches.",
                         mark, self._snapshot_pack_mark)
-            self._cache.rolled_back(0, max(previous, current), self._marks_from(conn))
-            self._forget_history()
+            self._restored(0, max(previous, current), conn)
             return None
         removed = []
         if previous is not None and mark is not None and mark != self._snapshot_pack_mark:
@@ -680,8 +683,7 @@ class RelStorage(ConflictResolvingStorage):
             # nothing the connection caches can be trusted.
             log.warning("The database's last transaction went backwards "
                         "(from %x to %x); invalidating all caches.", previous, current)
-            self._cache.rolled_back(current, previous, self._marks_from(conn))
-            self._forget_history()
+            self._restored(current, previous, conn)
             return None
         if self._diverged_at is not None:
             # Restored from a backup, then committed to: the last tid
@@ -694,8 +696,7 @@ class RelStorage(ConflictResolvingStorage):
             log.warning("The database's history changed after transaction %x (objects "
                         "older than this connection saw them; restored from a backup?); "
                         "invalidating all caches.", self._diverged_at)
-            self._cache.rolled_back(self._diverged_at, previous, self._marks_from(conn))
-            self._forget_history()
+            self._restored(self._diverged_at, previous, conn)
             return None
         # One query at most, often none: the change log shared by all
         # instances may already hold (previous, current].
@@ -721,12 +722,20 @@ class RelStorage(ConflictResolvingStorage):
 
     def _forget_history(self):
         """After a restored backup: what this instance knew of the
-        history it polled is gone with it, and so are the OIDs it reserved
-        (a helper agent's check: drawn from the counter after the backup
-        point, they were drawn again from the restored counter by other
-        processes, and every commit of one of them failed)."""
+        history it polled is gone with it."""
         self._own_tids = set()
         self._witnesses = []
+
+    def _restored(self, current, previous, conn):
+        """This instance noticed that the database was restored from a
+        backup: what it knew of the history after ``current`` is gone,
+        and so are the OIDs the process reserved (a helper agent's check:
+        drawn from the counter after the backup point, they were drawn
+        again from the restored counter by other processes, and every
+        commit of one of them failed).  (The other instances of the
+        process learn it from the cache: see abandoned.)"""
+        self._cache.rolled_back(current, previous, self._marks_from(conn))
+        self._forget_history()
         self._adapter.forget_oids()
 
     def _pack_removals(self, conn, after_mark, upto_mark):
@@ -1073,7 +1082,8 @@ class RelStorage(ConflictResolvingStorage):
             # without ZODB.DB.)
             self._commit = commit.Commit(self._adapter, self._cache, self._blobs,
                                          txn, meta, tid, read_mark=self._read_mark,
-                                         untransform=self._crs_untransform_record_data)
+                                         untransform=(None if self._root._wrapper is None
+                                                      else self._crs_untransform_record_data))
         return self._commit
 
     def store(self, oid, serial, data, version, txn):
@@ -1539,6 +1549,12 @@ class RelStorage(ConflictResolvingStorage):
 
     def __repr__(self):
         return '<%s %r at 0x%x>' % (type(self).__name__, self._name, id(self))
+
+
+#: The attribute values of a wrapper that new_instance copies to the one it
+#: makes again around an instance (zlibstorage's _transform, a function).
+_WRAPPER_SETTINGS = (types.FunctionType, types.BuiltinFunctionType,
+                     bool, int, float, str, bytes, type(None))
 
 
 class _Read:

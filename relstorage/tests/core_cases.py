@@ -2419,10 +2419,13 @@ class OwnCommitPollTests(FactoryCase):
         # OIDs the reader's process reserved after the backup point (the
         # restored counter hands them out again).
         reader.storage.new_oid()
-        reserved = []
-        allocate = reader.storage.adapter.allocate_oid_block
-        reader.storage.adapter.allocate_oid_block = lambda conn: (
-            reserved.append(1) or allocate(conn))
+        reserved, floors = [], []
+        adapter = reader.storage.adapter
+        allocate, forget_floor = adapter.allocate_oid_block, adapter.forget_oid_floor
+        adapter.allocate_oid_block = lambda conn: reserved.append(1) or allocate(conn)
+        # (And what it knew of the counter: an OID drawn before the restore
+        # and committed after it must raise the restored counter past it.)
+        adapter.forget_oid_floor = lambda: floors.append(1) or forget_floor()
         for table in tables:
             conn.execute('DELETE FROM %s' % table)
             conn.execute('INSERT INTO %s SELECT * FROM bk_%s' % (table, table))
@@ -2452,6 +2455,7 @@ class OwnCommitPollTests(FactoryCase):
         # counter as the restore left it.
         reader.storage.new_oid()
         self.assertEqual(reserved, [1])
+        self.assertEqual(floors, [1])
 
     def test_a_restore_from_before_a_pack_is_noticed(self):
         # A review finding: the pack mark went back with the restore, and

@@ -428,7 +428,8 @@ NOT_DRIVEN = {
     'described_server',         # no SQL
     'check_commit_room',        # no SQL where the server has written everything
     'claim_fresh_oids',         # no SQL
-    'forget_oids',              # no SQL (a restored backup: the reserved OIDs go)
+    'check_can_write',          # no SQL here (MySQL: what its sessions' set-up saw)
+    'forget_oids', 'forget_oid_floor',  # no SQL (a restored backup: the reserved OIDs go)
     'after_fork_in_child',      # no SQL (forgets the parent's OIDs)
     'socket_fd', 'set_aside_inherited',     # no SQL (a forked child's sockets)
     'pack_write_lock_target',   # no SQL

@@ -839,6 +839,16 @@ class ConnectionErrorTests(unittest.TestCase):
         self.assertNotIsInstance(cm.exception, DisconnectedError)
         self.assertIn('relstoragetest_does_not_exist', str(cm.exception))
 
+    def test_bad_dsn_values_are_configuration_errors(self):
+        # A helper agent's check: libpq's refusal of a value was a
+        # DisconnectedError (transient): callers retried a typo.
+        for key, value in (('port', '99999'), ('sslmode', 'bogus')):
+            dsn = _dsn_with(base_dsn(), **{key: value})
+            with self.subTest(key=key), self.assertRaises(RelStorageError) as cm:
+                RelStorage(self.adapter(dsn))
+            self.assertNotIsInstance(cm.exception, DisconnectedError)
+            self.assertIn(value, str(cm.exception))
+
     def test_driver_choice(self):
         self.assertEqual(self.adapter('').driver.name, self.factory.driver)
         # auto: psycopg2 when both are installed (faster here, most of all

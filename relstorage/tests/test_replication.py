@@ -677,6 +677,141 @@ class _MariaDB:
         return MySQLAdapter(options=options, **params)
 
 
+class _ServerSettingsCase(_PrivateCase):
+    """Settings a DBA gives the server or the storage's user (a helper
+    agent's checks on servers set up as sites set theirs up)."""
+
+    keep_history = True
+
+    def check_lock_waits_outlast(self, limit_setting):
+        """A commit waiting for the commit lock longer than the statement
+        time limit ``limit_setting`` (now in force for new sessions)
+        commits once the lock is free, as commit-lock-timeout says."""
+        holder = self.storage()
+        (x,), tid0 = self.make_objects(holder, 1)
+        txn = self.begin_store(holder, x, tid0, 'holds the lock')
+        holder.tpc_vote(txn)            # (the commit lock is taken here)
+        waiter = self.storage()
+        result = []
+
+        def commit():
+            try:
+                started = time.time()
+                self.make_objects(waiter, 1)
+                result.append(time.time() - started)
+            except Exception as exc:  # pylint:disable=broad-except
+                result.append(exc)
+        import threading
+        thread = threading.Thread(target=commit)
+        thread.start()
+        time.sleep(1.5)
+        holder.tpc_finish(txn)
+        thread.join(30)
+        self.assertEqual(len(result), 1)
+        self.assertNotIsInstance(result[0], Exception, '%s: %r' % (limit_setting, result))
+        self.assertGreater(result[0], 1.0)
+
+    def test_a_schema_made_by_processes_starting_at_once(self):
+        # A helper agent's check: four processes opening a new database at
+        # once; in about one round in five one failed ("Table 'commit_lock'
+        # already exists", a duplicate zoid_seq), or took the schema another
+        # one was making for a history-free one.
+        import threading
+        for round_ in range(3):
+            if round_:
+                self.make_adapter(self.primary_server(),
+                                  Options(keep_history=self.keep_history)).drop_all()
+            errors = []
+            barrier = threading.Barrier(4)
+
+            def open_one():
+                try:
+                    barrier.wait(10)
+                    self.storage()
+                except Exception as exc:  # pylint:disable=broad-except
+                    errors.append(exc)
+            threads = [threading.Thread(target=open_one) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            self.assertEqual(errors, [])
+            self.make_objects(self.storage(), 2)
+
+
+class PostgreSQLServerSettingsTests(_PostgreSQL, _ServerSettingsCase):
+
+    def test_a_statement_timeout_does_not_cut_lock_waits(self):
+        # A helper agent's check: statement_timeout 200ms for the user cut
+        # off a commit waiting for the commit lock after 0.2 s, with an
+        # error (QueryCanceled) nothing retries.
+        database = private_servers.DBNAME
+        self.pair.sql('primary', "ALTER DATABASE %s SET statement_timeout = '200ms'" % database)
+        self.addCleanup(self.pair.sql, 'primary',
+                        'ALTER DATABASE %s RESET statement_timeout' % database)
+        self.check_lock_waits_outlast('statement_timeout 200ms')
+
+
+class MariaDBServerSettingsTests(_MariaDB, _ServerSettingsCase):
+
+    def set_global(self, name, value):
+        before = self.pair.sql('primary', 'SELECT @@global.%s' % name)[0][0]
+        self.pair.sql('primary', 'SET GLOBAL %s = %s' % (name, value))
+        self.addCleanup(self.pair.sql, 'primary', 'SET GLOBAL %s = %s' % (
+            name, before if isinstance(before, (int, float)) else "'%s'" % (
+                before.decode() if isinstance(before, bytes) else before)))
+
+    def tables(self):
+        return {row[0] for row in self.pair.sql(
+            'primary', 'SHOW TABLES', db=private_servers.DBNAME)}
+
+    def test_a_statement_time_limit_does_not_cut_lock_waits(self):
+        self.set_global('max_statement_time', '0.2')
+        self.check_lock_waits_outlast('max_statement_time 0.2')
+
+    def test_a_statement_binary_log_is_refused_at_open(self):
+        # A helper agent's check: binlog_format STATEMENT, with which
+        # InnoDB refuses a READ COMMITTED transaction's writes, failed the
+        # schema's creation half-way (driver error 1665), and every open
+        # after the setting was fixed: "Table 'commit_lock' already exists".
+        self.set_global('binlog_format', "'STATEMENT'")
+        with self.assertRaises(RelStorageError) as raised:
+            self.storage()
+        self.assertIn('binlog_format STATEMENT', str(raised.exception))
+        self.assertEqual(self.tables(), set())
+        # Read-only, nothing is written: it opens (and finds no schema).
+        with self.assertRaises(RelStorageError) as raised:
+            self.storage(read_only=True)
+        self.assertNotIn('binlog_format', str(raised.exception))
+
+    def test_a_schema_creation_cut_short_is_completed(self):
+        # (What an earlier build left after error 1665.)
+        self.pair.sql('primary', 'CREATE TABLE commit_lock (id TINYINT NOT NULL PRIMARY KEY, '
+                      'tid BIGINT NOT NULL) ENGINE = InnoDB', db=private_servers.DBNAME)
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=1)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['x']['v'], 1)
+
+    def test_the_server_s_sql_mode_does_not_matter(self):
+        # A helper agent's check: with EMPTY_STRING_IS_NULL in the server's
+        # sql_mode, every history-preserving commit with an empty user name
+        # failed ("Column 'username' cannot be null"), and the pack.
+        self.set_global('sql_mode', "'EMPTY_STRING_IS_NULL,ANSI_QUOTES,ONLY_FULL_GROUP_BY,"
+                        "STRICT_ALL_TABLES,PAD_CHAR_TO_FULL_LENGTH'")
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=1)
+            conn.root()['garbage'] = PersistentMapping(v='garbage')
+        with db.transaction() as conn:
+            del conn.root()['garbage']
+        db.pack(time.time() + 1)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['x']['v'], 1)
+            self.assertNotIn('garbage', conn.root())
+
+
 class PostgreSQLServerRestartTests(_PostgreSQL, _PrivateCase):
     """The private primary restarts (pg_ctl restart) mid-session."""
 
@@ -886,11 +1021,11 @@ def _test_suite():
     suite.addTest(loader.loadTestsFromTestCase(ReplicaConfigTests))
     if _wanted('postgresql'):
         for cls in (PostgreSQLServerRestartTests, PostgreSQLPackRestartTests,
-                    PostgreSQLReplicaTests):
+                    PostgreSQLReplicaTests, PostgreSQLServerSettingsTests):
             suite.addTest(loader.loadTestsFromTestCase(cls))
     if _wanted('mysql'):
         for cls in (MariaDBServerRestartTests, MariaDBPackRestartTests,
-                    MariaDBReplicaTests):
+                    MariaDBReplicaTests, MariaDBServerSettingsTests):
             suite.addTest(loader.loadTestsFromTestCase(cls))
     return suite
 

@@ -23,6 +23,7 @@ import ZODB.config
 from persistent.mapping import PersistentMapping
 from ZODB.blob import Blob
 from ZODB.Connection import TransactionMetaData
+from ZODB.utils import p64
 from ZODB.utils import u64
 
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
@@ -1637,6 +1638,34 @@ class SqlitePackFileTests(unittest.TestCase):
         self.db.close()
         os.remove(os.path.join(self.data_dir, 'oids.sqlite3'))
         self.db = self.open_db()
+        with self.db.transaction() as conn:
+            conn.root()['new'] = PersistentMapping(v='new')
+        with self.db.transaction() as conn:
+            self.assertEqual(conn.root()['new']['v'], 'new')
+            self.assertEqual([conn.root()['items'][i]['v'] for i in range(50)],
+                             list(range(50)))
+
+    def test_main_file_restored_without_its_oid_file_then_copied_into(self):
+        # A review finding: the first commit after it, a copy's (restore,
+        # storing OIDs nobody drew), made the counter start after that
+        # commit's highest OID, not the database's.
+        from ZODB.Connection import TransactionMetaData
+        with self.db.transaction() as conn:
+            conn.root()['items'] = PersistentMapping(
+                {i: PersistentMapping(v=i) for i in range(50)})
+        self.db.close()
+        os.remove(os.path.join(self.data_dir, 'oids.sqlite3'))
+        self.db = self.open_db()
+        storage = self.db.storage
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, p64(u64(storage.lastTransaction()) + 1))
+        # (Object 3 again, as it is: a copy's store of an OID below the
+        # highest, without drawing it.)
+        state, _ = storage.load(p64(3))
+        storage.restore(p64(3), p64(u64(storage.lastTransaction()) + 1),
+                        state, '', None, txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
         with self.db.transaction() as conn:
             conn.root()['new'] = PersistentMapping(v='new')
         with self.db.transaction() as conn:

@@ -62,6 +62,10 @@ ROW_OVERHEAD = 50
 #: 20-digit numbers, the X'' quotes, parentheses and commas (70), rounded up.
 NEW_ROW_OVERHEAD = 160
 
+#: The sql_mode of every session: the statements are written for it (a
+#: server's default may hold modes that change what they do).
+SQL_MODE = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION'
+
 
 class ServerInfo:
     """What the server told us about itself at the first connection."""
@@ -222,8 +226,12 @@ class MySQLAdapter(Adapter):
             self._q_cache = {}
             self.server = server
         level = 'REPEATABLE-READ' if purpose == 'load' else 'READ-COMMITTED'
-        settings = "SET time_zone = '+00:00', @@session.%s = '%s'" % (
-            self.server.isolation_variable, level)
+        # The statements are written for this sql_mode, whatever the
+        # server's default (a helper agent's check: with MariaDB's
+        # EMPTY_STRING_IS_NULL in it, every history-preserving commit with
+        # an empty user name failed, and the pack's writes).
+        settings = "SET time_zone = '+00:00', @@session.%s = '%s', @@session.sql_mode = '%s'" % (
+            self.server.isolation_variable, level, SQL_MODE)
         if purpose == 'store' and self.server.ends_idle_writers:
             # (See Adapter.store_idle_seconds.  Only transactions that
             # wrote: a read-only one holds no lock.  MySQL has no such
@@ -233,11 +241,14 @@ class MySQLAdapter(Adapter):
         cur = raw.cursor()
         try:
             cur.execute(settings)
-            cur.execute("SELECT @@session.max_allowed_packet")
-            (packet,) = cur.fetchone()
+            cur.execute("SELECT @@session.max_allowed_packet, @@log_bin, @@session.binlog_format")
+            packet, log_bin, binlog_format = cur.fetchone()
         finally:
             cur.close()
         self._note_max_allowed_packet(int(packet))
+        if purpose != 'load':
+            self.statement_binlog = (str(log_bin) in ('1', 'ON')
+                                     and str(binlog_format).upper() == 'STATEMENT')
         if purpose == 'oid':
             self._oid_values_max = self._consecutive_values(raw)
         raw.autocommit(purpose == 'oid')
@@ -326,6 +337,21 @@ class MySQLAdapter(Adapter):
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
 
+    #: Whether the server logs a writing session's statements as they are
+    #: (binary log on, binlog_format STATEMENT), seen as one opened.
+    statement_binlog = False
+
+    def check_can_write(self, conn):
+        if self.statement_binlog:
+            # A helper agent's check: the schema's creation failed half-way
+            # with the driver's error 1665, and a database created before
+            # the change failed at every commit's vote.
+            raise RelStorageError(
+                "%s writes its binary log with binlog_format STATEMENT, where InnoDB "
+                "refuses the writes of a READ COMMITTED transaction, which RelStorage's "
+                "commits are: set binlog_format to ROW or MIXED (or open this storage "
+                "read-only). Nothing was changed." % self.describe())
+
     def required_tables(self):
         return super().required_tables() | {'new_oid'}
 
@@ -367,6 +393,9 @@ class MySQLAdapter(Adapter):
 
     # ------------------------------------------------------------------
     # OIDs.
+
+    def forget_oid_floor(self):
+        self._oid_high = 0
 
     def allocate_oid_block(self, conn):
         # (The base retries once on a new connection if this one died.)
@@ -414,7 +443,12 @@ class MySQLAdapter(Adapter):
         innodb_lock_wait_timeout is in force again afterwards."""
         seconds = self._lock_timeout_seconds()
         if self.server.supports_set_statement:
-            prefix = 'SET STATEMENT innodb_lock_wait_timeout = %d FOR ' % seconds
+            # (And no max_statement_time, which a DBA may set for the
+            # user: a helper agent's check saw commits waiting for the
+            # commit lock cut off at 0.2 s, not commit-lock-timeout, with
+            # an error nothing retries.  The wait is bounded anyway.)
+            prefix = ('SET STATEMENT innodb_lock_wait_timeout = %d, max_statement_time = 0 FOR '
+                      % seconds)
             yield lambda stmt: prefix + stmt
             return
         previous = conn.query_value('SELECT @@session.innodb_lock_wait_timeout')

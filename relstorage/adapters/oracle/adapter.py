@@ -258,6 +258,9 @@ class OracleAdapter(Adapter):
 
     # --- OIDs -------------------------------------------------------------
 
+    def forget_oid_floor(self):
+        self._oid_floor_seen = 0
+
     def allocate_oid_block(self, conn):
         (last,) = conn.query_one(self.q(self.sql.NEXT_OID_BLOCKS), (1,))
         self._oid_floor_seen = max(self._oid_floor_seen, last)

@@ -213,12 +213,24 @@ class PostgreSQLAdapter(Adapter):
         if purpose == 'store':
             settings += [('lock_timeout', self._lock_timeout_ms()),
                          ('idle_in_transaction_session_timeout', self._store_idle_ms())]
-        if settings:
+        calls = ["set_config('%s', '%d', false)" % item for item in settings]
+        if purpose == 'store':
+            # A statement_timeout set for the user (by a DBA) shorter than
+            # the lock waits cut commits waiting for the commit lock off
+            # there, with an error nothing retries (a helper agent's
+            # check: 0.2 s): raised to outlast them, in store sessions.
+            least = self._lock_timeout_ms() + 1000
+            calls.append(
+                "set_config('statement_timeout', CASE WHEN "
+                "current_setting('statement_timeout')::interval > interval '0' AND "
+                "current_setting('statement_timeout')::interval < interval '%d ms' "
+                "THEN '%d' ELSE current_setting('statement_timeout') END, false)"
+                % (least, least))
+        if calls:
             cur = raw.cursor()
             try:
                 # (One round trip for them all.)
-                cur.execute('SELECT ' + ', '.join(
-                    "set_config('%s', '%d', false)" % item for item in settings))
+                cur.execute('SELECT ' + ', '.join(calls))
                 raw.commit()
             except self.driver.Error as exc:
                 raw.close()
@@ -254,6 +266,16 @@ class PostgreSQLAdapter(Adapter):
     def list_tables(self, conn):
         return {row[0].lower() for row in conn.query_all(self.sql.LIST_TABLES)}
 
+    def begin_schema_creation(self, conn):
+        # (A helper agent's check: processes opening a new database at once
+        # failed on a duplicate zoid_seq.)  DDL is transactional here: the
+        # creation is one transaction, which they take in turn under this
+        # lock (released at its end); the tables are listed again under it
+        # (store sessions read committed: what the one before made).
+        conn.rollback()
+        conn.execute(self.sql.SCHEMA_LOCK)
+        return True
+
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
 
@@ -269,6 +291,9 @@ class PostgreSQLAdapter(Adapter):
         self._oid_draws = min(draws * 2, sql.OID_DRAWS_MAX)
         self._oid_floor_seen = max([self._oid_floor_seen] + values)
         return [oid for last in values for oid in range(last - sql.OID_BLOCK + 1, last + 1)]
+
+    def forget_oid_floor(self):
+        self._oid_floor_seen = 0
 
     def raise_oid_floor(self, conn, max_oid):
         # Every OID we handed out is <= a sequence value we saw: the usual

@@ -7,6 +7,7 @@ never imports a driver itself.
 """
 import binascii
 import importlib
+import re
 
 from ...interfaces import RelStorageError
 from .. import drivers
@@ -46,6 +47,10 @@ _TRANSIENT_FATALS = ('starting up', 'shutting down', 'recovery mode',
                      'not accepting connections')
 
 
+#: libpq's words for a DSN value it cannot use.
+_BAD_DSN = re.compile(r'invalid [\w ]*(?:value|port number|connection option)')
+
+
 def connect_error_is_transient(driver, exc):
     """Whether a failure to connect may go away by itself.
 
@@ -65,6 +70,11 @@ def connect_error_is_transient(driver, exc):
     if not isinstance(exc, driver.OperationalError):
         return False
     text = str(exc)
+    if _BAD_DSN.search(text):
+        # libpq refusing a value of the DSN (port=99999, connect_timeout=abc,
+        # sslmode=bogus), before any server is asked: a helper agent's
+        # check found it a TransientError, which callers retry.
+        return False
     if 'FATAL:' in text:
         return any(marker in text for marker in _TRANSIENT_FATALS)
     return True

@@ -229,6 +229,9 @@ class PostgreSQLStatements(Statements):
     # Autovacuum never analyses temporary tables: without this the planner
     # guesses their size and may loop over millions of rows.
     PACK_ANALYZE = "ANALYZE {table}"
+    #: The lock the creation of the schema is made under (see
+    #: PostgreSQLAdapter.begin_schema_creation).
+    SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(7243910378)"
     #: Key of the session-level advisory lock only one pack holds.
     TRY_PACK_LOCK = "SELECT pg_try_advisory_lock(7243910377)"
     RELEASE_PACK_LOCK = "SELECT pg_advisory_unlock(7243910377)"

@@ -277,6 +277,9 @@ class Sqlite3Adapter(Adapter):
         self._oid_block_size = OID_BLOCK
         self._oid_high = 0          # every OID <= this is already reserved
 
+    def forget_oid_floor(self):
+        self._oid_high = 0
+
     def describe(self):
         return 'SQLite database in %s' % self.data_dir
 
@@ -771,8 +774,10 @@ class Sqlite3Adapter(Adapter):
         try:
             row = conn.query_one('SELECT next_oid FROM oid_counter WHERE id = 0')
             if row is None:
+                # (A counter that starts, as in allocate_oid_block: a copy's
+                # first commit may store fewer OIDs than the data has.)
                 conn.execute('INSERT INTO oid_counter (id, next_oid) VALUES (0, ?)',
-                             (max_oid + 1,))
+                             (max(max_oid, self._highest_stored_oid()) + 1,))
             elif row[0] <= max_oid:
                 conn.execute('UPDATE oid_counter SET next_oid = ? WHERE id = 0',
                              (max_oid + 1,))
