@@ -1375,7 +1375,8 @@ class Adapter(PackVerbs):
         return conn.query_all(self.q(self.sql.HISTORY), (oid, size))
 
     def record_iternext(self, conn, start_oid):
-        return conn.query_all(self.q(self.sql.RECORD_ITERNEXT), (start_oid,))
+        return conn.query_all(self.q(self.sql.RECORD_ITERNEXT),
+                              (start_oid, start_oid) if self.keep_history else (start_oid,))
 
     def transactions_in_range(self, conn, start, stop):
         if self.keep_history:
