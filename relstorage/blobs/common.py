@@ -194,7 +194,7 @@ class BlobMode:
         remove_object_dirs(self.fshelper.base_dir)
 
     def missing(self, oid_int, tid_int):
-        return POSKeyError("No blob for object %x at transaction %x" % (oid_int, tid_int),
+        return POSKeyError("No blob for object 0x%x at transaction 0x%016x" % (oid_int, tid_int),
                            p64(oid_int), p64(tid_int))
 
 

@@ -254,7 +254,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         if cache is not None and not prepack_only and not report.up_to_date:
             cache.clear()
     report.seconds = time.monotonic() - started
-    log.info("Pack of %s to %x: %s", adapter.describe(), report.pack_tid, report.summary())
+    log.info("Pack of %s to 0x%016x: %s", adapter.describe(), report.pack_tid, report.summary())
     for path in report.orphan_blob_files[:20]:
         log.warning("Blob file without a database row: %s", path)
     return report

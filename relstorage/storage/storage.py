@@ -1128,8 +1128,16 @@ class RelStorage(ConflictResolvingStorage):
         # for it); that oldserial is still current is checked at vote.
         # (On the primary, as the vote will see it; tids only.)
         with self._fresh_read() as conn:
-            if oid_int not in self._adapter.current_tids(conn, [oid_int]):
-                raise POSException.POSKeyError(oid)
+            current = self._adapter.current_tids(conn, [oid_int]).get(oid_int)
+        if current is None:
+            raise POSException.POSKeyError(oid)
+        if oldserial and current != u64(oldserial):
+            # Already stale: said now, as FileStorage says it (a helper
+            # agent's check: zc.zodbdgc skips an object whose deleteObject
+            # raises ConflictError; raised by the vote instead, it failed
+            # the whole collection).  The vote still checks, for a commit
+            # made meanwhile.
+            raise POSException.ConflictError(oid=oid, serials=(p64(current), oldserial))
         pending.store(oid_int, u64(oldserial) if oldserial else 0, None)
 
     def checkCurrentSerialInTransaction(self, oid, serial, txn):

@@ -1947,6 +1947,26 @@ class RootStorageTests(FactoryCase):
         storage.tpc_abort(txn)
         self.assertEqual(len(storage), before)
 
+    def test_delete_with_a_stale_serial_is_a_conflict_at_once(self):
+        # A helper agent's check with zc.zodbdgc, which skips an object
+        # whose deleteObject raises ConflictError (as FileStorage's does):
+        # ours raised it from the vote, and the whole collection failed.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v=1)
+        with db.transaction() as conn:
+            oid, old = conn.root()['x']._p_oid, conn.root()['x']._p_serial
+            conn.root()['x']['v'] = 2
+        storage = db.storage
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        with self.assertRaises(ConflictError):
+            storage.deleteObject(oid, old, txn)
+        storage.tpc_vote(txn)       # (nothing else in it)
+        storage.tpc_finish(txn)
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['x']['v'], 2)
+
     def test_oids_at_the_end_of_the_range(self):
         # A helper agent's check: OID 2**63-1 failed SQLite's vote with
         # OverflowError, a load of an OID past 2**63 too, MariaDB's new_oid
