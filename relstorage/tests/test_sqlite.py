@@ -1632,40 +1632,34 @@ class SqlitePackFileTests(unittest.TestCase):
         # A helper agent's check: main.sqlite3 restored alone (no
         # oids.sqlite3 beside it); the new counter started at 1, and every
         # commit of new objects failed until it passed the stored OIDs.
-        with self.db.transaction() as conn:
-            conn.root()['items'] = PersistentMapping(
-                {i: PersistentMapping(v=i) for i in range(50)})
-        self.db.close()
-        os.remove(os.path.join(self.data_dir, 'oids.sqlite3'))
-        self.db = self.open_db()
-        with self.db.transaction() as conn:
-            conn.root()['new'] = PersistentMapping(v='new')
-        with self.db.transaction() as conn:
-            self.assertEqual(conn.root()['new']['v'], 'new')
-            self.assertEqual([conn.root()['items'][i]['v'] for i in range(50)],
-                             list(range(50)))
+        self.check_restored_without_the_oid_file(lambda storage: None)
 
     def test_main_file_restored_without_its_oid_file_then_copied_into(self):
         # A review finding: the first commit after it, a copy's (restore,
         # storing OIDs nobody drew), made the counter start after that
         # commit's highest OID, not the database's.
         from ZODB.Connection import TransactionMetaData
+
+        def copy_into(storage):
+            txn = TransactionMetaData()
+            tid = p64(u64(storage.lastTransaction()) + 1)
+            storage.tpc_begin(txn, tid)
+            # (Object 3 again, as it is: a copy's store of an OID below
+            # the highest, without drawing it.)
+            state, _ = storage.load(p64(3))
+            storage.restore(p64(3), tid, state, '', None, txn)
+            storage.tpc_vote(txn)
+            storage.tpc_finish(txn)
+        self.check_restored_without_the_oid_file(copy_into)
+
+    def check_restored_without_the_oid_file(self, first_commit):
         with self.db.transaction() as conn:
             conn.root()['items'] = PersistentMapping(
                 {i: PersistentMapping(v=i) for i in range(50)})
         self.db.close()
         os.remove(os.path.join(self.data_dir, 'oids.sqlite3'))
         self.db = self.open_db()
-        storage = self.db.storage
-        txn = TransactionMetaData()
-        storage.tpc_begin(txn, p64(u64(storage.lastTransaction()) + 1))
-        # (Object 3 again, as it is: a copy's store of an OID below the
-        # highest, without drawing it.)
-        state, _ = storage.load(p64(3))
-        storage.restore(p64(3), p64(u64(storage.lastTransaction()) + 1),
-                        state, '', None, txn)
-        storage.tpc_vote(txn)
-        storage.tpc_finish(txn)
+        first_commit(self.db.storage)
         with self.db.transaction() as conn:
             conn.root()['new'] = PersistentMapping(v='new')
         with self.db.transaction() as conn:
