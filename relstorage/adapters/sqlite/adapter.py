@@ -760,6 +760,9 @@ class Sqlite3Adapter(Adapter):
         pool = self.load_sessions
         conn = pool.take()
         try:
+            if not conn.query_value("SELECT COUNT(*) FROM sqlite_master "
+                                    "WHERE type = 'table' AND name = 'object_state'"):
+                return 0        # (an adapter used before its schema is made)
             return conn.query_value('SELECT MAX(zoid) FROM object_state') or 0
         finally:
             conn.rollback()
