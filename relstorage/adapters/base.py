@@ -854,10 +854,16 @@ class Adapter(PackVerbs):
         """How many objects snapshot_marks can check (see its statement)."""
         return self.sql.WITNESSES
 
-    def snapshot_marks(self, conn, witnesses=()):
+    def snapshot_marks(self, conn, witnesses=(), seen_tid=0):
         """(last tid, pack mark, {oid: tid} of the objects ``witnesses``
-        that exist) in the snapshot, in one query (at most
-        ``snapshot_witnesses`` of them)."""
+        that exist, whether transaction ``seen_tid`` is there) in the
+        snapshot, in one query (at most ``snapshot_witnesses`` objects).
+        The last is None where it is not known: history-free, without
+        witnesses.  (History-preserving, a restored backup brings a
+        witness back with a newer tid when the objects the lost commits
+        created are created again under the same OIDs, as the restored
+        counter hands them out: a helper agent's check; the transaction
+        the witness came from is gone all the same.)"""
         if not witnesses:
             rows = [row + (None,) for row in
                     conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS))]
@@ -865,17 +871,22 @@ class Adapter(PackVerbs):
             count = self.snapshot_witnesses
             oids = list(witnesses)[:count]
             oids += oids[:1] * (count - len(oids))
+            if self.keep_history:
+                oids.append(seen_tid)
             rows = conn.query_all(self.q(self.sql.GET_SNAPSHOT_MARKS_WITNESS), oids)
         last = mark = 0
         found = {}
+        seen_there = False if witnesses and self.keep_history else None
         for row_id, tid, oid in rows:
             if row_id == 0:
                 last = tid or 0
             elif row_id == 1:
                 mark = tid or 0
+            elif row_id == 5:
+                seen_there = True
             else:
                 found[oid] = tid
-        return last, mark, found
+        return last, mark, found, seen_there
 
     def pack_mark(self, conn):
         """The pack mark as the transaction of ``conn`` sees it (0 before

@@ -154,10 +154,14 @@ class Statements:
     GET_SNAPSHOT_MARKS = "SELECT id, tid FROM commit_lock WHERE id IN (0, 1)"
     #: The same, and (2, tid, oid) of WITNESSES objects (see
     #: RelStorage._poll_invalidations), in the same round trip.
+    #: (History-preserving, row 5: whether the transaction of the newest
+    #: witness is still there; see Adapter.snapshot_marks.)
     GET_SNAPSHOT_MARKS_WITNESS = """
         SELECT id, tid, NULL FROM commit_lock WHERE id IN (0, 1)
         UNION ALL
         SELECT 2, tid, zoid FROM current_object WHERE zoid IN (%s, %s, %s, %s)
+        UNION ALL
+        SELECT 5, tid, NULL FROM transaction_log WHERE tid = %s
     """
     GET_SNAPSHOT_MARKS_WITNESS_HF = """
         SELECT id, tid, NULL FROM commit_lock WHERE id IN (0, 1)

@@ -446,8 +446,9 @@ class RelStorage(ConflictResolvingStorage):
             try:
                 self._adapter.begin_snapshot(conn)
                 witnesses = self._witnesses if polling else ()
-                tid, pack_mark, found = self._adapter.snapshot_marks(
-                    conn, [oid for oid, _, _ in witnesses])
+                tid, pack_mark, found, seen_there = self._adapter.snapshot_marks(
+                    conn, [oid for oid, _, _ in witnesses],
+                    witnesses[0][1] if witnesses else 0)
                 break
             except DisconnectedError:
                 # The server restarted or dropped us since the last
@@ -483,8 +484,14 @@ class RelStorage(ConflictResolvingStorage):
         # mark): a helper agent's check found the newest change of a poll
         # was often an object that commit created, which a restored backup
         # does not have at all; where that history began is then unknown,
-        # and all of it is abandoned.
+        # and all of it is abandoned.  History-preserving, also the
+        # transaction of the newest witness gone, with no pack since (the
+        # lost commits' objects made again under the same OIDs by the
+        # restored counter: see Adapter.snapshot_marks).
         older = []
+        if (seen_there is False and witnesses[0][1] <= tid
+                and pack_mark == witnesses[0][2]):
+            older.append(0)
         for oid, seen, seen_mark in witnesses:
             if seen <= tid:
                 now = found.get(oid)

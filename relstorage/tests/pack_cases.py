@@ -1427,7 +1427,7 @@ class PackCostTests(PackCase):
         conn = adapter.open_load()
         try:
             adapter.begin_snapshot(conn)
-            _last, mark, _ = adapter.snapshot_marks(conn)
+            _last, mark, _, _ = adapter.snapshot_marks(conn)
             listed = conn.query_value('SELECT COUNT(*) FROM pack_removed_list')
             self.assertEqual(listed, report.batches)
             lists = adapter.pack_removals(conn, mark - listed, mark)
