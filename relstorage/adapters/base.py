@@ -1398,12 +1398,13 @@ class Adapter(PackVerbs):
     def records_in_transaction(self, conn, tid):
         return conn.query_all(self.q(self.sql.RECORDS_IN_TRANSACTION), (tid,))
 
-    def undo_log(self, conn, upto_tid):
+    def undo_log(self, conn, upto_tid, limit):
+        """The newest ``limit`` transactions up to ``upto_tid``, newest
+        first: (tid, user, description, extension)."""
         # Empty transactions too (a commit that only called readCurrent,
         # say), as FileStorage and RelStorage 4.3 list them: undoing one
         # changes nothing.
-        conn.execute(self.q(self.sql.UNDO_LOG), (False, upto_tid))
-        return conn
+        return conn.query_all(self.q(self.sql.UNDO_LOG), (False, upto_tid, limit))
 
     def transaction_packed(self, conn, tid):
         """True/False for a transaction that exists, None when it does not."""

@@ -276,13 +276,16 @@ class Statements:
 
     # --- history-preserving metadata ------------------------------------
 
+    #: The object's revisions first, then their transactions: joined
+    #: directly, PostgreSQL walked every transaction newest first and
+    #: probed object_state for each (a helper agent's check: 55 ms a call
+    #: at 31,000 transactions for an object changed long ago).
     HISTORY = """
         SELECT s.tid, s.state_size, t.username, t.description, t.extension
-        FROM object_state s
+        FROM (SELECT tid, state_size FROM object_state
+              WHERE zoid = %s ORDER BY tid DESC LIMIT %s) s
         JOIN transaction_log t ON t.tid = s.tid
-        WHERE s.zoid = %s
         ORDER BY s.tid DESC
-        LIMIT %s
     """
     HISTORY_HF = """
         SELECT tid, state_size, NULL, NULL, NULL
@@ -316,11 +319,15 @@ class Statements:
         SELECT zoid, state, 0 FROM object_state WHERE tid = %s ORDER BY zoid
     """
 
+    #: A page of the log (history.undo_log asks for what it needs, not for
+    #: every transaction: a helper agent's check, 62 ms for undoLog(0, 1)
+    #: at 20,000 transactions).
     UNDO_LOG = """
         SELECT tid, username, description, extension
         FROM transaction_log
         WHERE packed = %s AND tid <= %s
         ORDER BY tid DESC
+        LIMIT %s
     """
 
     # After a COMMIT whose answer was lost (see Adapter.commit_outcome).

@@ -117,33 +117,43 @@ def revision_before(adapter, conn, oid, tid):
     return result
 
 
+#: The most transactions undo_log reads in one statement.
+UNDO_PAGE_MAX = 10000
+
+
 def undo_log(adapter, conn, snapshot_tid, first, last, filter):
     if last < 0:
         last = first - last
-    cursor = adapter.undo_log(conn, snapshot_tid)
+    wanted = last - first
     result = []
     skipped = 0
-    while len(result) < last - first:
-        row = cursor.fetchone()
-        if row is None:
+    upto = snapshot_tid
+    # Pages of the log: without a filter, the rows needed at once; with
+    # one, larger pages until enough entries pass it.
+    page = min(UNDO_PAGE_MAX, max(1, first + wanted) * (1 if filter is None else 2))
+    while len(result) < wanted:
+        rows = adapter.undo_log(conn, upto, page)
+        for tid, user, description, ext in rows:
+            entry = {}
+            entry.update(load_extension(ext))
+            entry.update({
+                'id': undo_id(tid),
+                'time': tid_time(tid),
+                'user_name': _b(user),
+                'description': _b(description),
+            })
+            if filter is not None and not filter(entry):
+                continue
+            if skipped < first:
+                skipped += 1
+                continue
+            result.append(entry)
+            if len(result) >= wanted:
+                break
+        if len(rows) < page:
             break
-        tid, user, description, ext = row
-        entry = {}
-        entry.update(load_extension(ext))
-        entry.update({
-            'id': undo_id(tid),
-            'time': tid_time(tid),
-            'user_name': _b(user),
-            'description': _b(description),
-        })
-        if filter is not None and not filter(entry):
-            continue
-        if skipped < first:
-            skipped += 1
-            continue
-        result.append(entry)
-    # Drain the rest so the connection is free for the next statement.
-    conn.fetchall()
+        upto = rows[-1][0] - 1
+        page = min(UNDO_PAGE_MAX, page * 2)
     return result
 
 

@@ -308,7 +308,7 @@ def drive_every_verb(adapter, recorder):
     adapter.database_key()
     adapter.session_alive(load)
     if hp:
-        adapter.undo_log(load, 2)
+        adapter.undo_log(load, 2, 20)
         adapter.transaction_packed(load, 2)
         adapter.undo_sources(load, 2)
     load.rollback()

@@ -73,7 +73,14 @@ class OracleStatements(Statements):
     LOAD_BEFORE = _fetch_first(Statements.LOAD_BEFORE)
     RECENT_CHANGES = _fetch_first(Statements.RECENT_CHANGES)
     RECENT_CHANGES_HF = _fetch_first(Statements.RECENT_CHANGES_HF)
-    HISTORY = _fetch_first(Statements.HISTORY)
+    HISTORY = """
+        SELECT s.tid, s.state_size, t.username, t.description, t.extension
+        FROM (SELECT tid, state_size FROM object_state
+              WHERE zoid = %s ORDER BY tid DESC FETCH FIRST %s ROWS ONLY) s
+        JOIN transaction_log t ON t.tid = s.tid
+        ORDER BY s.tid DESC
+    """
+    UNDO_LOG = _fetch_first(Statements.UNDO_LOG)
     HISTORY_HF = _fetch_first(Statements.HISTORY_HF)
     RECORD_ITERNEXT = _fetch_first(Statements.RECORD_ITERNEXT)
     RECORD_ITERNEXT_HF = _fetch_first(Statements.RECORD_ITERNEXT_HF)
