@@ -1385,9 +1385,12 @@ class Adapter(PackVerbs):
     def history(self, conn, oid, size):
         return conn.query_all(self.q(self.sql.HISTORY), (oid, size))
 
-    def record_iternext(self, conn, start_oid):
+    def record_iternext(self, conn, start_oid, count=2):
+        """The current records (oid, tid, state) of the ``count`` objects
+        from OID ``start_oid`` up, in OID order."""
         return conn.query_all(self.q(self.sql.RECORD_ITERNEXT),
-                              (start_oid, start_oid) if self.keep_history else (start_oid,))
+                              ((start_oid, start_oid) if self.keep_history else (start_oid,))
+                              + (count,))
 
     def transactions_in_range(self, conn, start, stop):
         if self.keep_history:

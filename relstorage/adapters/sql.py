@@ -349,14 +349,14 @@ class Statements:
         JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
         WHERE c.zoid >= %s AND s.zoid >= %s AND s.state IS NOT NULL
         ORDER BY c.zoid
-        LIMIT 2
+        LIMIT %s
     """
     RECORD_ITERNEXT_HF = """
         SELECT zoid, tid, state
         FROM object_state
         WHERE zoid >= %s AND state IS NOT NULL
         ORDER BY zoid
-        LIMIT 2
+        LIMIT %s
     """
 
     # --- commit -------------------------------------------------------

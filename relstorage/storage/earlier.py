@@ -158,7 +158,7 @@ class EarlierReleaseStorage:
 
     def record_iternext(self, next=None):
         with self._read() as conn:
-            return history.record_iternext(self.adapter, conn, next)
+            return history.record_iternext(self.adapter, conn, next)[0]
 
     def __len__(self):
         with self._read() as conn:

@@ -4,6 +4,7 @@ import binascii
 import logging
 import pickle
 import threading
+import time
 import weakref
 
 from persistent.TimeStamp import TimeStamp
@@ -209,14 +210,60 @@ def undo(adapter, conn, tid, pending, resolve):
     return oids
 
 
-def record_iternext(adapter, conn, next_oid):
+def record_iternext(adapter, conn, next_oid, ahead=None):
+    """IStorageCurrentRecordIteration.record_iternext from ``next_oid``,
+    with the records read ahead for the calls that follow (RecordsAhead,
+    or None): (the record tuple, what is ahead)."""
     start = u64(next_oid) if next_oid is not None else 0
-    rows = adapter.record_iternext(conn, start) if start <= MAX_TID else None
+    count = ahead.next_count() if ahead is not None and ahead.start == start else 1
+    rows = adapter.record_iternext(conn, start, count + 1) if start <= MAX_TID else None
     if not rows:
         raise POSException.POSKeyError(next_oid if next_oid is not None else p64(0))
     oid, tid, state = rows[0]
     following = p64(rows[1][0]) if len(rows) > 1 else None
-    return p64(oid), p64(tid), bytes(state), following
+    ahead = RecordsAhead(list(rows[1:]), count) if len(rows) > 1 else None
+    return (p64(oid), p64(tid), bytes(state), following), ahead
+
+
+class RecordsAhead:
+    """Records read ahead by record_iternext: zodbupdate, zodbverify and
+    zodbconvert call it once per object, and a query per call (a snapshot
+    begun and ended around it, on the storage made from the
+    configuration) made a helper agent's zodbupdate of 58,700 records take
+    38 s on PostgreSQL, 1.6 s with RelStorage 4.3.  Served for at most
+    ``MAX_AGE`` seconds (as current as a caller of record_iternext, whose
+    next call may come any time later, can ask), and only to a call that
+    goes on from the last (``start``); each read reads more, up to
+    ``MAX_COUNT`` records and about ``MAX_BYTES`` of states."""
+
+    MAX_AGE = 1.0
+    MAX_COUNT = 500
+    MAX_BYTES = 4 << 20
+
+    def __init__(self, rows, count):
+        # rows: the records after the one returned; the last only names
+        # the OID that follows the one before it.
+        self.rows = rows
+        self.count = count
+        self.size = sum(len(row[2]) for row in rows if row[2] is not None)
+        self.until = time.monotonic() + self.MAX_AGE
+        self.start = rows[0][0]
+
+    def take(self, start):
+        """The record tuple for a call from OID ``start``, or None (then
+        read it)."""
+        rows = self.rows
+        if start != self.start or len(rows) < 2 or time.monotonic() > self.until:
+            return None
+        oid, tid, state = rows.pop(0)
+        self.start = rows[0][0]
+        return p64(oid), p64(tid), bytes(state), p64(self.start)
+
+    def next_count(self):
+        """How many records the next read reads."""
+        if self.size > self.MAX_BYTES:
+            return max(1, self.count // 4)
+        return min(self.MAX_COUNT, self.count * 4)
 
 
 class IteratorSnapshots:

@@ -160,6 +160,7 @@ class RelStorage(ConflictResolvingStorage):
         # A storage wrapper (IStorageWrapper: <zlibstorage>) that registered
         # itself with this storage, see new_instance.
         self._wrapper = None
+        self._records_ahead = None          # see record_iternext
 
         if _parent is None:
             # The one place every way of opening a storage goes through.
@@ -623,6 +624,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _poll_invalidations(self):
         self._autorefresh = False
+        self._records_ahead = None
         previous = self._poll_tid
         self._end_snapshot()
         self._forget_reads()
@@ -1234,6 +1236,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def tpc_finish(self, txn, f=None):
         pending = self._check_txn(txn)
+        self._records_ahead = None      # (read before this commit)
         if not pending.voted:
             raise POSException.StorageTransactionError(
                 "tpc_finish called without tpc_vote")
@@ -1452,8 +1455,17 @@ class RelStorage(ConflictResolvingStorage):
         return self._iterators.add(history.TransactionIterator(self._adapter, start, stop))
 
     def record_iternext(self, next=None):
+        start = u64(next) if next is not None else 0
+        with self._lock:
+            ahead = self._records_ahead
+            if ahead is not None:
+                record = ahead.take(start)
+                if record is not None:
+                    return record
         with self._read() as conn:
-            return history.record_iternext(self._adapter, conn, next)
+            record, self._records_ahead = history.record_iternext(
+                self._adapter, conn, next, ahead)
+        return record
 
     def copyTransactionsFrom(self, other, verbose=False):
         """Copy every transaction of ``other`` (any IStorageIteration),

@@ -1947,6 +1947,33 @@ class RootStorageTests(FactoryCase):
         storage.tpc_abort(txn)
         self.assertEqual(len(storage), before)
 
+    def test_record_iteration_reads_ahead(self):
+        # A helper agent's check: zodbupdate (record_iternext once per
+        # object) of 58,700 records took 38 s on PostgreSQL, 1.6 s with
+        # RelStorage 4.3: a query, in a snapshot of its own, per call.
+        storage = self.storage()
+        oids, tid = make_objects(storage, 60)
+        calls = []
+        adapter = storage._adapter
+        read = adapter.record_iternext
+        adapter.record_iternext = lambda conn, start, count=2: (
+            calls.append(count) or read(conn, start, count))
+        seen = {}
+        next_oid = None
+        while True:
+            oid, serial, data, next_oid = storage.record_iternext(next_oid)
+            seen[oid] = (data, serial)
+            if oid == oids[9]:
+                # A commit of this storage in the middle: what is read
+                # after it is current.
+                changed = self.commit(storage, oids[30], tid, 'changed')
+            if next_oid is None:
+                break
+        for oid in oids:
+            self.assertEqual(seen[oid], storage.load(oid))
+        self.assertEqual(seen[oids[30]][1], changed)
+        self.assertLess(len(calls), 10, calls)
+
     def test_delete_with_a_stale_serial_is_a_conflict_at_once(self):
         # A helper agent's check with zc.zodbdgc, which skips an object
         # whose deleteObject raises ConflictError (as FileStorage's does):
