@@ -386,8 +386,9 @@ class IRelStorageAdapter(Interface):
         """Up to ``size`` newest revisions of ``oid``, with their
         transactions' metadata."""
 
-    def record_iternext(conn, start_oid):
-        """The first current record at or after ``start_oid``."""
+    def record_iternext(conn, start_oid, count=2):
+        """The current records (oid, tid, state) of the ``count`` objects
+        from ``start_oid`` up, in OID order."""
 
     def transactions_in_range(conn, start, stop):
         """(tid, user, description, extension, packed) in [start, stop]."""
@@ -395,8 +396,9 @@ class IRelStorageAdapter(Interface):
     def records_in_transaction(conn, tid):
         """(oid, state) of every record of transaction ``tid``."""
 
-    def undo_log(conn, upto_tid):
-        """Run the undo log query on ``conn``; its rows are then fetched."""
+    def undo_log(conn, upto_tid, limit):
+        """The newest ``limit`` transactions up to ``upto_tid``, newest
+        first: (tid, user, description, extension)."""
 
     def transaction_packed(conn, tid):
         """True/False for a transaction that exists, None when it does not."""
