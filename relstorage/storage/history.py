@@ -74,6 +74,16 @@ def _undoable(tid):
     return tid
 
 
+def _transaction_entry(tid_int, user, description, ext, **fields):
+    """A transaction as history() and undoLog() describe it: the keys of
+    its extension, then its time, user, description and ``fields``."""
+    entry = {}
+    entry.update(load_extension(ext))
+    entry.update(time=tid_time(tid_int), user_name=_b(user), description=_b(description),
+                 **fields)
+    return entry
+
+
 def object_history(adapter, conn, oid, size):
     if size is None:
         size = 1
@@ -86,18 +96,8 @@ def object_history(adapter, conn, oid, size):
         return []
     result = []
     for tid, state_size, user, description, ext in rows:
-        entry = {}
-        entry.update(load_extension(ext))
-        entry.update({
-            'time': tid_time(tid),
-            'tid': p64(tid),
-            'serial': p64(tid),
-            'user_name': _b(user),
-            'description': _b(description),
-            'size': state_size,
-            'version': '',
-        })
-        result.append(entry)
+        result.append(_transaction_entry(tid, user, description, ext, tid=p64(tid),
+                                         serial=p64(tid), size=state_size, version=''))
     return result
 
 
@@ -135,14 +135,7 @@ def undo_log(adapter, conn, snapshot_tid, first, last, filter):
     while len(result) < wanted:
         rows = adapter.undo_log(conn, upto, page)
         for tid, user, description, ext in rows:
-            entry = {}
-            entry.update(load_extension(ext))
-            entry.update({
-                'id': undo_id(tid),
-                'time': tid_time(tid),
-                'user_name': _b(user),
-                'description': _b(description),
-            })
+            entry = _transaction_entry(tid, user, description, ext, id=undo_id(tid))
             if filter is not None and not filter(entry):
                 continue
             if skipped < first:
