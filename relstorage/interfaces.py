@@ -390,8 +390,9 @@ class IRelStorageAdapter(Interface):
         """The current records (oid, tid, state) of the ``count`` objects
         from ``start_oid`` up, in OID order."""
 
-    def transactions_in_range(conn, start, stop):
-        """(tid, user, description, extension, packed) in [start, stop]."""
+    def transactions_in_range(conn, start, stop, limit):
+        """(tid, user, description, extension, packed) of the first
+        ``limit`` transactions in [start, stop], in tid order."""
 
     def records_in_transaction(conn, tid):
         """(oid, state) of every record of transaction ``tid``."""
@@ -405,6 +406,13 @@ class IRelStorageAdapter(Interface):
 
     def undo_sources(conn, tid):
         """(oid, prev_tid, current_tid) of every object ``tid`` changed."""
+
+    def undo_states(conn, tid, low_oid, high_oid):
+        """{oid: (before_found, before_state, current_state, undone_state)}
+        for the objects ``tid`` changed with OIDs in [low_oid, high_oid]:
+        the revision before ``tid`` (found or packed away), and for an
+        object changed since its current state and the state ``tid``
+        wrote (both None for an object not changed since)."""
 
     def count_history(conn):
         """(revisions, objects), exact."""

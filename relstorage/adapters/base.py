@@ -1392,11 +1392,13 @@ class Adapter(PackVerbs):
                               ((start_oid, start_oid) if self.keep_history else (start_oid,))
                               + (count,))
 
-    def transactions_in_range(self, conn, start, stop):
+    def transactions_in_range(self, conn, start, stop, limit):
         if self.keep_history:
-            return conn.query_all(self.q(self.sql.ALL_TRANSACTIONS_IN_RANGE), (start, stop))
+            return conn.query_all(
+                self.q(self.sql.ALL_TRANSACTIONS_IN_RANGE), (start, stop, limit))
         return [(row[0], b'', b'', b'', False)
-                for row in conn.query_all(self.q(self.sql.TIDS_IN_RANGE_HF), (start, stop))]
+                for row in conn.query_all(
+                    self.q(self.sql.TIDS_IN_RANGE_HF), (start, stop, limit))]
 
     def records_in_transaction(self, conn, tid):
         return conn.query_all(self.q(self.sql.RECORDS_IN_TRANSACTION), (tid,))
@@ -1413,6 +1415,15 @@ class Adapter(PackVerbs):
         """True/False for a transaction that exists, None when it does not."""
         row = conn.query_one(self.q(self.sql.TRANSACTION_EXISTS), (tid,))
         return None if row is None else bool(row[0])
+
+    def undo_states(self, conn, tid, low_oid, high_oid):
+        """{oid: (before_found, before_state, current_state, undone_state)}
+        for the objects ``tid`` changed with OIDs in [low_oid, high_oid];
+        the last two are None for an object not changed since."""
+        return {
+            row[0]: (row[1] is not None, _bytes(row[2]), _bytes(row[3]), _bytes(row[4]))
+            for row in conn.query_all(self.q(self.sql.UNDO_STATES), (tid, low_oid, high_oid))
+        }
 
     def undo_sources(self, conn, tid):
         """(oid, prev_tid, current_tid) of every object ``tid`` changed."""

@@ -300,16 +300,22 @@ class Statements:
         WHERE tid >= %s AND tid <= %s AND is_empty = %s
         ORDER BY tid
     """
+    # The transaction iterator reads the log a page at a time (from the
+    # tid after the last page's last): a list of every transaction of a
+    # large database held in memory, and read before the first one is
+    # returned, is what a caller wanting the first few does not expect.
     ALL_TRANSACTIONS_IN_RANGE = """
         SELECT tid, username, description, extension, packed
         FROM transaction_log
         WHERE tid >= %s AND tid <= %s
         ORDER BY tid
+        LIMIT %s
     """
     TIDS_IN_RANGE_HF = """
         SELECT DISTINCT tid FROM object_state
         WHERE tid >= %s AND tid <= %s
         ORDER BY tid
+        LIMIT %s
     """
 
     RECORDS_IN_TRANSACTION = """
@@ -440,6 +446,24 @@ class Statements:
         JOIN current_object c ON c.zoid = s.zoid
         WHERE s.tid = %s
         ORDER BY s.zoid
+    """
+    #: The states an undo needs for the objects of transaction tid (first
+    #: parameter) with OIDs in a range: the revision before it (p.tid is
+    #: NULL when that one is packed away), and, for an object changed
+    #: since, its current state and the one the undone transaction wrote.
+    #: In one query for many objects: three queries per object made the
+    #: undo of a 10,000-object transaction take 2.0 s on PostgreSQL
+    #: (RelStorage 4.3: 0.77 s).
+    UNDO_STATES = """
+        SELECT s.zoid, p.tid, p.state, cur.state, u.state
+        FROM object_state s
+        JOIN current_object c ON c.zoid = s.zoid
+        LEFT JOIN object_state p ON p.zoid = s.zoid AND p.tid = s.prev_tid
+        LEFT JOIN object_state cur ON cur.zoid = s.zoid AND cur.tid = c.tid
+            AND c.tid <> s.tid
+        LEFT JOIN object_state u ON u.zoid = s.zoid AND u.tid = s.tid
+            AND c.tid <> s.tid
+        WHERE s.tid = %s AND s.zoid >= %s AND s.zoid <= %s
     """
 
     # --- blobs (shared-blob-dir false) ------------------------------------

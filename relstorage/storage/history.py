@@ -151,6 +151,31 @@ def undo_log(adapter, conn, snapshot_tid, first, last, filter):
     return result
 
 
+#: Objects whose states an undo reads in one query: the first chunk, and
+#: the most (fewer while the states are large: UNDO_CHUNK_BYTES).
+UNDO_CHUNK_FIRST = 100
+UNDO_CHUNK_MAX = 2000
+UNDO_CHUNK_BYTES = 16 << 20
+
+
+def _undo_chunks(adapter, conn, tid, sources):
+    """(oid, prev_tid, current_tid, states) for ``sources`` (the
+    undo_sources rows, in OID order), the states (adapter.undo_states)
+    read a chunk of objects at a time."""
+    count = UNDO_CHUNK_FIRST
+    i = 0
+    while i < len(sources):
+        chunk = sources[i:i + count]
+        i += len(chunk)
+        states = adapter.undo_states(conn, tid, chunk[0][0], chunk[-1][0])
+        size = 0
+        for oid, prev_tid, current_tid in chunk:
+            found_states = states[oid]
+            size += sum(len(v) for v in found_states[1:] if v is not None)
+            yield oid, prev_tid, current_tid, found_states
+        count = max(1, count // 4) if size > UNDO_CHUNK_BYTES else min(UNDO_CHUNK_MAX, count * 4)
+
+
 def undo(adapter, conn, tid, pending, resolve):
     """Queue in ``pending`` (a commit.Commit) the records that undo
     transaction ``tid``; return their OIDs.  ``resolve`` is ZODB's
@@ -162,9 +187,10 @@ def undo(adapter, conn, tid, pending, resolve):
         raise POSException.UndoError("Transaction %016x was packed away" % tid)
     oids = []
     tstore = pending.tstore
-    for oid, prev_tid, current_tid in adapter.undo_sources(conn, tid):
+    sources = list(adapter.undo_sources(conn, tid))
+    for oid, prev_tid, current_tid, states in _undo_chunks(adapter, conn, tid, sources):
+        found, before_state, stored_current, undone_state = states
         if prev_tid:
-            found, before_state = adapter.load_revision(conn, oid, prev_tid)
             if not found:
                 raise POSException.UndoError(
                     "The state before the transaction was packed away", p64(oid))
@@ -176,16 +202,17 @@ def undo(adapter, conn, tid, pending, resolve):
             current_state = tstore.read(oid)
             record_prev = tstore.prev_tid(oid)
             changed = True
+            if current_tid == tid:
+                # (The query only reads the undone state of an object
+                # changed since.)
+                undone_state = adapter.load_revision(conn, oid, tid)[1]
         else:
-            current_state = None
+            current_state = stored_current
             record_prev = current_tid
             changed = current_tid != tid
-            if changed:
-                current_state = adapter.load_revision(conn, oid, current_tid)[1]
         if changed:
             # Changed since: fine if the object is back in the state the
             # undone transaction gave it, or if the change is mergeable.
-            undone_state = adapter.load_revision(conn, oid, tid)[1]
             if current_state != undone_state:
                 if before_state is None or current_state is None:
                     raise POSException.UndoError(
@@ -301,11 +328,24 @@ class TransactionIterator:
     records between transactions) never show up half way through.  Nothing
     is opened before the first ``next()``, and nothing stays open after
     the last.
+
+    The log is read a page at a time, and a transaction's records when
+    the caller first iterates them: a caller that looks at the
+    transactions only (their tids, users, descriptions) read every record
+    of the database before, a query per transaction (6.5 s for 31,000
+    transactions on PostgreSQL, where RelStorage 4.3 took 0.12 s).  The
+    records of a transaction still held when the snapshot ends are read
+    then, so that they are always those of the snapshot.
     """
 
     _conn = None
     _txns = None
     thread = None
+
+    #: Pages of the log: the first small (a caller may want only the
+    #: first transaction), then each four times the last, up to PAGE_MAX.
+    PAGE_FIRST = 64
+    PAGE_MAX = 4096
 
     @property
     def snapshot_conn(self):
@@ -317,6 +357,9 @@ class TransactionIterator:
         # (Beyond MAX_TID: no transaction, rather than a driver's error.)
         self._start = min(u64(start), MAX_TID) if start is not None else 0
         self._stop = min(u64(stop), MAX_TID) if stop is not None else None
+        self._page = self.PAGE_FIRST
+        # The transactions returned whose records are not read yet.
+        self._unread = weakref.WeakSet()
 
     def __iter__(self):
         return self
@@ -328,11 +371,28 @@ class TransactionIterator:
         try:
             adapter.begin_snapshot(conn)
             last = adapter.get_last_tid(conn)
-            stop = last if self._stop is None else min(self._stop, last)
-            self._txns = iter(adapter.transactions_in_range(conn, self._start, stop))
+            self._stop = last if self._stop is None else min(self._stop, last)
+            self._txns = iter(())
         except BaseException:
             self.close()
             raise
+
+    def _next_row(self):
+        try:
+            return next(self._txns)
+        except StopIteration:
+            pass
+        if self._start > self._stop:
+            raise StopIteration
+        rows = self._adapter.transactions_in_range(
+            self._conn, self._start, self._stop, self._page)
+        if len(rows) < self._page:
+            self._start = self._stop + 1      # the end of the range is read
+        else:
+            self._start = rows[-1][0] + 1
+            self._page = min(self.PAGE_MAX, self._page * 4)
+        self._txns = iter(rows)
+        return next(self._txns)
 
     def __next__(self):
         if self._txns is None:
@@ -340,27 +400,40 @@ class TransactionIterator:
         if self._conn is None:
             raise StopIteration
         try:
-            tid, user, description, ext, packed = next(self._txns)
+            tid, user, description, ext, packed = self._next_row()
         except StopIteration:
             self.close()
             raise
-        # data_txn stays None: every record carries its own state, never a
-        # back pointer.
-        records = [
-            DataRecord(p64(oid), p64(tid), _state(state), None)
-            for oid, state, _ in self._adapter.records_in_transaction(self._conn, tid)
-        ]
-        return _Transaction(p64(tid), 'p' if packed else ' ', _b(user), _b(description),
-                            _b(ext), records)
+        txn = _Transaction(p64(tid), 'p' if packed else ' ', _b(user), _b(description),
+                           _b(ext), self)
+        self._unread.add(txn)
+        return txn
 
     next = __next__
+
+    def records(self, txn):
+        """The records of ``txn`` (one this iterator returned), read in
+        its snapshot: while it is open, or when it ends."""
+        self._unread.discard(txn)
+        # data_txn stays None: every record carries its own state, never a
+        # back pointer.
+        txn._records = [
+            DataRecord(p64(oid), txn.tid, _state(state), None)
+            for oid, state, _ in self._adapter.records_in_transaction(self._conn, u64(txn.tid))
+        ]
+        return txn._records
 
     def close(self):
         self._txns = iter(())
         if self._conn is not None:
-            self._conn.rollback()
-            self._conn.close()
-            self._conn = None
+            try:
+                for txn in list(self._unread):
+                    self.records(txn)
+            finally:
+                self._unread = weakref.WeakSet()
+                self._conn.rollback()
+                self._conn.close()
+                self._conn = None
 
     def __del__(self):
         self.close()
@@ -372,9 +445,24 @@ def _state(state):
 
 class _Transaction(TransactionRecord):
 
-    def __init__(self, tid, status, user, description, extension, records):
+    _records = None
+
+    def __init__(self, tid, status, user, description, extension, iterator):
         TransactionRecord.__init__(self, tid, status, user, description, extension)
-        self._records = records
+        # Weak: a transaction kept by the caller must not keep the
+        # iterator's snapshot open (the iterator reads the records of the
+        # transactions still held when it closes or is collected).
+        self._iterator = weakref.ref(iterator)
+
+    def read_records(self):
+        if self._records is None:
+            iterator = self._iterator()
+            if iterator is None:
+                raise POSException.StorageError(
+                    "The records of transaction %016x could not be read before its"
+                    " iterator was closed" % u64(self.tid))
+            self._records = iterator.records(self)
+        return self._records
 
     def __iter__(self):
-        return iter(self._records)
+        return iter(self.read_records())

@@ -299,7 +299,7 @@ def drive_every_verb(adapter, recorder):
     adapter.database_size(load)
     adapter.history(load, 1, 10)
     adapter.record_iternext(load, 0)
-    adapter.transactions_in_range(load, 1, 2)
+    adapter.transactions_in_range(load, 1, 2, 10)
     adapter.records_in_transaction(load, 2)
     adapter.blob_chunk_count(load, 1, 2)
     adapter.any_blob_chunk(load)
@@ -311,6 +311,7 @@ def drive_every_verb(adapter, recorder):
         adapter.undo_log(load, 2, 20)
         adapter.transaction_packed(load, 2)
         adapter.undo_sources(load, 2)
+        adapter.undo_states(load, 2, 1, 10)
     load.rollback()
     adapter.commit_outcome(2, True)      # on a store connection of its own
 
@@ -456,7 +457,7 @@ NOT_DRIVEN = {
     'store_idle_seconds',
 }
 #: Verbs of undo, which only a history-preserving storage has.
-HP_ONLY_VERBS = {'undo_log', 'transaction_packed', 'undo_sources'}
+HP_ONLY_VERBS = {'undo_log', 'transaction_packed', 'undo_sources', 'undo_states'}
 
 
 def track_verbs(adapter):

@@ -85,6 +85,8 @@ class OracleStatements(Statements):
     RECORD_ITERNEXT = _fetch_first(Statements.RECORD_ITERNEXT)
     RECORD_ITERNEXT_HF = _fetch_first(Statements.RECORD_ITERNEXT_HF)
     TID_HAS_STATES = _fetch_first(Statements.TID_HAS_STATES)
+    ALL_TRANSACTIONS_IN_RANGE = _fetch_first(Statements.ALL_TRANSACTIONS_IN_RANGE)
+    TIDS_IN_RANGE_HF = _fetch_first(Statements.TIDS_IN_RANGE_HF)
 
     # --- commit ---------------------------------------------------------
 
