@@ -1000,7 +1000,15 @@ class Adapter(PackVerbs):
         return result
 
     def count_objects(self, conn):
-        return conn.query_value(self.q(self.sql.COUNT_OBJECTS)) or 0
+        """len(storage): exact, or the vendor's estimate for a large table
+        (see COUNT_ESTIMATE)."""
+        sql = self.sql
+        if sql.COUNT_ESTIMATE is not None:
+            row = conn.query_one(self.q(sql.COUNT_ESTIMATE), (sql.COUNTED_TABLE,))
+            if row is not None and row[0] is not None and row[1] is not None \
+                    and row[0] >= sql.SMALL_TABLE_BYTES and row[1] >= 0:
+                return int(row[1])
+        return int(conn.query_value(self.q(sql.COUNT_OBJECTS)) or 0)
 
     def count_history(self, conn):
         """(revisions, objects), both exact, in the snapshot of ``conn``

@@ -272,6 +272,20 @@ class Statements:
     COUNT_OBJECTS_HF = "SELECT COUNT(*) FROM object_state"
     COUNT_REVISIONS = "SELECT COUNT(*) FROM object_state"
 
+    #: len(storage) (approximate, says IStorage) of a large database: an
+    #: exact count is a scan of a whole table (3 s for 6 million objects on
+    #: MariaDB), so a vendor that keeps statistics supplies COUNT_ESTIMATE,
+    #: (table size in bytes, estimated rows) of the table named by its
+    #: parameter (COUNTED_TABLE); the count is exact below
+    #: SMALL_TABLE_BYTES, where the estimates may not exist yet.
+    COUNT_ESTIMATE = None
+    COUNTED_TABLE = "current_object"
+    COUNTED_TABLE_HF = "object_state"
+    SMALL_TABLE_BYTES = 32 << 20
+
+    #: getSize() (approximate too): a vendor that knows the size of its
+    #: tables says it; summing the states reads the whole table (0.7 s for
+    #: 300,000 objects on MariaDB).
     SIZE_OF_STATES = "SELECT COALESCE(SUM(state_size), 0) FROM object_state"
 
     # --- history-preserving metadata ------------------------------------

@@ -2664,6 +2664,30 @@ class TransactionIteratorTests(FactoryCase):
         self.assertEqual([zodb_unpickle(r.data).value for r in txns[1]], [1])
 
 
+class SizeTests(FactoryCase):
+    """len(storage) and getSize(): approximate (IStorage), cheap."""
+
+    def test_len_and_size(self):
+        options = Options(keep_history=self.keep_history, commit_lock_timeout=10)
+        adapter = self.factory.make_adapter(options)
+        storage = RelStorage(adapter, options=options)
+        self._open.append(storage)
+        make_objects(storage, 300)
+        # Small tables are counted exactly.
+        self.assertEqual(len(storage), 300)
+        size = storage.getSize()
+        self.assertIs(type(size), int)
+        self.assertGreater(size, 0)
+        # A large one (here: any) is estimated where the vendor keeps
+        # statistics (PostgreSQL, MySQL): an exact count scans the table.
+        adapter.sql.SMALL_TABLE_BYTES = 0
+        count = len(storage)
+        self.assertIs(type(count), int)
+        self.assertGreaterEqual(count, 0)
+        if adapter.sql.COUNT_ESTIMATE is None:
+            self.assertEqual(count, 300)
+
+
 class LargeUndoTests(FactoryCase):
     """Undo of a transaction of many objects (history-preserving)."""
 
@@ -2751,7 +2775,7 @@ ALL = (SchemaModeTests, TidAndOidTests, NewObjectCommitTests, ConcurrencyTests,
        PrefetchTests, OwnCommitPollTests,
        ReadAheadTests, PackVisibilityTests, TwoPhaseCommitTests, AbortErrorTests,
        FairnessTests, LifecycleTests,
-       RootStorageTests, TransactionIteratorTests)
+       RootStorageTests, TransactionIteratorTests, SizeTests)
 
 
 def hf_variants():

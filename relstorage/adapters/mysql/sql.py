@@ -50,6 +50,18 @@ def _extra_delete(table):
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
+    # InnoDB's statistics (an estimate of the rows, which may be some
+    # tens of percent off, and cached for a while on MySQL 8: len() is
+    # "approximate").
+    COUNT_ESTIMATE = """
+        SELECT data_length, table_rows FROM information_schema.TABLES
+        WHERE table_schema = DATABASE() AND table_name = %s
+    """
+    SIZE_OF_STATES = """
+        SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.TABLES
+        WHERE table_schema = DATABASE() AND table_name IN ('object_state', 'blob_chunk')
+    """
+
     PACK_INFO_SET = """
         INSERT INTO pack_info (name, value) VALUES (%s, %s)
         ON DUPLICATE KEY UPDATE value = VALUES(value)

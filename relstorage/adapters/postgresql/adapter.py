@@ -418,19 +418,6 @@ class PostgreSQLAdapter(Adapter):
 
     # --- cheap statistics -------------------------------------------------
 
-    def count_objects(self, conn):
-        row = conn.query_one(self.sql.COUNT_ESTIMATE, (self.sql.COUNTED_TABLE,))
-        if row is None:
-            return 0
-        size, estimate = row
-        # reltuples is -1 until the table is first vacuumed or analyzed.
-        if size < sql.SMALL_TABLE_BYTES or estimate < 0:
-            return conn.query_value(self.sql.COUNT_OBJECTS_EXACT) or 0
-        return estimate
-
-    def database_size(self, conn):
-        return conn.query_value(self.sql.SIZE_OF_STATES) or 0
-
     # --- maintenance ------------------------------------------------------
 
     def drop_all(self):

@@ -17,11 +17,6 @@ OID_BLOCK = 16
 OID_DRAWS_FIRST = 8
 OID_DRAWS_MAX = 128
 
-#: Below this size len(storage) counts exactly (cheap); above, it is the
-#: estimate PostgreSQL keeps in pg_class.reltuples.
-SMALL_TABLE_BYTES = 32 << 20
-
-
 def _extra_delete(table):
     """Deleting every row of ``table`` about the objects of temp_pack_extra
     (a join, with their range of OIDs said: otherwise a merge join read
@@ -164,16 +159,11 @@ class PostgreSQLStatements(Statements):
         FROM commit_lock WHERE id IN (0, 1)
     """
 
-    # Exact below SMALL_TABLE_BYTES, else the planner's estimate: an exact
-    # count of a big table is a full scan.
+    # (reltuples is -1 until the table is first vacuumed or analyzed.)
     COUNT_ESTIMATE = """
         SELECT pg_relation_size(c.oid), c.reltuples::bigint
         FROM pg_class c WHERE c.oid = to_regclass(%s)
     """
-    COUNT_OBJECTS_EXACT = "SELECT COUNT(*) FROM current_object"
-    COUNT_OBJECTS_EXACT_HF = "SELECT COUNT(*) FROM object_state"
-    COUNTED_TABLE = "current_object"
-    COUNTED_TABLE_HF = "object_state"
     SIZE_OF_STATES = """
         SELECT COALESCE(pg_total_relation_size(to_regclass('object_state')), 0)
              + COALESCE(pg_total_relation_size(to_regclass('blob_chunk')), 0)

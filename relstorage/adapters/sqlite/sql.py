@@ -12,6 +12,9 @@ def _in_written_order(stmt):
 
 class SqliteStatements(Statements):
 
+    # The size of the main database file (as FileStorage's is its file's).
+    SIZE_OF_STATES = "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"
+
     # SQLite parses "INSERT ... SELECT ... ON CONFLICT" only when the SELECT
     # has a WHERE clause, hence the "WHERE true".
     UPDATE_CURRENT = """
