@@ -390,6 +390,10 @@ class IRelStorageAdapter(Interface):
         """The current records (oid, tid, state) of the ``count`` objects
         from ``start_oid`` up, in OID order."""
 
+    def record_sizes(conn, start_oid, count):
+        """(oid, state size) of the records ``record_iternext`` would
+        read, without their states."""
+
     def transactions_in_range(conn, start, stop, limit):
         """(tid, user, description, extension, packed) of the first
         ``limit`` transactions in [start, stop], in tid order."""

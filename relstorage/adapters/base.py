@@ -1400,6 +1400,12 @@ class Adapter(PackVerbs):
                               ((start_oid, start_oid) if self.keep_history else (start_oid,))
                               + (count,))
 
+    def record_sizes(self, conn, start_oid, count):
+        """(oid, state size) of the records record_iternext would read."""
+        return conn.query_all(self.q(self.sql.RECORD_SIZES),
+                              ((start_oid, start_oid) if self.keep_history else (start_oid,))
+                              + (count,))
+
     def transactions_in_range(self, conn, start, stop, limit):
         if self.keep_history:
             return conn.query_all(

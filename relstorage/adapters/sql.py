@@ -378,6 +378,23 @@ class Statements:
         ORDER BY zoid
         LIMIT %s
     """
+    #: The sizes of the states RECORD_ITERNEXT would read (same
+    #: parameters): the read-ahead reads as many as fit its byte budget.
+    RECORD_SIZES = """
+        SELECT s.zoid, s.state_size
+        FROM current_object c
+        JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
+        WHERE c.zoid >= %s AND s.zoid >= %s AND s.state IS NOT NULL
+        ORDER BY c.zoid
+        LIMIT %s
+    """
+    RECORD_SIZES_HF = """
+        SELECT zoid, state_size
+        FROM object_state
+        WHERE zoid >= %s AND state IS NOT NULL
+        ORDER BY zoid
+        LIMIT %s
+    """
 
     # --- commit -------------------------------------------------------
 

@@ -236,9 +236,23 @@ def record_iternext(adapter, conn, next_oid, ahead=None):
     or None): (the record tuple, what is ahead)."""
     start = u64(next_oid) if next_oid is not None else 0
     count = ahead.next_count() if ahead is not None and ahead.start == start else 1
-    rows = adapter.record_iternext(conn, start, count + 1) if start <= MAX_TID else None
+    # The sizes first, then the states of as many records as fit the
+    # budget (at least the one asked for), and the OID after the last read
+    # (a helper agent's check: after a run of small records, a read of 500
+    # records of 4 MB each added 645 MB to the process on MariaDB).
+    sizes = adapter.record_sizes(conn, start, count + 1) if start <= MAX_TID else None
+    if not sizes:
+        raise POSException.POSKeyError(next_oid if next_oid is not None else p64(0))
+    read = 1
+    total = sizes[0][1] or 0
+    while read < min(count, len(sizes)) and total + (sizes[read][1] or 0) <= RecordsAhead.MAX_BYTES:
+        total += sizes[read][1] or 0
+        read += 1
+    rows = list(adapter.record_iternext(conn, start, read))
     if not rows:
         raise POSException.POSKeyError(next_oid if next_oid is not None else p64(0))
+    if read < len(sizes) and len(rows) == read:
+        rows.append((sizes[read][0], None, None))    # names the next OID only
     oid, tid, state = rows[0]
     following = p64(rows[1][0]) if len(rows) > 1 else None
     ahead = RecordsAhead(list(rows[1:]), count) if len(rows) > 1 else None
@@ -254,7 +268,8 @@ class RecordsAhead:
     ``MAX_AGE`` seconds (as current as a caller of record_iternext, whose
     next call may come any time later, can ask), and only to a call that
     goes on from the last (``start``); each read reads more, up to
-    ``MAX_COUNT`` records and about ``MAX_BYTES`` of states."""
+    ``MAX_COUNT`` records and ``MAX_BYTES`` of states (or the one record
+    asked for, whatever its size)."""
 
     MAX_AGE = 1.0
     MAX_COUNT = 500

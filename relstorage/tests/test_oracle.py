@@ -299,6 +299,7 @@ def drive_every_verb(adapter, recorder):
     adapter.database_size(load)
     adapter.history(load, 1, 10)
     adapter.record_iternext(load, 0)
+    adapter.record_sizes(load, 0, 10)
     adapter.transactions_in_range(load, 1, 2, 10)
     adapter.records_in_transaction(load, 2)
     adapter.blob_chunk_count(load, 1, 2)

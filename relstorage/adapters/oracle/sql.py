@@ -84,6 +84,8 @@ class OracleStatements(Statements):
     HISTORY_HF = _fetch_first(Statements.HISTORY_HF)
     RECORD_ITERNEXT = _fetch_first(Statements.RECORD_ITERNEXT)
     RECORD_ITERNEXT_HF = _fetch_first(Statements.RECORD_ITERNEXT_HF)
+    RECORD_SIZES = _fetch_first(Statements.RECORD_SIZES)
+    RECORD_SIZES_HF = _fetch_first(Statements.RECORD_SIZES_HF)
     TID_HAS_STATES = _fetch_first(Statements.TID_HAS_STATES)
     ALL_TRANSACTIONS_IN_RANGE = _fetch_first(Statements.ALL_TRANSACTIONS_IN_RANGE)
     TIDS_IN_RANGE_HF = _fetch_first(Statements.TIDS_IN_RANGE_HF)
