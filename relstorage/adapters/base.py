@@ -196,6 +196,12 @@ class Adapter(PackVerbs):
     #: mixin over ``statements_class``, see read_earlier_schema); None
     #: where that is not supported.
     earlier_release_reads = EarlierReleaseReads
+    #: The largest state (bytes) the database can store and give back, or
+    #: None; a larger one is refused when it is stored (Commit._check_size),
+    #: with ``max_state_reason`` saying why.  (MySQL's limit is the
+    #: server's max_allowed_packet, checked as states are uploaded.)
+    max_state_bytes = None
+    max_state_reason = None
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and

@@ -71,6 +71,7 @@ from ..interfaces import CommitUnknownError
 from ..interfaces import DisconnectedError
 from ..interfaces import NewObjectExistsError
 from ..interfaces import RelStorageError
+from ..interfaces import StateTooLargeError
 from ..interfaces import UnableToLockRowsError
 from ..messages import one_line as _one_line
 from .faults import fault_point
@@ -152,6 +153,8 @@ class Commit:
         #: The transactions it undoes (see _check_not_packed).
         self.undone_tids = set()
         self.tstore = TempStore()
+        #: The largest state the database takes (see _refuse_size).
+        self.max_state_bytes = adapter.max_state_bytes or float('inf')
         self.read_current = {}          # oid_int -> tid_int seen (filled by the storage's
                                         # checkCurrentSerialInTransaction)
         self.resolved = set()           # oid_ints whose conflict was resolved
@@ -173,11 +176,15 @@ class Commit:
     # Buffering (no I/O)
 
     def store(self, oid_int, prev_tid_int, state):
+        if state is not None and len(state) > self.max_state_bytes:
+            self._refuse_size(oid_int, state)
         self.tstore.store(oid_int, prev_tid_int, state)
         if self.undone:
             self.undone.discard(oid_int)
 
     def restore(self, oid_int, tid_int, state):
+        if state is not None and len(state) > self.max_state_bytes:
+            self._refuse_size(oid_int, state)
         self.restoring = True
         self.tstore.store(oid_int, tid_int, state)
         if state is None:
@@ -191,7 +198,18 @@ class Commit:
     def add_copied(self, copied):
         """Queue a ``CopiedTransaction``; a batch of them commits as one
         database transaction, each under its own tid."""
+        for oid_int, state in copied.rows:
+            if state is not None and len(state) > self.max_state_bytes:
+                self._refuse_size(oid_int, state)
         self.copied.append(copied)
+
+    def _refuse_size(self, oid_int, state):
+        raise StateTooLargeError(
+            "The state of object 0x%x is %d bytes, more than the %d bytes %s can store "
+            "in one object (%s); nothing was written. Store less in one object (large "
+            "data belongs in a blob)."
+            % (oid_int, len(state), self.adapter.max_state_bytes, self.adapter.describe(),
+               self.adapter.max_state_reason))
 
     # ------------------------------------------------------------------
     # Vote
@@ -553,6 +571,8 @@ class Commit:
                     oid=p64(oid), serials=(p64(committed_tid), p64(prev_tid)))
             resolved = resolve(p64(oid), p64(committed_tid), p64(prev_tid),
                                tstore.read(oid), committed_state)
+            if len(resolved) > self.max_state_bytes:
+                self._refuse_size(oid, resolved)
             tstore.store(oid, committed_tid, resolved)
             self.resolved.add(oid)
         return True

@@ -104,6 +104,14 @@ class PostgreSQLAdapter(Adapter):
     # commits, the usual ones, truncate once in hundreds.
     temp_garbage_rows = 1000
     temp_garbage_bytes = 16 * 1024 * 1024
+    # A state goes to and from the server as text, in hexadecimal (twice
+    # its size), and the server allocates nothing past 1 GB: a helper
+    # agent's check committed a 530 MB state that no load or pack could
+    # read again.  (1 GB less 1 byte is PostgreSQL's MaxAllocSize; the
+    # margin is the rest of a COPY line.)
+    max_state_bytes = ((1 << 30) - 1 - 1024) // 2
+    max_state_reason = ("PostgreSQL sends a state as text, twice its size, and "
+                        "handles no value past 1 GB")
     placeholder = '%s'
     max_in_list = 1000
     upload_batch = 1000

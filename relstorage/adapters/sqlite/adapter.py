@@ -136,6 +136,21 @@ def _variable_limit():
         return 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 
 
+def _length_limit():
+    """The longest value a row may hold (SQLITE_MAX_LENGTH of the library:
+    1,000,000,000 bytes by default), less room for the row's other
+    columns."""
+    try:
+        conn = sqlite3.connect(':memory:')
+        try:
+            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+        finally:
+            conn.close()
+    except (AttributeError, sqlite3.Error):      # (Python 3.10: no getlimit)
+        limit = 1000000000
+    return limit - 1024
+
+
 def _sqlite_temp_dir():
     """The directory SQLite puts its temporary files in on Unix (its
     unixTempFileDir: the first writable directory of these)."""
@@ -173,6 +188,8 @@ class Sqlite3Adapter(Adapter):
     # the interpreter lock after each statement (storage/pack.py): fewer,
     # larger statements.  SQLite binds up to 32,766 values since 3.32.
     max_insert_values = _variable_limit()
+    max_state_bytes = _length_limit()
+    max_state_reason = "SQLite's SQLITE_MAX_LENGTH, less room for the row"
     upload_batch = 1000
     statements_class = sql.SqliteStatements
     temp_table_statements = (sql.TEMP_STORE, sql.TEMP_BLOB_CHUNK)
