@@ -2772,6 +2772,27 @@ class StateSizeLimitTests(FactoryCase):
             db.close()
 
 
+    def test_large_states_round_trip(self):
+        # States of a few MB, new and changed, among small ones: the
+        # PostgreSQL drivers write and read them in pieces.
+        storage = self.storage()
+        big = os.urandom(3 << 20)
+        oids, tid = make_objects(storage, 50)
+        new = storage.new_oid()
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.store(new, z64, big, '', txn)
+        storage.store(oids[3], tid, big[::-1], '', txn)
+        storage.store(oids[4], tid, zodb_pickle(MinPO(4)), '', txn)
+        storage.tpc_vote(txn)
+        second = storage.tpc_finish(txn)
+        reader = self.storage()
+        self.assertEqual(reader.load(new), (big, second))
+        self.assertEqual(reader.load(oids[3]), (big[::-1], second))
+        self.assertEqual(zodb_unpickle(reader.load(oids[4])[0]), MinPO(4))
+        self.assertEqual(zodb_unpickle(reader.load(oids[5])[0]), MinPO(5))
+
+
 class LargeUndoTests(FactoryCase):
     """Undo of a transaction of many objects (history-preserving)."""
 
