@@ -731,6 +731,11 @@ class StorageCache:
             written = persistent.save(path, last_tid, entries, self.local.limit,
                                       self.database_key, self._pack_mark or 0,
                                       replace=self._replace_file)
+        except OSError as exc:
+            # (An unwritable or full cache-local-dir: one line, which says
+            # why, rather than a traceback at every close.)
+            log.warning("Could not write the cache file %s: %s", path, exc)
+            return 0
         except Exception:  # pylint:disable=broad-except
             log.warning("Could not write the cache file %s", path, exc_info=True)
             return 0

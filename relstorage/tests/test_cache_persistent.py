@@ -105,6 +105,23 @@ class PersistentCacheTests(unittest.TestCase):
             db.close()
         self.assertTrue(os.listdir(os.path.join(small, 'cache')))
 
+    def test_a_cache_file_that_cannot_be_written_is_one_line(self):
+        # A helper agent's check: an unwritable cache-local-dir logged a
+        # traceback at every close; the reason, on one line, is enough.
+        db = self.open_db()
+        self.fill(db)
+        shutil.rmtree(self.cache_dir)
+        with open(self.cache_dir, 'w') as f:       # no longer a directory
+            f.write('x')
+        logger = logging.getLogger('relstorage.cache.storage_cache')
+        with self.assertLogs(logger, logging.WARNING) as logs:
+            db.close()
+        self.assertEqual(len(logs.records), 1, logs.output)
+        record = logs.records[0]
+        self.assertIn('Could not write the cache file', record.getMessage())
+        self.assertIn('Not a directory', record.getMessage())
+        self.assertIsNone(record.exc_info)
+
     def test_written_on_close_and_reused(self):
         db = self.open_db()
         self.fill(db)
