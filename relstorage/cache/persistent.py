@@ -71,7 +71,7 @@ class CacheFileError(Exception):
 
 
 #: What read_file returns: ``entries`` is [(oid, tid, state), ...].
-CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key pack_mark')
+CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key pack_mark version')
 
 
 def cache_path(directory, prefix):
@@ -116,7 +116,7 @@ def read_file(path):
         pos += length
     if pos != body_end:
         raise CacheFileError('trailing garbage')
-    return CacheFile(last_tid, entries, key, mark)
+    return CacheFile(last_tid, entries, key, mark, version)
 
 
 def _temp_prefix(path):
@@ -209,7 +209,14 @@ def save(path, last_tid, entries, limit_bytes, key=None, mark=0, replace=False):
         order = []              # oids, most important first: ours, then theirs
         sources = [reversed(entries)]
         if existing is not None and (existing.database_key or 0) != (key or 0):
-            log.info("Replacing cache file %s, written for another database", path)
+            if existing.database_key:
+                log.info("Replacing cache file %s, written for another database", path)
+            else:
+                # (A helper agent's check: a file of an earlier release was
+                # said to be of another database.)
+                log.info("Replacing cache file %s, written without the database's key "
+                         "(by an earlier release, or a process that could not read it)",
+                         path)
             existing = None
         if existing is not None and existing.pack_mark != (mark or 0):
             # Entries learned under two pack marks: those of the older one
@@ -262,7 +269,7 @@ def load_validated(path, adapter, put, record, key=None):
         return None, 0, 0, None, None
     if content is None:
         return None, 0, 0, None, None
-    last_tid, entries, file_key, file_mark = content
+    last_tid, entries, file_key, file_mark, version = content
     if file_key and key and file_key != key:
         log.warning("Ignoring cache file %s: it was written for another database "
                     "(made again at the same place, or copied there with zodbconvert "
@@ -281,8 +288,13 @@ def load_validated(path, adapter, put, record, key=None):
         mark = adapter.pack_mark(conn)
         if file_mark != mark and (
                 file_mark > mark or adapter.pack_removals(conn, file_mark, mark) is None):
-            log.info("Ignoring cache file %s: the database was emptied (zap_all), restored "
-                     "or packed more than once since it was written", path)
+            if version < VERSION:
+                log.info("Ignoring cache file %s: it was written by an earlier release, "
+                         "which did not record the pack mark, and the database has been "
+                         "packed or emptied since it was made", path)
+            else:
+                log.info("Ignoring cache file %s: the database was emptied (zap_all), "
+                         "restored or packed more than once since it was written", path)
             return None, 0, len(entries), None, None
         loaded = dropped = 0
         for i in range(0, len(entries), VALIDATE_BATCH):

@@ -122,6 +122,56 @@ class PersistentCacheTests(unittest.TestCase):
         self.assertIn('Not a directory', record.getMessage())
         self.assertIsNone(record.exc_info)
 
+    def write_earlier_release_file(self, version):
+        """The cache file rewritten in the format of ``version`` (1: no
+        database key, 1 and 2: no pack mark)."""
+        import struct
+        import zlib
+        content = persistent.read_file(self.cache_file())
+        header = {1: persistent.HEADER_V1, 2: persistent.HEADER_V2}[version]
+        fields = (persistent.MAGIC, version, content.last_tid, len(content.entries))
+        if version == 2:
+            fields += (content.database_key,)
+        data = header.pack(*fields)
+        for oid, tid, state in content.entries:
+            data += persistent.RECORD.pack(oid, tid, len(state)) + state
+        data += struct.pack('>I', zlib.crc32(data))
+        with open(self.cache_file(), 'wb') as f:
+            f.write(data)
+
+    def test_files_of_earlier_releases(self):
+        # A helper agent's check: a file of an earlier release (no pack
+        # mark) was ignored as if "the database was emptied, restored or
+        # packed more than once", and one without the database's key was
+        # replaced as "written for another database".
+        logger = logging.getLogger('relstorage.cache.persistent')
+        db = self.open_db()
+        self.fill(db)
+        db.close()
+        self.write_earlier_release_file(1)
+        with self.assertLogs(logger, logging.INFO) as logs:
+            db = self.open_db()
+            self.assertGreaterEqual(db.storage.cache_stats()['persistent_loaded'], 21)
+            db.close()
+        self.assertIn("written without the database's key (by an earlier release",
+                      '\n'.join(logs.output))
+        self.assertNotIn('another database', '\n'.join(logs.output))
+        db = self.open_db()
+        db.pack(time.time() + 1)
+        db.close()
+        db = self.open_db()
+        self.fill(db, value=1)
+        db.pack(time.time() + 1)
+        db.close()
+        self.write_earlier_release_file(2)
+        with self.assertLogs(logger, logging.INFO) as logs:
+            db = self.open_db()
+            self.assertEqual(db.storage.cache_stats()['persistent_loaded'], 0)
+            self.assertEqual(self.read_all(db), [1] * 20)
+            db.close()
+        self.assertIn('written by an earlier release, which did not record the pack mark',
+                      '\n'.join(logs.output))
+
     def test_written_on_close_and_reused(self):
         db = self.open_db()
         self.fill(db)
@@ -356,7 +406,7 @@ class PersistentCacheTests(unittest.TestCase):
         for p in procs:
             p.join(60)
             self.assertEqual(p.exitcode, 0)
-        last_tid, entries, _, _ = persistent.read_file(path)
+        last_tid, entries = persistent.read_file(path)[:2]
         self.assertEqual(last_tid, 1000 + 3 * 10 + 9)
         self.assertEqual({oid for oid, _, _ in entries}, set(range(4 * 100)))
 
