@@ -136,7 +136,9 @@ class EarlierSchemaError(SchemaMismatchError):
 
 
 class StateTooLargeError(RelStorageError):
-    """A pickle is larger than the database server accepts in one packet."""
+    """A pickle (or a transaction's metadata) is larger than the database
+    accepts: MySQL's max_allowed_packet, or the largest value PostgreSQL or
+    SQLite can store and give back (Adapter.max_state_bytes)."""
 
 
 def describe_oids(oids, limit=10):
@@ -411,9 +413,9 @@ class IRelStorageAdapter(Interface):
     def undo_sources(conn, tid):
         """(oid, prev_tid, current_tid) of every object ``tid`` changed."""
 
-    def undo_states(conn, tid, low_oid, high_oid):
+    def undo_states(conn, tid, oids):
         """{oid: (before_found, before_state, current_state, undone_state)}
-        for the objects ``tid`` changed with OIDs in [low_oid, high_oid]:
+        for the objects ``oids`` that ``tid`` changed:
         the revision before ``tid`` (found or packed away), and for an
         object changed since its current state and the state ``tid``
         wrote (both None for an object not changed since)."""

@@ -732,6 +732,9 @@ def _tid_fraction(source, first, last):
         try:
             for txn in iterator:
                 first = u64(txn.tid)
+                # (Not held when the iterator closes: a RelStorage's would
+                # read its records, perhaps a large first import.)
+                del txn
                 break
         finally:
             close = getattr(iterator, 'close', None)

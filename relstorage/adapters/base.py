@@ -1436,14 +1436,19 @@ class Adapter(PackVerbs):
         row = conn.query_one(self.q(self.sql.TRANSACTION_EXISTS), (tid,))
         return None if row is None else bool(row[0])
 
-    def undo_states(self, conn, tid, low_oid, high_oid):
+    def undo_states(self, conn, tid, oids):
         """{oid: (before_found, before_state, current_state, undone_state)}
-        for the objects ``tid`` changed with OIDs in [low_oid, high_oid];
-        the last two are None for an object not changed since."""
-        return {
-            row[0]: (row[1] is not None, _bytes(row[2]), _bytes(row[3]), _bytes(row[4]))
-            for row in conn.query_all(self.q(self.sql.UNDO_STATES), (tid, low_oid, high_oid))
-        }
+        for the objects ``oids`` that ``tid`` changed; the last two are None
+        for an object not changed since."""
+        result = {}
+        for stmt, params in self.oid_statements(self.sql.UNDO_STATES, oids):
+            # (The tid first; params are None where the OIDs are written
+            # into the statement.)
+            params = (tid,) + tuple(params or ())
+            for row in conn.query_all(stmt, params):
+                result[row[0]] = (row[1] is not None, _bytes(row[2]), _bytes(row[3]),
+                                  _bytes(row[4]))
+        return result
 
     def undo_sources(self, conn, tid):
         """(oid, prev_tid, current_tid) of every object ``tid`` changed."""

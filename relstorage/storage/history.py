@@ -167,7 +167,7 @@ def _undo_chunks(adapter, conn, tid, sources):
     while i < len(sources):
         chunk = sources[i:i + count]
         i += len(chunk)
-        states = adapter.undo_states(conn, tid, chunk[0][0], chunk[-1][0])
+        states = adapter.undo_states(conn, tid, [oid for oid, _, _ in chunk])
         size = 0
         for oid, prev_tid, current_tid in chunk:
             found_states = states[oid]
@@ -309,9 +309,10 @@ class IteratorSnapshots:
     that revision (history-preserving), or the object (history-free),
     and the copy failed with "No blob" where the iterator's snapshot still
     has the rows (a helper agent's check, copying while RelStorage 4.3's
-    zodbpack ran).  ``read`` asks those snapshots too.  Only iterators of
-    the calling thread: between its ``next()`` calls an iterator's
-    connection runs nothing, but another thread's may be in one.
+    zodbpack ran).  ``read`` asks those snapshots too: only iterators of
+    the calling thread (another thread's snapshot is of another moment),
+    under the snapshot's lock (its transactions' records may be read from
+    any thread).
     """
 
     def __init__(self):
@@ -326,12 +327,71 @@ class IteratorSnapshots:
         snapshots of the calling thread's open iterators, or None."""
         me = threading.get_ident()
         for iterator in list(self._open):
-            conn = iterator.snapshot_conn
-            if conn is not None and iterator.thread == me:
-                result = func(conn)
-                if result is not None:
-                    return result
+            snapshot = iterator.snapshot
+            if snapshot is None or iterator.thread != me:
+                continue
+            with snapshot.lock:
+                if snapshot.conn is not None:
+                    result = func(snapshot.conn)
+                    if result is not None:
+                        return result
         return None
+
+
+class _Snapshot:
+    """An iterator's connection, in its snapshot, and the transactions it
+    returned whose records are not read yet.
+
+    Apart from the iterator, so that the transactions the caller keeps
+    hold this, not the iterator (which closes the snapshot when it is
+    collected), and so that a collection of the iterator in a reference
+    cycle, which clears the weak references inside it before anything
+    runs, leaves this one's intact (a review finding: the kept
+    transactions' records were lost).  ``weakref.finalize`` keeps it
+    until the iterator is gone, then closes it.
+    """
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.conn = None
+        self.unread = weakref.WeakSet()
+        # Records may be read from any thread (a transaction is handed on),
+        # while the iterator reads its next page.
+        self.lock = threading.RLock()
+
+    def records(self, txn):
+        """Read the records of ``txn`` into it, in the snapshot."""
+        with self.lock:
+            if txn._records is not None:
+                return
+            if self.conn is None:
+                raise POSException.StorageError(
+                    "The records of transaction %016x could not be read before its "
+                    "iterator was closed" % u64(txn.tid))
+            # data_txn stays None: every record carries its own state,
+            # never a back pointer.
+            txn._records = [
+                DataRecord(p64(oid), txn.tid, _state(state), None)
+                for oid, state, _ in self.adapter.records_in_transaction(
+                    self.conn, u64(txn.tid))
+            ]
+            self.unread.discard(txn)
+
+    def close(self):
+        """Read the records of the transactions still held, then end the
+        snapshot."""
+        with self.lock:
+            conn = self.conn
+            if conn is None:
+                return
+            try:
+                for txn in list(self.unread):
+                    self.records(txn)
+            finally:
+                self.unread = weakref.WeakSet()
+                self.conn = None
+                conn.rollback()
+                conn.close()
 
 
 class TransactionIterator:
@@ -350,11 +410,11 @@ class TransactionIterator:
     of the database before, a query per transaction (6.5 s for 31,000
     transactions on PostgreSQL, where RelStorage 4.3 took 0.12 s).  The
     records of a transaction still held when the snapshot ends are read
-    then, so that they are always those of the snapshot.
+    then, so that they are always those of the snapshot (see _Snapshot).
     """
 
-    _conn = None
     _txns = None
+    _snapshot = None
     thread = None
 
     #: Pages of the log: the first small (a caller may want only the
@@ -363,9 +423,10 @@ class TransactionIterator:
     PAGE_MAX = 4096
 
     @property
-    def snapshot_conn(self):
-        """The connection of its snapshot, once opened and until closed."""
-        return self._conn if self._txns is not None else None
+    def snapshot(self):
+        """Its _Snapshot, once opened and until closed, else None."""
+        snapshot = self._snapshot
+        return snapshot if snapshot is not None and snapshot.conn is not None else None
 
     def __init__(self, adapter, start, stop):
         self._adapter = adapter
@@ -373,8 +434,7 @@ class TransactionIterator:
         self._start = min(u64(start), MAX_TID) if start is not None else 0
         self._stop = min(u64(stop), MAX_TID) if stop is not None else None
         self._page = self.PAGE_FIRST
-        # The transactions returned whose records are not read yet.
-        self._unread = weakref.WeakSet()
+        self._closer = None
 
     def __iter__(self):
         return self
@@ -382,12 +442,15 @@ class TransactionIterator:
     def _open(self):
         adapter = self._adapter
         self.thread = threading.get_ident()       # (see IteratorSnapshots)
-        self._conn = conn = adapter.open_load()
+        self._snapshot = snapshot = _Snapshot(adapter)
+        self._txns = iter(())
+        # (Not a method of self: the finalizer must not keep it alive.)
+        self._closer = weakref.finalize(self, snapshot.close)
         try:
+            snapshot.conn = conn = adapter.open_load()
             adapter.begin_snapshot(conn)
             last = adapter.get_last_tid(conn)
             self._stop = last if self._stop is None else min(self._stop, last)
-            self._txns = iter(())
         except BaseException:
             self.close()
             raise
@@ -399,8 +462,12 @@ class TransactionIterator:
             pass
         if self._start > self._stop:
             raise StopIteration
-        rows = self._adapter.transactions_in_range(
-            self._conn, self._start, self._stop, self._page)
+        snapshot = self._snapshot
+        with snapshot.lock:
+            if snapshot.conn is None:
+                raise StopIteration
+            rows = self._adapter.transactions_in_range(
+                snapshot.conn, self._start, self._stop, self._page)
         if len(rows) < self._page:
             self._start = self._stop + 1      # the end of the range is read
         else:
@@ -412,46 +479,24 @@ class TransactionIterator:
     def __next__(self):
         if self._txns is None:
             self._open()
-        if self._conn is None:
-            raise StopIteration
         try:
             tid, user, description, ext, packed = self._next_row()
         except StopIteration:
             self.close()
             raise
+        snapshot = self._snapshot
         txn = _Transaction(p64(tid), 'p' if packed else ' ', _b(user), _b(description),
-                           _b(ext), self)
-        self._unread.add(txn)
+                           _b(ext), snapshot)
+        snapshot.unread.add(txn)
         return txn
 
     next = __next__
 
-    def records(self, txn):
-        """The records of ``txn`` (one this iterator returned), read in
-        its snapshot: while it is open, or when it ends."""
-        self._unread.discard(txn)
-        # data_txn stays None: every record carries its own state, never a
-        # back pointer.
-        txn._records = [
-            DataRecord(p64(oid), txn.tid, _state(state), None)
-            for oid, state, _ in self._adapter.records_in_transaction(self._conn, u64(txn.tid))
-        ]
-        return txn._records
-
     def close(self):
         self._txns = iter(())
-        if self._conn is not None:
-            try:
-                for txn in list(self._unread):
-                    self.records(txn)
-            finally:
-                self._unread = weakref.WeakSet()
-                self._conn.rollback()
-                self._conn.close()
-                self._conn = None
-
-    def __del__(self):
-        self.close()
+        self._start, self._stop = 1, 0
+        if self._closer is not None:
+            self._closer()
 
 
 def _state(state):
@@ -462,21 +507,15 @@ class _Transaction(TransactionRecord):
 
     _records = None
 
-    def __init__(self, tid, status, user, description, extension, iterator):
+    def __init__(self, tid, status, user, description, extension, snapshot):
         TransactionRecord.__init__(self, tid, status, user, description, extension)
-        # Weak: a transaction kept by the caller must not keep the
-        # iterator's snapshot open (the iterator reads the records of the
-        # transactions still held when it closes or is collected).
-        self._iterator = weakref.ref(iterator)
+        # (Not the iterator: a transaction kept by the caller must not
+        # keep its snapshot open, see _Snapshot.)
+        self._snapshot = snapshot
 
     def read_records(self):
         if self._records is None:
-            iterator = self._iterator()
-            if iterator is None:
-                raise POSException.StorageError(
-                    "The records of transaction %016x could not be read before its"
-                    " iterator was closed" % u64(self.tid))
-            self._records = iterator.records(self)
+            self._snapshot.records(self)
         return self._records
 
     def __iter__(self):

@@ -2689,6 +2689,46 @@ class TransactionIteratorTests(FactoryCase):
                          [(other, 2)])
         self.assertEqual([t.tid for t in storage.iterator(third)][:1], [third])
 
+    def test_records_of_a_transaction_kept_past_a_cyclic_iterator(self):
+        # A review finding: an iterator collected as part of a reference
+        # cycle (its frame held by an exception, say) had its weak
+        # references cleared first, and the records of the transactions
+        # kept could no longer be read.
+        import gc
+        storage = self.storage()
+        oid = storage.new_oid()
+        first = self.commit(storage, oid, z64, 1)
+        iterator = storage.iterator()
+        iterator.cycle = iterator
+        kept = next(iterator)
+        del iterator
+        self.commit(storage, oid, first, 2)
+        gc.collect()
+        self.assertEqual([(r.oid, zodb_unpickle(r.data).value) for r in kept], [(oid, 1)])
+
+    def test_records_read_again_after_a_failed_read(self):
+        # A review finding: a read that failed once left the transaction
+        # unreadable (no longer read at the iterator's end).
+        options = Options(keep_history=self.keep_history, commit_lock_timeout=10)
+        adapter = self.factory.make_adapter(options)
+        real = adapter.records_in_transaction
+        fail = [True]
+
+        def records_in_transaction(conn, tid):
+            if fail and fail.pop():
+                raise RuntimeError('statement timeout')
+            return real(conn, tid)
+        adapter.records_in_transaction = records_in_transaction
+        storage = RelStorage(adapter, options=options)
+        self._open.append(storage)
+        self.commit_many(storage, 2)
+        iterator = storage.iterator()
+        txn = next(iterator)
+        with self.assertRaises(RuntimeError):
+            list(txn)
+        self.assertEqual(len(list(iterator)), 1)
+        self.assertEqual([zodb_unpickle(r.data).value for r in txn], [0])
+
     def test_records_read_while_the_iterator_goes_on(self):
         storage = self.storage()
         tids = self.commit_many(storage, 3)
@@ -2723,6 +2763,19 @@ class SizeTests(FactoryCase):
         self.assertGreaterEqual(count, 0)
         if adapter.sql.COUNT_ESTIMATE is None:
             self.assertEqual(count, 300)
+        else:
+            # (A statement naming the wrong table, or giving no row, would
+            # fall back to the exact count unseen.)
+            conn = adapter.open_load()
+            try:
+                row = conn.query_one(adapter.q(adapter.sql.COUNT_ESTIMATE),
+                                     (adapter.sql.COUNTED_TABLE,))
+            finally:
+                conn.rollback()
+                conn.close()
+            self.assertIsNotNone(row)
+            self.assertGreater(row[0], 0)
+            self.assertIsNotNone(row[1])
 
 
 class StateSizeLimitTests(FactoryCase):
@@ -2852,8 +2905,10 @@ class LargeUndoTests(FactoryCase):
         self.assertEqual(calls, ['undo_states', 'undo_states'])
         for i, oid in enumerate(oids):
             self.assertEqual(zodb_unpickle(storage.load(oid)[0]).value, i)
-        # Undoing the creation of the objects, then undoing that undo.
-        self.assertNotEqual(third, None)
+        # Undoing the creation of the objects (back in their first states
+        # since the undo above; the one changed by the third transaction
+        # back there too).
+        self.assertEqual(storage.loadSerial(oids[5], third), zodb_pickle(MinPO(1005)))
         undone = self.undo(storage, first)
         self.assertEqual(sorted(undone), sorted(oids))
         with self.assertRaises(POSKeyError):

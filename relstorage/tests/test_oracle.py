@@ -312,7 +312,7 @@ def drive_every_verb(adapter, recorder):
         adapter.undo_log(load, 2, 20)
         adapter.transaction_packed(load, 2)
         adapter.undo_sources(load, 2)
-        adapter.undo_states(load, 2, 1, 10)
+        adapter.undo_states(load, 2, [1, 10])
     load.rollback()
     adapter.commit_outcome(2, True)      # on a store connection of its own
 

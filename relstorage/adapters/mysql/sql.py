@@ -50,9 +50,11 @@ def _extra_delete(table):
 class MySQLStatements(Statements):
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
-    # InnoDB's statistics (an estimate of the rows, which may be some
-    # tens of percent off, and cached for a while on MySQL 8: len() is
-    # "approximate").
+    # InnoDB's statistics: an estimate of the rows, which may be some
+    # tens of percent off, and sizes and rows that MySQL 8 caches for
+    # information_schema_stats_expiry (a day by default: after a pack or
+    # an import, len() and getSize() may lag that long; both are
+    # "approximate" in IStorage).
     COUNT_ESTIMATE = """
         SELECT data_length, table_rows FROM information_schema.TABLES
         WHERE table_schema = DATABASE() AND table_name = %s

@@ -110,8 +110,8 @@ class PostgreSQLAdapter(Adapter):
     # read again.  (1 GB less 1 byte is PostgreSQL's MaxAllocSize; the
     # margin is the rest of a COPY line.)
     max_state_bytes = ((1 << 30) - 1 - 1024) // 2
-    max_state_reason = ("PostgreSQL sends a state as text, twice its size, and "
-                        "handles no value past 1 GB")
+    max_state_reason = ("psycopg2, pg_dump and COPY carry a state as hexadecimal "
+                        "text, twice its size, and PostgreSQL handles no value past 1 GB")
     placeholder = '%s'
     max_in_list = 1000
     upload_batch = 1000

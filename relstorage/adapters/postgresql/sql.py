@@ -92,6 +92,8 @@ class PostgreSQLStatements(Statements):
         SELECT zoid, state, tid FROM object_state WHERE zoid = ANY(%s::bigint[])
     """
     CURRENT_TIDS = "SELECT zoid, tid FROM current_object WHERE zoid = ANY(%s::bigint[])"
+    UNDO_STATES = Statements.UNDO_STATES.replace(
+        's.zoid IN ({in_list})', 's.zoid = ANY(%s::bigint[])')
     CURRENT_TIDS_HF = "SELECT zoid, tid FROM object_state WHERE zoid = ANY(%s::bigint[])"
 
     # Row locks.  Objects that do not exist yet have no row to lock; their
