@@ -380,21 +380,10 @@ class Statements:
     """
     #: The sizes of the states RECORD_ITERNEXT would read (same
     #: parameters): the read-ahead reads as many as fit its byte budget.
-    RECORD_SIZES = """
-        SELECT s.zoid, s.state_size
-        FROM current_object c
-        JOIN object_state s ON s.zoid = c.zoid AND s.tid = c.tid
-        WHERE c.zoid >= %s AND s.zoid >= %s AND s.state IS NOT NULL
-        ORDER BY c.zoid
-        LIMIT %s
-    """
-    RECORD_SIZES_HF = """
-        SELECT zoid, state_size
-        FROM object_state
-        WHERE zoid >= %s AND state IS NOT NULL
-        ORDER BY zoid
-        LIMIT %s
-    """
+    RECORD_SIZES = RECORD_ITERNEXT.replace('SELECT s.zoid, s.tid, s.state',
+                                           'SELECT s.zoid, s.state_size')
+    RECORD_SIZES_HF = RECORD_ITERNEXT_HF.replace('SELECT zoid, tid, state',
+                                                 'SELECT zoid, state_size')
 
     # --- commit -------------------------------------------------------
 
