@@ -997,6 +997,11 @@ class TestPasswordsStayOut(unittest.TestCase):
         text = self._storage_error('<postgresql>\n dsn postgresql://u:ab/%s@127.0.0.1:%d/db\n'
                                    '</postgresql>' % (self.SECRET, port))
         self.assertIn('percent-encoded', text)
+        # An @ in a URI's password: libpq took the rest of it for the host
+        # name, and quoted it (a helper agent's check).
+        text = self._storage_error('<postgresql>\n dsn postgresql://u:ab@%s@127.0.0.1:%d/db\n'
+                                   '</postgresql>' % (self.SECRET, port))
+        self.assertIn('percent-encoded', text)
         # The driver's own error (which quotes the URI) is not kept.
         self._storage_error('<postgresql>\n dsn postgresql://u:%s@[bad/db\n</postgresql>'
                             % self.SECRET)

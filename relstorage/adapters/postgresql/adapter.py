@@ -90,6 +90,17 @@ class PostgreSQLConnectError(DisconnectedError):
     """
 
 
+def _at_in_password(dsn):
+    """Whether the URI ``dsn`` has two @ before its path: libpq ends the
+    user and password at the first (redis-py and zodburi at the last), and
+    quoted the rest of the password as the host name in its error (a
+    helper agent's check)."""
+    scheme, sep, rest = dsn.strip().partition('://')
+    if not sep or scheme not in ('postgresql', 'postgres'):
+        return False
+    return re.split(r'[/?#]', rest, maxsplit=1)[0].count('@') > 1
+
+
 class PostgreSQLAdapter(Adapter):
     vendor = 'postgresql'
     # idle_in_transaction_session_timeout, set in store sessions.
@@ -133,7 +144,7 @@ class PostgreSQLAdapter(Adapter):
         super().__init__(options)
         self.driver = drivers.select_driver(driver or getattr(self.options, 'driver', 'auto'))
         self._password = None
-        if password_not_encoded(dsn or ''):
+        if password_not_encoded(dsn or '') or _at_in_password(dsn or ''):
             # (libpq reads the rest of such a password as the port, the
             # database name...: a helper agent's check saw it quoted.)
             raise RelStorageError("Invalid PostgreSQL DSN: " + PASSWORD_NOT_ENCODED)
