@@ -745,6 +745,42 @@ class ConnectionErrorTests(unittest.TestCase):
         self.assertNotIn('sekrit-pw', repr(cm.exception.__cause__))
         self.assertNotIn('sekrit-pw', adapter.describe())
 
+    def test_a_service_file_and_the_environment_are_honoured(self):
+        # A helper agent's check: our default connect_timeout (10 s) and
+        # keepalives hid a service file's (and PGCONNECT_TIMEOUT), and the
+        # storage was described as "database 'root' on the local socket".
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(prefix='relstoragetest_svc_'), 'pg_service.conf')
+        self.addCleanup(shutil.rmtree, os.path.dirname(path), True)
+        with open(path, 'w') as f:
+            f.write('# a comment\n[rs_test_svc]\nhost=127.0.0.1\nport=9\ndbname=svc_db\n'
+                    'user=svc_user\nconnect_timeout=2\nkeepalives_idle=30\n')
+        saved = {key: os.environ.get(key) for key in ('PGSERVICEFILE', 'PGCONNECT_TIMEOUT')}
+
+        def restore():
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        self.addCleanup(restore)
+        os.environ['PGSERVICEFILE'] = path
+        adapter = self.adapter('service=rs_test_svc')
+        self.assertEqual(adapter.describe(),
+                         "PostgreSQL database 'svc_db' on host 127.0.0.1 port 9 as user 'svc_user'")
+        started = time.time()
+        with self.assertRaises(DisconnectedError):
+            RelStorage(adapter)
+        self.assertLess(time.time() - started, 8)
+        self.assertNotIn('connect_timeout', adapter._dsn)
+        self.assertNotIn('keepalives', adapter._dsn)
+        os.environ['PGCONNECT_TIMEOUT'] = '3'
+        self.assertNotIn('connect_timeout', self.adapter('host=127.0.0.1 dbname=x')._dsn)
+        # A schema of its own: another storage, described (and its cache
+        # file named) apart.
+        self.assertIn("'x' (search_path app1)",
+                      self.adapter("host=h dbname=x options='-c search_path=app1'").describe())
+
     def test_unparsable_dsn_does_not_quote_the_password(self):
         # A helper agent's check: libpq's parse errors quote the token they
         # stumbled on, often part of the password (an unquoted one with a

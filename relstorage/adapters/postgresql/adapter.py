@@ -90,6 +90,42 @@ class PostgreSQLConnectError(DisconnectedError):
     """
 
 
+#: Where libpq's system-wide service file is, when PGSYSCONFDIR does not
+#: say (its build's sysconfdir: Debian's and Ubuntu's packages).
+SYSCONFDIR = '/etc/postgresql-common'
+
+
+def service_params(params):
+    """The connection parameters that libpq takes from the service file
+    for the service the DSN (``params``) or PGSERVICE names: {} without a
+    service, or when its file cannot be read (then libpq says why).
+
+    libpq gives the DSN's own values, then the service's, then the
+    environment's, then its defaults: the ones we add where the DSN sets
+    none (connect_timeout, the keepalives) must not hide the service's (a
+    helper agent's check: a service's connect_timeout of 2 s waited 10),
+    and the description names the service's server, not the local socket.
+    """
+    import configparser
+    name = params.get('service') or os.environ.get('PGSERVICE')
+    if not name:
+        return {}
+    user_file = os.environ.get('PGSERVICEFILE') or os.path.expanduser('~/.pg_service.conf')
+    system_file = os.path.join(os.environ.get('PGSYSCONFDIR') or SYSCONFDIR,
+                               'pg_service.conf')
+    for path in (user_file, system_file):
+        parser = configparser.ConfigParser(interpolation=None, strict=False,
+                                           comment_prefixes=('#',), delimiters=('=',))
+        try:
+            with open(path, encoding='utf-8') as f:
+                parser.read_file(f)
+        except (OSError, UnicodeError, configparser.Error):
+            continue
+        if parser.has_section(name):
+            return {key: value.strip() for key, value in parser.items(name)}
+    return {}
+
+
 def _at_in_password(dsn):
     """Whether the URI ``dsn`` has two @ before its path: libpq ends the
     user and password at the first (redis-py and zodburi at the last), and
@@ -160,11 +196,15 @@ class PostgreSQLAdapter(Adapter):
             # agent's check).
             raise RelStorageError(message)
         self._password = params.get('password') or None
-        if not params.get('connect_timeout'):
+        #: What the service file gives (see service_params).
+        self._service = service = service_params(params)
+        if not (params.get('connect_timeout') or service.get('connect_timeout')
+                or os.environ.get('PGCONNECT_TIMEOUT')):
             params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
         #: Whether the server's keepalives are set too (connect_to).
         self._server_keepalives = not any(
-            key in params for key, _ in DEFAULT_TCP_LIMITS + (('keepalives', ''),))
+            key in params or key in service
+            for key, _ in DEFAULT_TCP_LIMITS + (('keepalives', ''),))
         if self._server_keepalives:
             params.update(DEFAULT_TCP_LIMITS)
         self._params = params
@@ -176,7 +216,8 @@ class PostgreSQLAdapter(Adapter):
     # --- description and errors ------------------------------------------
 
     def describe(self, server=None):
-        params = self._server_params(self.described_server(server))
+        params = dict(self._service)
+        params.update(self._server_params(self.described_server(server)))
         host = params.get('host') or params.get('hostaddr') or os.environ.get('PGHOST')
         port = params.get('port') or os.environ.get('PGPORT')
         user = params.get('user') or os.environ.get('PGUSER') or _os_user()
@@ -184,7 +225,13 @@ class PostgreSQLAdapter(Adapter):
         where = ('host %s' % host) if host else 'the local socket'
         if port:
             where += ' port %s' % port
-        return "PostgreSQL database %r on %s as user %r" % (dbname, where, user)
+        # (Two schemas of one database are two storages: their cache
+        # files, named after this, must differ; a helper agent's check.)
+        schema = re.search(r'search_path\s*=\s*([^\s]+)', params.get('options') or '')
+        name = repr(dbname)
+        if schema:
+            name += ' (search_path %s)' % schema.group(1)
+        return "PostgreSQL database %s on %s as user %r" % (name, where, user)
 
     def classify_error(self, exc):
         return self.driver.classify_error(exc)
