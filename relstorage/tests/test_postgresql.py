@@ -829,6 +829,19 @@ class ConnectionErrorTests(unittest.TestCase):
             exc = driver.OperationalError(
                 'connection to server at "127.0.0.1", port 5432 failed: FATAL:  ' + text)
             self.assertEqual(connect_error_is_transient(driver, exc), transient, text)
+        # The client's own configuration (a helper agent's check: retried
+        # as transient): no password to give, certificates.
+        for text in ('fe_sendauth: no password supplied',
+                     'SSL error: certificate verify failed',
+                     'server certificate for "localhost" does not match host name "127.0.0.1"',
+                     'root certificate file "/nowhere/root.crt" does not exist',
+                     'could not load private key file "client.key": bad decrypt'):
+            exc = driver.OperationalError(
+                'connection to server at "127.0.0.1", port 5432 failed: ' + text)
+            self.assertFalse(connect_error_is_transient(driver, exc), text)
+        exc = driver.OperationalError('connection to server at "127.0.0.1", port 5432 failed: '
+                                      'Connection refused')
+        self.assertTrue(connect_error_is_transient(driver, exc))
 
     def test_default_connect_timeout(self):
         adapter = self.adapter('host=127.0.0.1 password=x')

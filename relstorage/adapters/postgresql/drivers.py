@@ -50,6 +50,15 @@ _TRANSIENT_FATALS = ('starting up', 'shutting down', 'recovery mode',
 #: libpq's words for a DSN value it cannot use.
 _BAD_DSN = re.compile(r'invalid [\w ]*(?:value|port number|connection option)')
 
+#: ... and for a client's own configuration that the server or libpq
+#: refused: no password to give (no passfile, or one it ignores for its
+#: mode), certificates that do not verify or cannot be read.  Retrying
+#: never helps (a helper agent's check found them retried as transient).
+_CLIENT_CONFIG = re.compile(
+    r'no password supplied|certificate verify failed|does not match host name'
+    r'|root certificate file|could not (?:read|open|load) (?:certificate|private key)'
+    r'|private key file|certificate present, but not private key|sslpassword')
+
 
 def connect_error_is_transient(driver, exc):
     """Whether a failure to connect may go away by itself.
@@ -70,7 +79,7 @@ def connect_error_is_transient(driver, exc):
     if not isinstance(exc, driver.OperationalError):
         return False
     text = str(exc)
-    if _BAD_DSN.search(text):
+    if _BAD_DSN.search(text) or _CLIENT_CONFIG.search(text):
         # libpq refusing a value of the DSN (port=99999, connect_timeout=abc,
         # sslmode=bogus), before any server is asked: a helper agent's
         # check found it a TransientError, which callers retry.
