@@ -852,6 +852,21 @@ class ConnectionSettingsTests(MySQLTestCase):
             self._adapter(db=name).prepare_schema()
         self.assertNotIsInstance(cm.exception, TransientError)
 
+    def test_certificates_that_do_not_verify_are_not_retryable(self):
+        # A helper agent's check: TLS errors (2026) were disconnects, which
+        # transaction managers and failover retry; certificates that do
+        # not verify never will.
+        from relstorage.adapters.mysql.drivers import is_config_error
+        self.assertTrue(is_config_error(2026, 'SSL connection error: certificate verify failed'))
+        self.assertTrue(is_config_error(
+            2026, "SSL connection error: error:0A000086:SSL routines::"
+                  "certificate verify failed"))
+        self.assertTrue(is_config_error(2026, 'SSL connection error: self-signed certificate'))
+        self.assertFalse(is_config_error(
+            2026, 'SSL connection error: unexpected eof while reading'))
+        self.assertTrue(is_config_error(1045, "Access denied for user 'x'"))
+        self.assertFalse(is_config_error(2003, "Can't connect to server"))
+
     def test_unreachable_port_is_retryable(self):
         adapter = self._adapter(port=1, connect_timeout=3)
         with self.assertRaises(DisconnectedError):

@@ -201,7 +201,7 @@ class MySQLAdapter(Adapter):
             raw = self.driver.connect(self._server_params(server))
         except self.driver.Error as exc:
             message = "Cannot connect to %s: %s" % (self.describe(server), _one_line(exc))
-            if self.driver.errno(exc) in drivers.CONFIG_ERRORS:
+            if drivers.is_config_error(self.driver.errno(exc), str(exc)):
                 raise RelStorageError(message) from exc
             raise DisconnectedError(message) from exc
         try:

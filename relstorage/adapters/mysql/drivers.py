@@ -82,6 +82,19 @@ CONFIG_ERRORS = frozenset((
     2005,   # CR_UNKNOWN_HOST
 ))
 PACKET_TOO_LARGE = 1153
+#: CR_SSL_CONNECTION_ERROR: a configuration error when the certificates do
+#: not verify (a helper agent's check found it retried as a disconnect);
+#: other TLS failures (the link cut during the handshake) may pass.
+SSL_CONNECTION_ERROR = 2026
+SSL_CONFIG_WORDS = re.compile(r'certificate|self[- ]signed|verify|unknown ca|no such file',
+                              re.IGNORECASE)
+
+
+def is_config_error(errno, text):
+    """Whether a failure to connect comes from the configuration (no
+    retry helps)."""
+    return errno in CONFIG_ERRORS or (
+        errno == SSL_CONNECTION_ERROR and SSL_CONFIG_WORDS.search(text) is not None)
 
 
 def canonical_name(name):
