@@ -867,6 +867,21 @@ class ConnectionSettingsTests(MySQLTestCase):
         self.assertTrue(is_config_error(1045, "Access denied for user 'x'"))
         self.assertFalse(is_config_error(2003, "Can't connect to server"))
 
+    def test_a_server_that_never_greets_fails_at_connect_timeout(self):
+        # A helper agent's check: with PyMySQL, a server that accepts the
+        # connection and never answers held the open for ever.
+        import socket
+        silent = socket.socket()
+        silent.bind(('127.0.0.1', 0))
+        silent.listen(5)
+        self.addCleanup(silent.close)
+        adapter = self._adapter(host='127.0.0.1', port=silent.getsockname()[1],
+                                connect_timeout=2)
+        started = time.time()
+        with self.assertRaises(DisconnectedError):
+            adapter.connect('load')
+        self.assertLess(time.time() - started, 10)
+
     def test_unreachable_port_is_retryable(self):
         adapter = self._adapter(port=1, connect_timeout=3)
         with self.assertRaises(DisconnectedError):

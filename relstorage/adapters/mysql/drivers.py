@@ -228,7 +228,17 @@ class PyMySQLDriver(Driver):
             kwargs['database'] = kwargs.pop('db')
         kwargs.setdefault('charset', 'utf8mb4')
         kwargs['autocommit'] = False
-        return self._limited(self.module.connect(**kwargs))
+        # PyMySQL's connect_timeout bounds the TCP connect only: a server
+        # that accepts and never greets (hung, or a proxy without its
+        # backend) held the storage's open for ever (a helper agent's
+        # check).  The handshake's reads get the same bound, lifted after.
+        handshake = 'read_timeout' not in kwargs and kwargs.get('connect_timeout')
+        if handshake:
+            kwargs['read_timeout'] = kwargs['connect_timeout']
+        conn = self.module.connect(**kwargs)
+        if handshake:
+            conn._read_timeout = None       # (its reads set the socket's timeout from it)
+        return self._limited(conn)
 
     def socket_fd(self, raw):
         sock = raw._sock
