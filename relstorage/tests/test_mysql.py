@@ -882,6 +882,22 @@ class ConnectionSettingsTests(MySQLTestCase):
             adapter.connect('load')
         self.assertLess(time.time() - started, 10)
 
+    def test_localhost_and_ipv6_described_as_reached(self):
+        # A helper agent's check: with MySQLdb, host localhost goes to the
+        # default Unix socket whatever the port, while the description
+        # (and PyMySQL) said localhost:port.
+        import logging
+        logger = logging.getLogger('relstorage.adapters.mysql.adapter')
+        if self.factory.driver == 'MySQLdb':
+            with self.assertLogs(logger, logging.WARNING) as logs:
+                adapter = self._adapter(host='localhost', port=3307, unix_socket=None)
+            self.assertIn('write host 127.0.0.1', '\n'.join(logs.output))
+            self.assertIn('default Unix socket', adapter.describe())
+        else:
+            adapter = self._adapter(host='localhost', port=3307, unix_socket=None)
+            self.assertIn('localhost:3307', adapter.describe())
+        self.assertIn('[::1]:3307', self._adapter(host='::1', port=3307).describe())
+
     def test_unreachable_port_is_retryable(self):
         adapter = self._adapter(port=1, connect_timeout=3)
         with self.assertRaises(DisconnectedError):

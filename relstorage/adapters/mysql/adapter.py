@@ -159,6 +159,12 @@ class MySQLAdapter(Adapter):
             raise RelStorageError("<mysql> needs db: the name of the database to use "
                                   "(or an option file, read_default_file or "
                                   "read_default_group, that names it)")
+        if self._params.get('port') and self._params.get('host', 'localhost') == 'localhost' \
+                and not self._params.get('unix_socket') and self.driver.name == 'MySQLdb':
+            log.warning("<mysql> host localhost with port %s: the MySQLdb driver connects "
+                        "to the default Unix socket for localhost and does not use the "
+                        "port; write host 127.0.0.1 to connect to that port over TCP",
+                        self._params['port'])
         self.server = None
         self.max_allowed_packet = None
         self._oid_high = 0          # every OID <= this is already allocated
@@ -186,10 +192,18 @@ class MySQLAdapter(Adapter):
                 parts.append('socket %s' % params['unix_socket'])
             return "%s database (%sthe rest from %s)" % (
                 flavor, ''.join(part + ', ' for part in parts), option_file)
+        host = params.get('host', 'localhost')
         if params.get('unix_socket'):
             where = 'socket %s' % params['unix_socket']
+        elif host == 'localhost' and self.driver.name == 'MySQLdb':
+            # libmysqlclient goes to its default Unix socket for the name
+            # localhost, whatever the port (a helper agent's check: one
+            # section reached the shared server with MySQLdb and the
+            # private one on the port with PyMySQL).
+            where = 'localhost (the default Unix socket; write host 127.0.0.1 for TCP)'
         else:
-            where = '%s:%s' % (params.get('host', 'localhost'), params.get('port', 3306))
+            where = ('[%s]:%s' if ':' in str(host) else '%s:%s') % (
+                host, params.get('port', 3306))
         return "%s database %r at %s as user %r" % (
             flavor, params.get('db', ''), where, params.get('user', ''))
 
