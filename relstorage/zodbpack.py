@@ -140,9 +140,15 @@ def main(argv=None):
         # (A review finding: a traceback, where zodbconvert said it.)
         _error('%s is not UTF-8 text (byte %d)' % (args.config, exc.start))
         return 2
-    sections = list(config.storages or ())
+    sections = [(_section_name(section), section) for section in config.storages or ()]
     for database in config.databases or ():
-        sections.append(getattr(database, 'config', database).storage)
+        storage = getattr(database, 'config', database).storage
+        name = _section_name(storage)
+        if name == '(unnamed)':
+            # (A zope.conf's <zodb_db catalog>: its storage has no name of
+            # its own; a helper agent's check saw "(unnamed)".)
+            name = _section_name(database)
+        sections.append((name, storage))
     if not sections:
         _error('%s names no storage (a <relstorage> section, bare or inside <zodb>)'
                % args.config)
@@ -151,8 +157,7 @@ def main(argv=None):
     progress = _progress_factory() if show_progress else None
     pack_time = time.time() - days * 86400
     status = 0
-    for section in sections:
-        name = _section_name(section)
+    for name, section in sections:
         try:
             storage = section.open()
         except Exception as exc:  # pylint:disable=broad-except
@@ -339,10 +344,13 @@ def _progress_factory():
 
 
 def _section_name(section):
-    try:
-        return section.config.getSectionName() or section.name or '(unnamed)'
-    except AttributeError:
-        return getattr(section, 'name', None) or '(unnamed)'
+    """The name a section was given (a storage's factory, or a database's
+    section itself), or '(unnamed)'."""
+    for value in (getattr(section, 'config', None), section):
+        getter = getattr(value, 'getSectionName', None)
+        if getter is not None and getter():
+            return getter()
+    return getattr(section, 'name', None) or '(unnamed)'
 
 
 def _say(args, text):

@@ -233,6 +233,15 @@ class ZodbpackTests(unittest.TestCase):
                 db.storage.load(dropped)
         finally:
             db.close()
+        # A database that cannot be opened is named by its <zodb_db>
+        # section (a helper agent's check: "cannot open storage (unnamed)").
+        with open(conf, 'w') as f:
+            f.write(ZOPE_CONF.replace('/srv/plone', self.tmp).replace(
+                'keep-history false', 'keep-history true'))
+        err = io.StringIO()
+        with redirect_stdout(io.StringIO()), redirect_stderr(err):
+            self.assertEqual(zodbpack.main(['-d', '0', conf]), 1)
+        self.assertIn('cannot open storage main:', err.getvalue())
         # A mistake in its RelStorage section is still reported as such.
         with open(conf, 'w') as f:
             f.write(ZOPE_CONF.replace('/srv/plone', self.tmp).replace(
