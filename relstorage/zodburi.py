@@ -151,10 +151,14 @@ class Resolver:
                     and name != 'driver':
                 options[name] = _convert(self.scheme, getattr(config.keys, name), value)
             else:
+                # (A helper agent's check: ?ssl=1 was only "unknown".)
+                hint = (' (TLS: name a MySQL option file with its ssl settings, '
+                        'read_default_file)' if name.startswith('ssl')
+                        and 'read_default_file' in self.adapter_keys else '')
                 raise ValueError(
-                    '%s URI: unknown argument %r; use a RelStorage option (%s), an '
+                    '%s URI: unknown argument %r%s; use a RelStorage option (%s), an '
                     'adapter key (%s) or a ZODB.DB argument (%s)' % (
-                        self.scheme, key,
+                        self.scheme, key, hint,
                         ', '.join(o.name for o in Options.OPTIONS
                                   if o.attribute != 'driver'),
                         ', '.join(('driver',) + tuple(self.adapter_keys)),

@@ -70,6 +70,8 @@ class TestResolvers(unittest.TestCase):
             # (A helper agent's check: port 0 opened the default port.)
             'mysql://u@h:0/db': 'the port is not a number from 1 to 65535',
             'mysql://u:p@h/db?connect_timeout=soon': 'connect_timeout',
+            # (A helper agent's check: only "unknown argument".)
+            'mysql://u@h/db?ssl=1': 'TLS: name a MySQL option file with its ssl settings',
             'sqlite://%s?pragma_synchronus=normal' % self.tmp: 'synchronus',
             'sqlite://%s?pragma_synchronous=maybe' % self.tmp: 'synchronous',
             'sqlite://%s?cache_module_name=memcached' % self.tmp: 'cache-module-name',
