@@ -393,8 +393,9 @@ class IRelStorageAdapter(Interface):
         from ``start_oid`` up, in OID order."""
 
     def record_sizes(conn, start_oid, count):
-        """(oid, state size) of the records ``record_iternext`` would
-        read, without their states."""
+        """(oid, state size) of the ``count`` current rows from
+        ``start_oid`` up (those without a state too), without reading
+        their states."""
 
     def transactions_in_range(conn, start, stop, limit):
         """(tid, user, description, extension, packed) of the first

@@ -1407,7 +1407,9 @@ class Adapter(PackVerbs):
                               + (count,))
 
     def record_sizes(self, conn, start_oid, count):
-        """(oid, state size) of the records record_iternext would read."""
+        """(oid, state size) of the ``count`` rows from ``start_oid`` up
+        whose records record_iternext reads, and of the rows without a
+        state among them (size 0)."""
         return conn.query_all(self.q(self.sql.RECORD_SIZES),
                               ((start_oid, start_oid) if self.keep_history else (start_oid,))
                               + (count,))
@@ -1445,9 +1447,12 @@ class Adapter(PackVerbs):
             # (The tid first; params are None where the OIDs are written
             # into the statement.)
             params = (tid,) + tuple(params or ())
-            for row in conn.query_all(stmt, params):
-                result[row[0]] = (row[1] is not None, _bytes(row[2]), _bytes(row[3]),
-                                  _bytes(row[4]))
+            for oid, before_tid, before, current_tid, current, undone in \
+                    conn.query_all(stmt, params):
+                changed = current_tid != tid
+                result[oid] = (before_tid is not None, _bytes(before),
+                               _bytes(current) if changed else None,
+                               _bytes(undone) if changed else None)
         return result
 
     def undo_sources(self, conn, tid):
