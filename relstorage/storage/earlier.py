@@ -280,6 +280,7 @@ class EarlierReleaseStorage:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            self._iterators.close()
             self.adapter.close()
             if self._downloads is not None:
                 shutil.rmtree(self._downloads, ignore_errors=True)

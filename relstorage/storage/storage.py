@@ -403,6 +403,7 @@ class RelStorage(ConflictResolvingStorage):
             # collection.
             for instance in list(self._instances):
                 instance.release()
+            self._iterators.close()
             if self._blobs is not None:
                 self._blobs.close()
             self._cache.close()

@@ -2731,6 +2731,20 @@ class TransactionIteratorTests(FactoryCase):
         self.assertEqual(len(list(iterator)), 1)
         self.assertEqual([zodb_unpickle(r.data).value for r in txn], [0])
 
+    def test_closing_the_storage_ends_its_iterators(self):
+        # A helper agent's check: an iterator left open kept its database
+        # session after the storage closed (the database could not be
+        # dropped).  Its kept transactions keep their records.
+        storage = self.storage()
+        tids = self.commit_many(storage, 3)
+        iterator = storage.iterator()
+        kept = next(iterator)
+        storage.close()
+        self.assertIsNone(iterator.snapshot)
+        self.assertEqual(list(iterator), [])
+        self.assertEqual(kept.tid, tids[0])
+        self.assertEqual([zodb_unpickle(r.data).value for r in kept], [0])
+
     def test_records_read_while_the_iterator_goes_on(self):
         storage = self.storage()
         tids = self.commit_many(storage, 3)
