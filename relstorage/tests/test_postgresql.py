@@ -772,14 +772,25 @@ class ConnectionErrorTests(unittest.TestCase):
         with self.assertRaises(DisconnectedError):
             RelStorage(adapter)
         self.assertLess(time.time() - started, 8)
-        self.assertNotIn('connect_timeout', adapter._dsn)
+        # (Written into the DSN: psycopg 3 times the connection itself and
+        # reads no service file, a helper agent's check: 130 s.)
+        self.assertIn('connect_timeout=2', adapter._dsn)
         self.assertNotIn('keepalives', adapter._dsn)
         os.environ['PGCONNECT_TIMEOUT'] = '3'
-        self.assertNotIn('connect_timeout', self.adapter('host=127.0.0.1 dbname=x')._dsn)
+        self.assertIn('connect_timeout=3', self.adapter('host=127.0.0.1 dbname=x')._dsn)
         # A schema of its own: another storage, described (and its cache
         # file named) apart.
         self.assertIn("'x' (search_path app1)",
                       self.adapter("host=h dbname=x options='-c search_path=app1'").describe())
+        saved_options = os.environ.get('PGOPTIONS')
+        os.environ['PGOPTIONS'] = '-c search_path=app2'
+        try:
+            self.assertIn("'x' (search_path app2)", self.adapter("host=h dbname=x").describe())
+        finally:
+            if saved_options is None:
+                del os.environ['PGOPTIONS']
+            else:
+                os.environ['PGOPTIONS'] = saved_options
 
     def test_unparsable_dsn_does_not_quote_the_password(self):
         # A helper agent's check: libpq's parse errors quote the token they

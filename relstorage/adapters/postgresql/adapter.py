@@ -198,9 +198,14 @@ class PostgreSQLAdapter(Adapter):
         self._password = params.get('password') or None
         #: What the service file gives (see service_params).
         self._service = service = service_params(params)
-        if not (params.get('connect_timeout') or service.get('connect_timeout')
-                or os.environ.get('PGCONNECT_TIMEOUT')):
-            params['connect_timeout'] = str(DEFAULT_CONNECT_TIMEOUT)
+        if not params.get('connect_timeout'):
+            # Written into the DSN even when the service or the environment
+            # gives it: psycopg 3 times the connection itself, from the DSN
+            # or PGCONNECT_TIMEOUT only, and waited its own 130 s for a
+            # service's 2 (a helper agent's check).
+            params['connect_timeout'] = str(
+                service.get('connect_timeout') or os.environ.get('PGCONNECT_TIMEOUT')
+                or DEFAULT_CONNECT_TIMEOUT)
         #: Whether the server's keepalives are set too (connect_to).
         self._server_keepalives = not any(
             key in params or key in service
@@ -227,7 +232,8 @@ class PostgreSQLAdapter(Adapter):
             where += ' port %s' % port
         # (Two schemas of one database are two storages: their cache
         # files, named after this, must differ; a helper agent's check.)
-        schema = re.search(r'search_path\s*=\s*([^\s]+)', params.get('options') or '')
+        schema = re.search(r'search_path\s*=\s*([^\s]+)',
+                           params.get('options') or os.environ.get('PGOPTIONS') or '')
         name = repr(dbname)
         if schema:
             name += ' (search_path %s)' % schema.group(1)
