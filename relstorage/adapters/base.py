@@ -197,7 +197,7 @@ class Adapter(PackVerbs):
     #: where that is not supported.
     earlier_release_reads = EarlierReleaseReads
     #: The largest state (bytes) the database can store and give back, or
-    #: None; a larger one is refused when it is stored (Commit._check_size),
+    #: None; a larger one is refused when it is stored (Commit._refuse_size),
     #: with ``max_state_reason`` saying why.  (MySQL's limit is the
     #: server's max_allowed_packet, checked as states are uploaded.)
     max_state_bytes = None
@@ -1403,16 +1403,18 @@ class Adapter(PackVerbs):
         """The current records (oid, tid, state) of the ``count`` objects
         from OID ``start_oid`` up, in OID order."""
         return conn.query_all(self.q(self.sql.RECORD_ITERNEXT),
-                              ((start_oid, start_oid) if self.keep_history else (start_oid,))
-                              + (count,))
+                              self._record_range_params(start_oid, count))
 
     def record_sizes(self, conn, start_oid, count):
         """(oid, state size) of the ``count`` rows from ``start_oid`` up
         whose records record_iternext reads, and of the rows without a
         state among them (size 0)."""
         return conn.query_all(self.q(self.sql.RECORD_SIZES),
-                              ((start_oid, start_oid) if self.keep_history else (start_oid,))
-                              + (count,))
+                              self._record_range_params(start_oid, count))
+
+    def _record_range_params(self, start_oid, count):
+        # (History-preserving, the start bounds both tables of the join.)
+        return ((start_oid, start_oid) if self.keep_history else (start_oid,)) + (count,)
 
     def transactions_in_range(self, conn, start, stop, limit):
         if self.keep_history:

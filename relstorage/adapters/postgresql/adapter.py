@@ -22,6 +22,7 @@ COMMIT in finish.  A lost client
 (killed process, dropped link) loses its server session, and PostgreSQL
 releases its locks and discards its uncommitted work with it.
 """
+import configparser
 import getpass
 import os
 import re
@@ -106,7 +107,6 @@ def service_params(params):
     helper agent's check: a service's connect_timeout of 2 s waited 10),
     and the description names the service's server, not the local socket.
     """
-    import configparser
     name = params.get('service') or os.environ.get('PGSERVICE')
     if not name:
         return {}
@@ -487,8 +487,6 @@ class PostgreSQLAdapter(Adapter):
         # empty pages (the old ones go at commit; the table is this
         # session's, so nobody waits for its lock).
         conn.execute('TRUNCATE %s' % name)
-
-    # --- cheap statistics -------------------------------------------------
 
     # --- maintenance ------------------------------------------------------
 

@@ -122,33 +122,33 @@ def _held_elsewhere(handle, mode):
     return False
 
 
+def _library_limit(name, default):
+    """The library's limit ``name`` (a ``sqlite3.SQLITE_LIMIT_*`` name),
+    or ``default`` where it cannot be asked (Python 3.10: no getlimit)."""
+    try:
+        conn = sqlite3.connect(':memory:')
+        try:
+            return conn.getlimit(getattr(sqlite3, name))
+        finally:
+            conn.close()
+    except (AttributeError, sqlite3.Error):
+        return default
+
+
 def _variable_limit():
     """How many values one statement may bind (SQLITE_MAX_VARIABLE_NUMBER
     of the library; 32,766 by default since 3.32, 999 before), at most
     32,766."""
-    try:
-        conn = sqlite3.connect(':memory:')
-        try:
-            return min(32766, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
-        finally:
-            conn.close()
-    except (AttributeError, sqlite3.Error):      # (Python 3.10: no getlimit)
-        return 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+    return min(32766, _library_limit(
+        'SQLITE_LIMIT_VARIABLE_NUMBER',
+        32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999))
 
 
 def _length_limit():
     """The longest value a row may hold (SQLITE_MAX_LENGTH of the library:
     1,000,000,000 bytes by default), less room for the row's other
     columns."""
-    try:
-        conn = sqlite3.connect(':memory:')
-        try:
-            limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
-        finally:
-            conn.close()
-    except (AttributeError, sqlite3.Error):      # (Python 3.10: no getlimit)
-        limit = 1000000000
-    return limit - 1024
+    return _library_limit('SQLITE_LIMIT_LENGTH', 1000000000) - 1024
 
 
 def _sqlite_temp_dir():
