@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 
 from ZODB.blob import rename_or_copy_blob
 
@@ -47,10 +48,23 @@ from .common import remove_file
 
 log = logging.getLogger(__name__)
 
-#: The file that marks a blob-dir as a cache (see check_database).
+#: The file that marks a blob-dir as a cache (see check_database); its
+#: last line names the database whose blobs it caches (CACHE_KEY_LINE).
 CACHE_MARKER = '.relstorage-blob-cache'
 CACHE_MARKER_TEXT = ('This directory is a cache of blobs kept in a database '
                      '(RelStorage, shared-blob-dir false): its files may be removed.\n')
+CACHE_KEY_LINE = 'database key %x\n'
+#: The file naming the pack mark (adapters/sql.py, commit_lock) up to
+#: which the files that packs removed are gone from the cache (see
+#: catch_up).
+PACK_MARK_FILE = '.relstorage-pack-mark'
+#: Seconds during which a file the cache handed out (a path from loadBlob,
+#: which ZODB's Blob.committed() returns for the caller to open later) or
+#: took in is not pruned: a prune for a blob larger than the whole cache
+#: removed every file, that one included, before its caller opened it (a
+#: helper agent's check; Plone streams a blob from that path).  Files
+#: kept for it are pruned once it has passed.
+PRUNE_GRACE = 2.0
 
 
 class CachedBlobs(BlobMode):
@@ -71,8 +85,12 @@ class CachedBlobs(BlobMode):
         self._lock = threading.Lock()
         self._pruning = False       # this process's prune is running
         self._prune_again = False   # and a check came meanwhile
-        self._to_forget = []        # (removed oids, kept revisions); None: all
+        self._to_forget = []        # (removed oids or None: all, kept revisions, mark)
         self._forgetting = False
+        # The pack mark up to which what packs removed is gone (or queued
+        # to go) from the cache; None before catch_up.
+        self.mark = None
+        self._mark_written = None
 
     def check_database(self, adapter):
         """Refuse a blob-dir that holds blob files while the database holds
@@ -85,20 +103,93 @@ class CachedBlobs(BlobMode):
         that one left with files after zap_all, drop_all or a pack that
         removed the last blob is still known for what it is."""
         marker = os.path.join(self.blob_dir, CACHE_MARKER)
-        if os.path.exists(marker):
-            return
-        held = database_holds_blobs(adapter)
-        found = None if held else _first_blob_file(self.blob_dir)
-        if found is None:
-            with open(marker, 'w') as f:
-                f.write(CACHE_MARKER_TEXT)
-            return
-        raise RelStorageError(
-            "blob-dir %s holds blob files (%s), but %s holds no blob data: it looks "
-            "like a shared blob directory, whose files are the only copies. With "
-            "shared-blob-dir false it would be used as a cache and pruned. Set "
-            "shared-blob-dir true to keep using it as it is, or, if it is an old "
-            "cache, empty it." % (self.blob_dir, found, adapter.describe()))
+        if not os.path.exists(marker):
+            held = database_holds_blobs(adapter)
+            found = None if held else _first_blob_file(self.blob_dir)
+            if found is not None:
+                raise RelStorageError(
+                    "blob-dir %s holds blob files (%s), but %s holds no blob data: it "
+                    "looks like a shared blob directory, whose files are the only copies. "
+                    "With shared-blob-dir false it would be used as a cache and pruned. "
+                    "Set shared-blob-dir true to keep using it as it is, or, if it is an "
+                    "old cache, empty it." % (self.blob_dir, found, adapter.describe()))
+        self._bind(marker, adapter.database_key(create=not self.options.read_only),
+                   adapter.describe())
+        self.catch_up(adapter)
+
+    def _bind(self, marker, key, database):
+        """Refuse a cache of another database's blobs: files are named by
+        OID and tid alone, and two databases with the same pair (a copy
+        restored with its tids, a database ahead of the clock) served each
+        other's bytes (a helper agent's check).  A cache without a key (new,
+        or of an earlier release) is bound to this database."""
+        found = _marker_key(marker)
+        if found is not None and key is not None and found != key:
+            raise RelStorageError(
+                "blob-dir %s is the blob cache of another database (its file %s names "
+                "database key %x; %s has %x). Its files are named by object and "
+                "transaction only, which another database may reuse for other bytes: "
+                "give each database a blob-dir of its own. If this database was made "
+                "again at the same place (dropped and created), empty the directory: "
+                "it is only a cache."
+                % (self.blob_dir, CACHE_MARKER, found, database, key))
+        if found is None and (key is not None or not os.path.exists(marker)):
+            _write_file(marker, CACHE_MARKER_TEXT
+                        + (CACHE_KEY_LINE % key if key is not None else ''))
+
+    # --- what packs removed -------------------------------------------------
+
+    def catch_up(self, adapter):
+        """When the storage opens: drop the files that packs removed while
+        no process using this directory was there to learn of it (a helper
+        agent's check: a process started after a pack served a removed
+        revision from the cache, where the storage raises POSKeyError).
+        The directory names the pack mark it is current with
+        (PACK_MARK_FILE); the removal lists of the marks since (kept until
+        the next pack) say what goes, or, without them, every file."""
+        seen = _read_mark(os.path.join(self.blob_dir, PACK_MARK_FILE))
+        conn = adapter.open_load()
+        try:
+            adapter.begin_snapshot(conn)
+            mark = adapter.pack_mark(conn)
+            removed = None
+            if seen is not None and seen < mark:
+                removed = adapter.pack_removals(conn, seen, mark)
+        finally:
+            conn.rollback()
+            conn.close()
+        with self._lock:
+            self.mark = mark
+        if seen == mark:
+            self._mark_written = mark
+        elif seen is None:
+            # (New, or made by an earlier release, which named no mark:
+            # taken as it is, as that release did.)
+            self._write_mark(mark)
+        else:
+            # (A mark beyond the database's: restored from a backup.)
+            self._queue_forget(None if removed is None else removed.garbage_ints(),
+                               () if removed is None else removed.trimmed_pairs(), mark)
+
+    def note_pack_mark(self, mark, removals):
+        """A poll saw pack mark ``mark``; ``removals(after, upto)`` lists
+        what the pack batches of those marks removed (None: no lists, or
+        None for anything may be gone), on the poll's connection.  What
+        they removed goes from the cache in a thread of its own: polls
+        learn of each pack batch, and a file system call per removed
+        object (in every process) has no place in them.  Until then a
+        removed revision may still be served from here, as before the
+        pack."""
+        with self._lock:
+            previous = self.mark
+            if previous is not None and mark <= previous:
+                return
+            self.mark = mark
+        removed = None
+        if previous is not None and removals is not None:
+            removed = removals(previous, mark)
+        self._queue_forget(None if removed is None else removed.garbage_ints(),
+                           () if removed is None else removed.trimmed_pairs(), mark)
 
     # --- commit -------------------------------------------------------------
 
@@ -140,8 +231,18 @@ class CachedBlobs(BlobMode):
             try:
                 self.fshelper.createPathForOID(oid_int)
                 size = os.path.getsize(path)
+                # (Used now, for PRUNE_GRACE: a file written long before
+                # was pruned between its rename and its chmod, which
+                # logged a warning with a traceback.)
+                _touch(path)
                 rename_or_copy_blob(path, self.filename(oid_int, tid_int))
                 self._note_added(size)
+            except FileNotFoundError:
+                # (Pruned by another process all the same: read again
+                # when asked for.)
+                log.debug("A committed blob left the blob cache %s at once",
+                          self.fshelper.base_dir, exc_info=True)
+                remove_file(path)
             except Exception:  # pylint:disable=broad-except
                 log.warning("Could not keep committed blob %s in the blob cache %s",
                             path, self.fshelper.base_dir, exc_info=True)
@@ -265,7 +366,7 @@ class CachedBlobs(BlobMode):
             self.remove_stale_pending(age=None)
             while True:
                 # (Waits for another process's prune, then counts again.)
-                prune(self.blob_dir, self.cache_size, wait=True)
+                prune(self.blob_dir, self.cache_size, wait=True, again=PRUNE_AGAIN)
                 with self._lock:
                     if not self._prune_again:
                         self._pruning = False
@@ -276,15 +377,13 @@ class CachedBlobs(BlobMode):
                 self._pruning = False
             log.warning("Pruning the blob cache %s failed", self.blob_dir, exc_info=True)
 
-    def forget_later(self, removed_oids=None, kept_revisions=()):
-        """What a pack removed (all of it, without ``removed_oids``) goes
-        from the cache in a thread of its own: polls learn of each pack
-        batch, and a file system call per removed object (in every
-        process) has no place in them.  Until then a removed revision
-        may still be served from here, as before the pack."""
+    def _queue_forget(self, removed_oids, kept_revisions, mark):
+        """Drop the files of ``removed_oids`` and the revisions older than
+        ``kept_revisions`` (every file, with ``removed_oids`` None) in the
+        forgetting thread, which then names ``mark`` in PACK_MARK_FILE."""
         with self._lock:
-            self._to_forget.append(None if removed_oids is None
-                                   else (list(removed_oids), list(kept_revisions)))
+            self._to_forget.append((None if removed_oids is None else list(removed_oids),
+                                    list(kept_revisions), mark))
             if self._forgetting:
                 return
             self._forgetting = True
@@ -301,15 +400,31 @@ class CachedBlobs(BlobMode):
                 if not self._to_forget:
                     self._forgetting = False
                     return
-                item = self._to_forget.pop(0)
+                removed_oids, kept_revisions, mark = self._to_forget.pop(0)
             try:
-                if item is None:
+                if removed_oids is None:
                     self._forget_all_files()
                 else:
-                    self.forget(*item)
+                    self.forget(removed_oids, kept_revisions)
             except OSError:
                 log.warning("Could not drop the blob files a pack removed from %s",
                             self.blob_dir, exc_info=True)
+            else:
+                self._write_mark(mark)
+
+    def _write_mark(self, mark):
+        """Name ``mark`` in PACK_MARK_FILE, unless this process named it or
+        a greater one.  (Two processes writing at once may leave the lower
+        mark: the next process to open forgets those lists again.)"""
+        if mark is None or (self._mark_written is not None and mark <= self._mark_written):
+            return
+        try:
+            _write_file(os.path.join(self.blob_dir, PACK_MARK_FILE), '%d\n' % mark)
+        except OSError as exc:
+            log.warning("Could not write the pack mark of the blob cache %s: %s",
+                        self.blob_dir, exc)
+        else:
+            self._mark_written = mark
 
     def _forget_all_files(self):
         """Every cached blob file goes; the directories stay: a download
@@ -383,6 +498,47 @@ def _rename(opened, path):
         pass
 
 
+def _marker_key(path):
+    """The database key CACHE_MARKER names; None without one (or without
+    the file)."""
+    try:
+        with open(path, errors='replace') as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    prefix = CACHE_KEY_LINE.split('%', 1)[0]
+    for line in lines:
+        if line.startswith(prefix):
+            try:
+                return int(line[len(prefix):], 16)
+            except ValueError:
+                return None
+    return None
+
+
+def _read_mark(path):
+    """The pack mark PACK_MARK_FILE names; None without one."""
+    try:
+        with open(path, errors='replace') as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_file(path, text):
+    """Replace ``path`` with ``text`` at once (readers see the old file or
+    the new one, never a part), with the permissions the umask gives."""
+    temp = '%s.%s.tmp' % (path, uuid.uuid4().hex)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, 'w') as f:
+            f.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        remove_file(temp)
+        raise
+
+
 def _touch(path):
     try:
         os.utime(path)
@@ -390,18 +546,40 @@ def _touch(path):
         pass
 
 
-def prune(blob_dir, limit, wait=False):
-    """Remove least recently used cached blobs until under 90 % of ``limit``.
+#: How many times a prune that kept files for PRUNE_GRACE beyond the
+#: limit waits for it to pass and prunes again (in its thread, or the
+#: external process).
+PRUNE_AGAIN = 3
+
+
+def prune(blob_dir, limit, wait=False, again=0):
+    """Remove least recently used cached blobs until under 90 % of ``limit``,
+    but those used in the last PRUNE_GRACE seconds; while they keep the
+    cache over ``limit``, wait for them to age and prune again, up to
+    ``again`` times.  Returns how many files it removed.
 
     Without ``wait``, returns at once when another thread or process is
     already pruning the directory.
     """
+    removed = 0
+    for _ in range(again + 1):
+        count, retry_after = _prune_once(blob_dir, limit, wait)
+        removed += count
+        if not retry_after:
+            break
+        time.sleep(retry_after)
+    return removed
+
+
+def _prune_once(blob_dir, limit, wait):
+    """One prune: (files removed, seconds until the files it kept for
+    PRUNE_GRACE beyond ``limit`` may go, or 0)."""
     lock_path = os.path.join(blob_dir, '.prune.lock')
     with open(lock_path, 'a') as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            return 0            # another process is pruning right now
+            return 0, 0         # another process is pruning right now
         try:
             files = []
             total = 0
@@ -421,16 +599,23 @@ def prune(blob_dir, limit, wait=False):
                     total += st.st_size
             target = limit * 9 // 10
             removed = 0
+            retry_after = 0
             if total > limit:
                 files.sort()
-                for _, size, path in files:
+                fresh = time.time() - PRUNE_GRACE
+                for used, size, path in files:
                     if total <= target:
+                        break
+                    if used > fresh:
+                        # (The rest too: sorted by use.)
+                        if total > limit:
+                            retry_after = min(PRUNE_GRACE, used - fresh + 0.05)
                         break
                     remove_file(path)
                     total -= size
                     removed += 1
             log.debug("Pruned %d blob files from %s; %d bytes remain", removed, blob_dir, total)
-            return removed
+            return removed, retry_after
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -438,4 +623,4 @@ def prune(blob_dir, limit, wait=False):
 if __name__ == '__main__':
     # blob-cache-size-check-external: python -m relstorage.blobs.cached DIR LIMIT
     started = time.time()
-    prune(sys.argv[1], int(sys.argv[2]), wait=True)
+    prune(sys.argv[1], int(sys.argv[2]), wait=True, again=PRUNE_AGAIN)

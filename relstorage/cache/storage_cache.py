@@ -530,6 +530,14 @@ class StorageCache:
         names the shared cache's namespace (_use_namespace_of).  Marks
         only grow; an older snapshot still showing the previous mark
         changes nothing."""
+        if self.blob_files is not None:
+            # (A helper agent's check: another process's blob cache kept
+            # serving the revisions a pack removed.)  The blob cache keeps
+            # its own mark: it caught up with the database when the
+            # storage opened, after the state cache did.
+            self.blob_files.note_pack_mark(
+                mark, None if removals is None else
+                (lambda after, upto: self.pack_removals(after, upto, removals)))
         with self._mark_lock:
             newest = self._newest_snapshot
             if snapshot > newest:
@@ -584,8 +592,6 @@ class StorageCache:
                 self._to_shared.clear()
                 self._hints_to_shared.clear()
             self.clear()
-            if self.blob_files is not None:
-                self.blob_files.forget_later()
             if snapshot < newest:
                 # zap_all: the last tid went back.  What instances still in
                 # a snapshot from before learn must never be taken for the
@@ -634,10 +640,6 @@ class StorageCache:
         cache drops their states."""
         for oid, tid in self.index.forget(removed.trimmed_pairs(), removed.garbage_ints()):
             self.local.discard(oid, tid)
-        if self.blob_files is not None:
-            # (A helper agent's check: another process's blob cache kept
-            # serving the revisions a pack removed.)  Not in the poll.
-            self.blob_files.forget_later(removed.garbage_ints(), removed.trimmed_pairs())
 
     def zapped(self, mark, old_last):
         """This process emptied the database (zap_all) whose last tid was

@@ -140,6 +140,140 @@ class BlobCacheTests(BlobCase):
                 reader.loadBlob(oid, tid)
         reader.release()
 
+    def test_a_process_started_after_a_pack_drops_what_it_removed(self):
+        # A helper agent's check: a process that read old revisions into
+        # its blob cache and was down while a pack (of another process,
+        # with another cache) removed them served them again after its
+        # restart, where the storage raises POSKeyError.
+        from ZODB.POSException import POSKeyError
+        from ZODB.serialize import referencesf
+        from relstorage.blobs.cached import PACK_MARK_FILE
+        writer = ZODB.DB(self.blob_storage('writer-cache'))
+        self.addCleanup(writer.close)
+
+        def commit_gone_and_kept():
+            with writer.transaction() as conn:
+                conn.root()['kept'] = Blob(b'first')
+                conn.root()['gone'] = Blob(b'garbage')
+            with writer.transaction() as conn:
+                for name in ('kept', 'gone'):
+                    conn.root()[name]._p_activate()
+                wanted = [(conn.root()['gone']._p_oid, conn.root()['gone']._p_serial)]
+                if self.keep_history:
+                    wanted.append((conn.root()['kept']._p_oid, conn.root()['kept']._p_serial))
+                with conn.root()['kept'].open('w') as f:
+                    f.write(b'second')
+            with writer.transaction() as conn:
+                del conn.root()['gone']
+            return wanted
+
+        def read_then_close(wanted):
+            reader = self.blob_storage('reader-cache')
+            paths = [reader.loadBlob(oid, tid) for oid, tid in wanted]
+            self.assertTrue(all(os.path.exists(path) for path in paths))
+            reader.close()
+            return paths
+
+        def reopen_and_check(wanted, paths):
+            reader = self.blob_storage('reader-cache')
+            self.addCleanup(reader.close)
+            # (Removed by a thread of their own, as the storage opens.)
+            deadline = time.time() + 30
+            while any(os.path.exists(path) for path in paths) and time.time() < deadline:
+                time.sleep(0.01)
+            for (oid, tid), path in zip(wanted, paths):
+                self.assertFalse(os.path.exists(path))
+                with self.assertRaises(POSKeyError):
+                    reader.loadBlob(oid, tid)
+            reader.close()
+
+        # The lists of the pack's batches say what went.
+        wanted = commit_gone_and_kept()
+        paths = read_then_close(wanted)
+        kept = os.path.join(self.tmp, 'reader-cache', 'unrelated.blob')
+        time.sleep(0.01)
+        writer.storage.pack(time.time(), referencesf)
+        reopen_and_check(wanted, paths)
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, 'reader-cache', PACK_MARK_FILE)))
+        # Two packs meanwhile (the second empties the first's lists): every
+        # file goes.
+        wanted = commit_gone_and_kept()
+        paths = read_then_close(wanted)
+        with open(kept, 'wb') as f:
+            f.write(b'a file of no pack')
+        time.sleep(0.01)
+        writer.storage.pack(time.time(), referencesf)
+        with writer.transaction() as conn:
+            conn.root()['more'] = Blob(b'more')
+        with writer.transaction() as conn:
+            del conn.root()['more']
+        writer.storage.pack(time.time(), referencesf)
+        reopen_and_check(wanted, paths)
+        with writer.transaction() as conn:
+            with conn.root()['kept'].open('r') as f:
+                self.assertEqual(f.read(), b'second')
+
+    def test_a_cache_belongs_to_one_database(self):
+        # A helper agent's check: two databases given one blob cache served
+        # each other's bytes where their blobs had the same OID and tid (a
+        # database restored with its tids): the cache now names its
+        # database, as a shared blob-dir does.
+        from relstorage.blobs.cached import CACHE_MARKER
+        from relstorage.blobs.cached import CACHE_MARKER_TEXT
+        db_a = ZODB.DB(self.blob_storage('cache'))
+        self.addCleanup(db_a.close)
+        with db_a.transaction() as conn:
+            conn.root()['x'] = Blob(b'A data')
+        marker = os.path.join(self.tmp, 'cache', CACHE_MARKER)
+        other = self.factory.named('cached_blobs_b')
+        other.fresh(self.keep_history)
+        self.addCleanup(other.cleanup)
+        options = Options(keep_history=self.keep_history, shared_blob_dir=False,
+                          blob_dir=os.path.join(self.tmp, 'cache'))
+        for read_only in (False, True):
+            options.read_only = read_only
+            with self.assertRaises(RelStorageError) as raised:
+                RelStorage(other.make_adapter(options), options=options)
+            self.assertIn('is the blob cache of another database', str(raised.exception))
+        # A marker of an earlier release (no key) is bound to the first
+        # database that opens the directory.
+        with open(marker, 'w') as f:
+            f.write(CACHE_MARKER_TEXT)
+        self.blob_storage('cache').close()
+        options.read_only = False
+        with self.assertRaises(RelStorageError):
+            RelStorage(other.make_adapter(options), options=options)
+        with db_a.transaction() as conn:
+            with conn.root()['x'].open('r') as f:
+                self.assertEqual(f.read(), b'A data')
+
+    def test_a_path_handed_out_is_not_pruned_at_once(self):
+        # A helper agent's check: a path from loadBlob (what ZODB's
+        # Blob.committed() returns, which Plone opens to stream a file)
+        # was pruned before its caller opened it when a blob larger than
+        # the whole cache was read in between.
+        from unittest import mock
+        from relstorage.blobs import cached
+        # (The storage's own prunes stay out of the way; the grace is long
+        # enough for a loaded machine.)
+        db = ZODB.DB(self.blob_storage('cache', blob_cache_size=100 * MB))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['small'] = Blob(b's' * 100)
+            conn.root()['big'] = Blob(b'b' * 5000)
+        with mock.patch.object(cached, 'PRUNE_GRACE', 60):
+            with db.transaction() as conn:
+                small = conn.root()['small'].committed()
+                big = conn.root()['big'].committed()
+            removed = cached.prune(os.path.join(self.tmp, 'cache'), 1000, wait=True)
+        self.assertEqual(removed, 0)
+        with open(small, 'rb') as f:
+            self.assertEqual(f.read(), b's' * 100)
+        # Once it has passed, they go.
+        with mock.patch.object(cached, 'PRUNE_GRACE', 0):
+            cached.prune(os.path.join(self.tmp, 'cache'), 1000, wait=True)
+        self.assertFalse(os.path.exists(big))
+
     def test_files_another_process_removed_first(self):
         # A helper agent's check (6 processes sharing one blob cache while
         # a pack removed 3000 blobs): an object's directory that another
