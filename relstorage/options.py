@@ -139,9 +139,10 @@ OPTIONS = (
            'exist); blobs are disabled when unset.', active=True),
     Option('shared-blob-dir', False, 'boolean',
            'True if blob-dir is the only blob store (shared by all clients); '
-           'false if it is a local cache of blobs kept in the database. A shared '
-           'blob-dir belongs to one database (its file .relstorage-database names '
-           'it): a storage of another database refuses it.', active=True),
+           'false if it is a local cache of blobs kept in the database. Either '
+           'belongs to one database (its file .relstorage-database, or '
+           '.relstorage-blob-cache for a cache, names it): a storage of another '
+           'database refuses it.', active=True),
     Option('blob-cache-size', None, 'byte-size',
            'Target size of the blob cache; unlimited when unset or 0.', active=True,
            valid=_NOT_NEGATIVE),
