@@ -404,8 +404,15 @@ class Adapter(PackVerbs):
         oid_statements); vendors whose statements take arrays override."""
         raise NotImplementedError
 
+    def link_lost(self, conn, exc):
+        """Whether ``exc``, which classify_error does not place, came with
+        the link to the server gone (the driver says ``conn`` is closed)."""
+        return False
+
     def translate_error(self, exc, conn):
         kind = self.classify_error(exc)
+        if kind is None and self.link_lost(conn, exc):
+            kind = 'disconnect'
         if kind == 'snapshot' and conn.purpose == 'load':
             # A helper agent's check: a hot standby cancelled a snapshot
             # whose rows its replay (a pack's deletions, vacuumed) removed
@@ -543,6 +550,10 @@ class Adapter(PackVerbs):
         if not (store or blobs):
             return
         own = not conn.in_transaction
+        # (Tables made "if not exists" may be an earlier client's, rows
+        # and all, in a server session a pooler hands on: the first commit
+        # empties them.)
+        conn.temp_dirty = True
         try:
             self.ensure_temp_table(conn, store=store, blobs=blobs)
         except (self.driver.Error, PermissionDeniedError) as exc:

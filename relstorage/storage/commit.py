@@ -488,7 +488,9 @@ class Commit:
         """Empty temp_store, then put there the states of every object
         stored but those of ``new_rows`` (which go straight into place)."""
         adapter, tstore = self.adapter, self.tstore
-        self._clear_temp(conn)
+        # (Whatever the connection believes, when rows go up: see
+        # _clear_temp.)
+        self._clear_temp(conn, force=len(tstore) > len(new_rows) or bool(self.btxn))
         if len(tstore) > len(new_rows):
             conn.temp_dirty = True
             rows, nbytes = tstore.rows(), tstore.nbytes
@@ -499,8 +501,15 @@ class Commit:
             adapter.upload(conn, rows)
             adapter.note_temp_rows(conn, len(tstore) - len(new_rows), nbytes)
 
-    def _clear_temp(self, conn):
-        if conn.temp_dirty:
+    def _clear_temp(self, conn, force=False):
+        """Empty the temporary tables if they may hold rows (``force``:
+        whatever ``conn.temp_dirty`` says).  A pooler that hands one
+        server session to several clients (pgbouncer without
+        ``server_reset_query``, or in transaction mode) gave a commit a
+        temp_store holding another client's rows, which it moved into place
+        with its own (a helper agent's check: a committed change reverted):
+        rows go up only into tables emptied in the same transaction."""
+        if conn.temp_dirty or force:
             self.adapter.clear_temp(conn)
             if self.blobs is not None and self.blobs.in_database:
                 self.adapter.clear_temp_blobs(conn)

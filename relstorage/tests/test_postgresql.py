@@ -35,6 +35,7 @@ from ZODB.utils import u64
 from ZODB.utils import z64
 
 from relstorage.adapters.postgresql import drivers
+from relstorage.adapters.postgresql import sql as pg_sql
 from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter
 from relstorage.interfaces import CommitFailedError
 from relstorage.interfaces import DisconnectedError
@@ -1049,6 +1050,88 @@ class TempTableTests(PGCase):
         small = self.temp_store_bytes(storage)
         self.assertGreater(large, 200 * 1024)
         self.assertLess(small, 64 * 1024, (large, small))
+
+
+    def test_a_server_session_handed_on_by_a_pooler(self):
+        # A helper agent's check through pgbouncer (session pooling without
+        # server_reset_query, or transaction pooling): a new client's first
+        # commit got the server session of another, whose temp_store still
+        # held the rows of its last commit, and moved them into place with
+        # its own: a change committed meanwhile by a third client was
+        # reverted.  Here the new storage's store connection is given a
+        # session whose temp_store holds a stale row (as the pooler did).
+        storage = self.storage()
+        oids, _ = self.make_objects(storage, 2)
+        stale = storage.load(oids[0])
+        self.commit(storage, {oids[0]: 'latest'})
+        adapter = self.storage()._adapter
+        raw = adapter.driver.connect(adapter._dsn, 'store')
+        cur = raw.cursor()
+        cur.execute(pg_sql.TEMP_STORE)
+        cur.execute("INSERT INTO temp_store (zoid, prev_tid, state) VALUES (%s, %s, %s)",
+                    (u64(oids[0]), u64(stale[1]), stale[0]))
+        raw.commit()
+        cur.close()
+        connect = adapter.driver.connect
+        handed = []
+
+        def pooled(dsn, purpose):
+            if purpose == 'store' and not handed:
+                handed.append(raw)
+                return raw
+            return connect(dsn, purpose)
+        second = self.storage()
+        with mock.patch.object(second._adapter.driver, 'connect', pooled):
+            self.commit(second, {oids[1]: 'other'})
+        self.assertEqual(handed, [raw])
+        self.assertEqual(zodb_unpickle(self.storage().load(oids[0])[0]).value, 'latest')
+
+
+    def test_a_server_session_with_prepared_statements(self):
+        # The same check: through pgbouncer without server_reset_query,
+        # psycopg2's PREPARE of load_current failed every load on a session
+        # another client had left ("prepared statement rs_load_current
+        # already exists").
+        storage = self.storage()
+        oids, _ = self.make_objects(storage, 1)
+        adapter = self.storage()._adapter
+        raw = adapter.driver.connect(adapter._dsn, 'load')
+        cur = raw.cursor()
+        cur.execute("PREPARE rs_load_current(bigint) AS SELECT 1, 2")
+        raw.commit()
+        cur.close()
+        connect = adapter.driver.connect
+
+        def pooled(dsn, purpose):
+            return raw if purpose == 'load' else connect(dsn, purpose)
+        second = self.storage()
+        with mock.patch.object(second._adapter.driver, 'connect', pooled):
+            for _ in range(2):
+                second.poll_invalidations()
+                self.assertEqual(zodb_unpickle(second.load(oids[0])[0]).value, 0)
+                second.release()
+
+
+    def test_an_error_of_a_closed_link_is_a_disconnect(self):
+        # The same helper agent: through pgbouncer, after the server
+        # session behind it ended, psycopg 3 failed the next BEGIN with
+        # "received 2 results from command ..." (an InternalError with no
+        # SQLSTATE) and closed its connection; the error reached the
+        # application, which transaction managers do not retry.
+        storage = self.storage()
+        adapter = storage._adapter
+        conn = adapter.open_load()
+        self.addCleanup(conn.close)
+        conn.raw.close()
+        driver = adapter.driver
+        with self.assertRaises(DisconnectedError):
+            conn.call(mock.Mock(side_effect=driver.module.InternalError(
+                "received 2 results from command 'BEGIN'")))
+        # (A connection still open: the error is the application's.)
+        other = adapter.open_load()
+        self.addCleanup(other.close)
+        with self.assertRaises(driver.module.InternalError):
+            other.call(mock.Mock(side_effect=driver.module.InternalError('other')))
 
 
 class TempTableTestsHF(TempTableTests):

@@ -242,6 +242,13 @@ class PostgreSQLAdapter(Adapter):
     def classify_error(self, exc):
         return self.driver.classify_error(exc)
 
+    def link_lost(self, conn, exc):
+        # A helper agent's check through pgbouncer: after the server
+        # session behind it ended, psycopg 3 failed the next BEGIN with
+        # "received 2 results from command ..." (an InternalError without
+        # SQLSTATE, not retried), its connection closed.
+        return isinstance(exc, self.driver.Error) and bool(getattr(conn.raw, 'closed', False))
+
     def _connect_error(self, exc, server=None):
         where = self.describe(server)
         message = "Cannot connect to %s (driver %s): %s" % (
@@ -298,11 +305,19 @@ class PostgreSQLAdapter(Adapter):
                 "current_setting('statement_timeout')::interval < interval '%d ms' "
                 "THEN '%d' ELSE current_setting('statement_timeout') END, false)"
                 % (least, least))
+        # A server session a pooler hands on (pgbouncer without
+        # server_reset_query) may hold another client's prepared statements:
+        # psycopg2's PREPARE of load_current then failed every load (a
+        # helper agent's check).  (Its temporary tables are emptied by the
+        # first commit: Adapter.prepare_temp_tables.)
+        calls.append('(SELECT count(*) FROM pg_prepared_statements)')
         if calls:
             cur = raw.cursor()
             try:
                 # (One round trip for them all.)
                 cur.execute('SELECT ' + ', '.join(calls))
+                if cur.fetchone()[-1]:
+                    cur.execute('DEALLOCATE ALL')
                 raw.commit()
             except self.driver.Error as exc:
                 raw.close()
