@@ -772,6 +772,10 @@ def _references_of_rows(read, rows):
             for (oid, tid, _), refs in zip(rows, found, strict=True)]
 
 
+#: The largest OID the databases' signed 64-bit columns hold.
+_MAX_OID = (1 << 63) - 1
+
+
 def _as_ints(oid, tid, refs):
     if not refs:
         return ()
@@ -781,7 +785,13 @@ def _as_ints(oid, tid, refs):
                 if len(ref) != 8:
                     raise ValueError('a reference to an OID of %d bytes (%r)' % (len(ref), ref))
         # All converted by one unpack (a bucket holds dozens).
-        return sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
+        oids = sorted(set(unpack('>%dQ' % len(refs), b''.join(refs))))
+        if oids[-1] > _MAX_OID:
+            # (A helper agent's check: the database's column refused it,
+            # with an error naming neither object nor transaction.)
+            raise ValueError('a reference to OID 0x%x, beyond the largest a database '
+                             'holds (2**63 - 1)' % oids[-1])
+        return oids
     except Exception as exc:
         raise _unreadable(oid, tid, exc) from exc
 
