@@ -158,21 +158,31 @@ def main(argv=None):
     pack_time = time.time() - days * 86400
     status = 0
     for name, section in sections:
+        storage = None
         try:
-            storage = section.open()
-        except Exception as exc:  # pylint:disable=broad-except
-            _error('cannot open storage %s: %s' % (name, _one_line(exc)))
-            status = 1
-            continue
-        name = storage.getName() or name
-        try:
+            try:
+                storage = section.open()
+            except Exception as exc:  # pylint:disable=broad-except
+                _error('cannot open storage %s: %s' % (name, _one_line(exc)))
+                status = 1
+                continue
+            name = storage.getName() or name
             status = max(status, _run(storage, name, args, pack_time, progress))
+        except KeyboardInterrupt:
+            # (A helper agent's check: Ctrl-C or SIGINT printed a traceback
+            # of 25 lines.)  The batch under way was rolled back.
+            if show_progress:
+                sys.stderr.write('\n')
+            _error('%s: interrupted. What was removed before stays removed and nothing '
+                   'reachable was lost; run zodbpack again to finish.' % name)
+            return 1
         except Exception as exc:  # pylint:disable=broad-except
             _error('%s: %s' % (name, _one_line(exc)))
             log.debug('zodbpack failed', exc_info=True)
             status = 1
         finally:
-            storage.close()
+            if storage is not None:
+                storage.close()
     return status
 
 

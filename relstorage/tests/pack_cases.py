@@ -1039,6 +1039,47 @@ class PackBehaviourTests(PackCase):
         self.assertIn('0x%x' % u64(tid), err)
         self.assertEqual(self.row_counts(), before)
 
+    def test_a_reference_beyond_the_largest_oid_is_named(self):
+        # A helper agent's check: a reference to OID 2**64 - 1 stopped the
+        # pack and the check of references with the database's own error
+        # ("out of range for type bigint"), naming no object.
+        from relstorage.storage.pack import PackError
+        db = self.db()
+        self.populate(db)
+        storage = db.storage.new_instance()
+        self.addCleanup(storage.release)
+        oid = storage.new_oid()
+        tid = raw_commit(storage, [(oid, z64, dangling_pickle(p64((1 << 64) - 1)))])
+        before = self.row_counts()
+        for check in (lambda: storage.check_references(referencesf),
+                      lambda: storage.run_pack(time.time() + 1, referencesf, gc=True)):
+            with self.assertRaises(PackError) as raised:
+                check()
+            self.assertIn('object 0x%x at transaction 0x%x' % (u64(oid), u64(tid)),
+                          str(raised.exception))
+            self.assertIn('beyond the largest', str(raised.exception))
+        self.assertEqual(self.row_counts(), before)
+
+    def test_an_interrupted_zodbpack_says_so_in_one_line(self):
+        # A helper agent's check: Ctrl-C (SIGINT) printed a traceback of 25
+        # lines; a rerun then finished the pack.
+        from unittest import mock
+        from relstorage.adapters.base import Adapter
+        db = self.db()
+        self.populate(db)
+
+        def bump(adapter, conn):
+            # (In the first deletion batch.)
+            raise KeyboardInterrupt()
+        with mock.patch.object(Adapter, 'bump_pack_mark', bump):
+            status, out, err = self.zodbpack(self.write_config())
+        self.assertEqual(status, 1)
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertIn('interrupted', err)
+        self.assertNotIn('Traceback', err)
+        self.assertEqual(self.zodbpack(self.write_config())[0], 0)
+        self.assert_reachable_objects_load()
+
     def test_check_refs_only_finds_a_dangling_reference(self):
         db = self.db()
         self.populate(db)
