@@ -198,6 +198,8 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
             report.pack_tid = info['pack_tid']
         elif not prepack_only and _up_to_date(adapter, conn, gc):
             report.up_to_date = True
+            # (For the log: a helper agent's check saw "to 0x0000000000000000".)
+            report.pack_tid = pack_tid_for(t)
         else:
             phase_start = time.monotonic()
             wanted = pack_tid_for(t)
@@ -843,7 +845,10 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
     conn.commit()
     checked = last
 
-    bar = progress('deleting', report.candidates[0] + report.candidates[1] or None, 'rows')
+    # (The revisions, garbage objects' included, are what the batches
+    # count: a helper agent's check saw the display end at 68 % with the
+    # objects added to them.)
+    bar = progress('deleting', report.candidates[1] or None, 'rows')
     # How long the deletions of one batch may take.  Where the commit
     # lock is the database's write lock (SQLite), a commit waits for all
     # of it; elsewhere the deletions run before the lock is taken, and

@@ -1060,6 +1060,46 @@ class PackBehaviourTests(PackCase):
             self.assertIn('beyond the largest', str(raised.exception))
         self.assertEqual(self.row_counts(), before)
 
+    def test_the_deletion_display_reaches_its_total(self):
+        # A helper agent's check: zodbpack's display of the deletion ended
+        # at 68 % (its total counted the garbage objects besides their
+        # revisions, which the batches count).
+        db = self.db()
+        self.populate(db)
+        with db.transaction() as conn:
+            for i in range(30):
+                conn.root()['g%d' % i] = PersistentMapping(v=i)
+        with db.transaction() as conn:
+            for i in range(30):
+                del conn.root()['g%d' % i]
+        bars = {}
+
+        class Bar:
+            def __init__(self, description, total, unit):
+                self.total, self.done = total, 0
+                bars[description] = self
+
+            def update(self, n=1):
+                self.done += n
+
+            def close(self):
+                pass
+        report = db.storage.run_pack(time.time() + 1, referencesf, gc=True, progress=Bar)
+        self.assertGreater(report.objects_removed, 30)
+        self.assertEqual(bars['deleting'].done, bars['deleting'].total)
+        self.assertEqual(report.revisions_removed, bars['deleting'].total)
+
+    def test_a_pack_with_nothing_to_do_logs_its_time(self):
+        # A helper agent's check: its INFO line said "to 0x0000000000000000".
+        db = self.db()
+        self.populate(db)
+        db.storage.run_pack(time.time() + 1, referencesf)
+        with self.assertLogs('relstorage.storage.pack', 'INFO') as logged:
+            report = db.storage.run_pack(time.time() + 1, referencesf)
+        self.assertTrue(report.up_to_date)
+        self.assertNotIn('to 0x0000000000000000', '\n'.join(logged.output))
+        self.assertIn('to 0x%016x' % report.pack_tid, '\n'.join(logged.output))
+
     def test_an_interrupted_zodbpack_says_so_in_one_line(self):
         # A helper agent's check: Ctrl-C (SIGINT) printed a traceback of 25
         # lines; a rerun then finished the pack.
