@@ -1134,6 +1134,33 @@ class TempTableTests(PGCase):
             other.call(mock.Mock(side_effect=driver.module.InternalError('other')))
 
 
+class SortKeyTests(PGCase):
+
+    def test_one_database_spelled_two_ways_has_one_sort_key(self):
+        # A helper agent's check: the sort key (the order of a
+        # transaction's votes across databases, which must be the same in
+        # every process) was the description, which names the port only
+        # when the DSN does: two processes spelling one database two ways
+        # could each take one commit lock and wait for the other's.
+        storage = self.storage()
+        params = dict(re.findall(r"(\w+)=(\S+)", self.factory.dsn))
+        spelled = (self.factory.dsn.replace('port=%s' % params['port'], '')
+                   if 'port' in params else self.factory.dsn + ' port=5432')
+        options = Options(keep_history=self.keep_history)
+        other = RelStorage(PostgreSQLAdapter(dsn=spelled, options=options,
+                                             driver=self.factory.driver), options=options)
+        self._open.append(other)
+        self.assertNotEqual(storage._adapter.describe(), other._adapter.describe())
+        self.assertEqual(storage.sortKey(), other.sortKey())
+        self.assertIn('PostgreSQL database key', storage.sortKey())
+        second = self.factory.named('sort_key_b')
+        second.fresh(self.keep_history)
+        self.addCleanup(second.cleanup)
+        third = RelStorage(second.make_adapter(options), options=options)
+        self._open.append(third)
+        self.assertNotEqual(third.sortKey(), storage.sortKey())
+
+
 class TempTableTestsHF(TempTableTests):
     keep_history = False
 
@@ -1611,7 +1638,7 @@ PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeou
             ServerDisconnectTests, ServerDisconnectTestsHF,
             ConnectionErrorTests, ReadOnlySnapshotTests, ByteaOutputTests,
             OidAllocationTests, RecordIterationCostTests, RecordIterationCostTestsHF,
-            TempTableTests, TempTableTestsHF,
+            TempTableTests, TempTableTestsHF, SortKeyTests,
             UnloggedPackTablesTests, PrivilegeTests, BlobChunkTests)
 
 

@@ -129,6 +129,23 @@ class SqliteConfigTests(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def test_one_database_reached_two_ways_has_one_sort_key(self):
+        # A helper agent's check: a data-dir reached through a symbolic
+        # link gave the database another sort key (the order of a
+        # transaction's votes across databases, which must be the same in
+        # every process).
+        data_dir = os.path.join(self.tmp, 'data')
+        link = os.path.join(self.tmp, 'link')
+        first = ZODB.config.databaseFromString(zconfig(data_dir))
+        self.addCleanup(first.close)
+        os.symlink(data_dir, link)
+        second = ZODB.config.databaseFromString(zconfig(link))
+        self.addCleanup(second.close)
+        self.assertEqual(first.storage.sortKey(), second.storage.sortKey())
+        other = ZODB.config.databaseFromString(zconfig(os.path.join(self.tmp, 'other')))
+        self.addCleanup(other.close)
+        self.assertNotEqual(other.storage.sortKey(), first.storage.sortKey())
+
     def test_a_database_with_no_room_left_says_so(self):
         # A helper agent's check on a full file system: the commit failed
         # with the driver's bare "database or disk is full" (from the
