@@ -177,7 +177,12 @@ def main(argv=None):
                    'reachable was lost; run zodbpack again to finish.' % name)
             return 1
         except Exception as exc:  # pylint:disable=broad-except
-            _error('%s: %s' % (name, _one_line(exc)))
+            text = _one_line(exc)
+            # (Not named twice: a helper agent's check saw "zodbpack:
+            # RelStorage on <db>: A pack of <db> is already running.")
+            adapter = getattr(storage, 'adapter', None)
+            _error(text if adapter is not None and adapter.describe() in text
+                   else '%s: %s' % (name, text))
             log.debug('zodbpack failed', exc_info=True)
             status = 1
         finally:

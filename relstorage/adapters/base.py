@@ -1085,8 +1085,9 @@ class Adapter(PackVerbs):
             conn.rollback()
             all_oids = sorted(set(oids) | set(read_current_oids))
             raise UnableToLockRowsError(
-                "Could not lock objects %s within %ss (lock timeout or deadlock: %s)"
-                % (describe_oids(all_oids), self.options.commit_lock_timeout, _one_line(exc)),
+                "Could not lock objects %s of %s within %ss (lock timeout or deadlock: %s)"
+                % (describe_oids(all_oids), self.describe(), self.options.commit_lock_timeout,
+                   _one_line(exc)),
                 all_oids) from exc
         return current
 
@@ -1103,9 +1104,9 @@ class Adapter(PackVerbs):
         # (Not "within N s" alone: a helper agent's check saw a deadlock,
         # broken by the database at once, reported as a 30 s wait.)
         raise UnableToAcquireCommitLockError(
-            "Could not acquire the commit lock (commit-lock-timeout %ss, or a deadlock "
-            "the database broke): %s"
-            % (self.options.commit_lock_timeout, _one_line(exc))) from exc
+            "Could not acquire the commit lock of %s (commit-lock-timeout %ss, or a "
+            "deadlock the database broke): %s"
+            % (self.describe(), self.options.commit_lock_timeout, _one_line(exc))) from exc
 
     def advance_tid(self, conn, now_tid, requested=None):
         """Take the commit lock and publish a new last tid; return it and

@@ -1146,6 +1146,8 @@ class PackBehaviourTests(PackCase):
             status, _out, err = self.zodbpack(self.write_config())
             self.assertEqual(status, 1)
             self.assertIn('already running', err)
+            # (The database named once: a helper agent's check.)
+            self.assertEqual(err.count(adapter.describe()), 1, err)
             self.assertEqual(self.row_counts(), before)
         finally:
             lock.close()

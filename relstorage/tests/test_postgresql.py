@@ -304,6 +304,8 @@ class LockTimeoutTests(PGCase):
         self.assertTrue(1.5 <= elapsed < 6, elapsed)
         self.assertIsInstance(cm.exception, ConflictError)
         self.assertIn('0x%x' % int.from_bytes(x, 'big'), str(cm.exception))
+        # (Naming the database: a helper agent's check.)
+        self.assertIn(b._adapter.describe(), str(cm.exception))
         # B rolled back: it holds nothing and is not stuck in a transaction.
         self.assertNotIn(b_pid, self.idle_in_transaction())
         tid_a = a.tpc_finish(ta)
@@ -331,6 +333,7 @@ class LockTimeoutTests(PGCase):
             self.assertTrue(1.5 <= time.time() - started < 6)
             a.tpc_abort(ta)
             self.assertIsInstance(cm.exception, ConflictError)
+            self.assertIn(a._adapter.describe(), str(cm.exception))
         finally:
             holder.rollback()
             holder.close()
