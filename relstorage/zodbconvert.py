@@ -321,8 +321,12 @@ def main(argv=None, stdout=None, stderr=None):
         stderr.write('zodbconvert: %s\n' % redact_secrets(str(exc)))
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        stderr.write('\nzodbconvert: interrupted. Every transaction copied so far is '
-                     'complete; run again with --incremental to resume.\n')
+        # (A new line after a progress line on a terminal; none in a log:
+        # a helper agent's check saw the file begin with an empty line.)
+        tty = hasattr(stderr, 'isatty') and stderr.isatty()
+        stderr.write('%szodbconvert: interrupted. Every transaction copied so far is '
+                     'complete; run again with --incremental to resume.\n'
+                     % ('\n' if tty else ''))
         return EXIT_FAILURE
     except Exception as exc:  # pylint:disable=broad-except
         if args.debug:
