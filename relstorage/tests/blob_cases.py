@@ -98,39 +98,28 @@ class BlobCacheTests(BlobCase):
             time.sleep(0.05)
         self.assertLessEqual(kept, 1)
 
-    def test_what_a_pack_removes_goes_from_other_caches(self):
-        # A helper agent's check: after a pack, a process whose blob cache
-        # held removed revisions (and the blob of a removed object) still
-        # served them, where a fresh process and FileStorage raise
-        # POSKeyError.
-        from ZODB.POSException import POSKeyError
-        from ZODB.serialize import referencesf
-        writer = ZODB.DB(self.blob_storage('writer-cache'))
-        self.addCleanup(writer.close)
+    def commit_gone_and_kept(self, writer):
+        """'kept' (a blob) replaced and 'gone' (a blob) made garbage:
+        the (oid, tid) of the blob revisions a pack removes."""
         with writer.transaction() as conn:
             conn.root()['kept'] = Blob(b'first')
             conn.root()['gone'] = Blob(b'garbage')
         with writer.transaction() as conn:
             for name in ('kept', 'gone'):
                 conn.root()[name]._p_activate()
-            oids = conn.root()['kept']._p_oid, conn.root()['gone']._p_oid
-            first = conn.root()['kept']._p_serial
-            gone_tid = conn.root()['gone']._p_serial
+            wanted = [(conn.root()['gone']._p_oid, conn.root()['gone']._p_serial)]
+            if self.keep_history:
+                wanted.append((conn.root()['kept']._p_oid, conn.root()['kept']._p_serial))
             with conn.root()['kept'].open('w') as f:
                 f.write(b'second')
         with writer.transaction() as conn:
             del conn.root()['gone']
-        reader = self.blob_storage('reader-cache')
-        self.addCleanup(reader.close)
-        wanted = [(oids[1], gone_tid)]
-        if self.keep_history:
-            wanted.append((oids[0], first))
-        paths = [reader.loadBlob(oid, tid) for oid, tid in wanted]
-        self.assertTrue(all(os.path.exists(path) for path in paths))
-        time.sleep(0.01)
-        writer.storage.pack(time.time(), referencesf)
-        reader.poll_invalidations()
-        # (Removed by a thread of their own, not in the poll.)
+        return wanted
+
+    def assert_packed_away(self, reader, wanted, paths):
+        """The files of ``wanted`` leave ``reader``'s cache (a thread of
+        their own removes them), and it refuses them."""
+        from ZODB.POSException import POSKeyError
         deadline = time.time() + 30
         while any(os.path.exists(path) for path in paths) and time.time() < deadline:
             time.sleep(0.01)
@@ -138,6 +127,24 @@ class BlobCacheTests(BlobCase):
             self.assertFalse(os.path.exists(path))
             with self.assertRaises(POSKeyError):
                 reader.loadBlob(oid, tid)
+
+    def test_what_a_pack_removes_goes_from_other_caches(self):
+        # A helper agent's check: after a pack, a process whose blob cache
+        # held removed revisions (and the blob of a removed object) still
+        # served them, where a fresh process and FileStorage raise
+        # POSKeyError.
+        from ZODB.serialize import referencesf
+        writer = ZODB.DB(self.blob_storage('writer-cache'))
+        self.addCleanup(writer.close)
+        wanted = self.commit_gone_and_kept(writer)
+        reader = self.blob_storage('reader-cache')
+        self.addCleanup(reader.close)
+        paths = [reader.loadBlob(oid, tid) for oid, tid in wanted]
+        self.assertTrue(all(os.path.exists(path) for path in paths))
+        time.sleep(0.01)
+        writer.storage.pack(time.time(), referencesf)
+        reader.poll_invalidations()
+        self.assert_packed_away(reader, wanted, paths)
         reader.release()
 
     def test_a_process_started_after_a_pack_drops_what_it_removed(self):
@@ -145,27 +152,10 @@ class BlobCacheTests(BlobCase):
         # its blob cache and was down while a pack (of another process,
         # with another cache) removed them served them again after its
         # restart, where the storage raises POSKeyError.
-        from ZODB.POSException import POSKeyError
         from ZODB.serialize import referencesf
         from relstorage.blobs.cached import PACK_MARK_FILE
         writer = ZODB.DB(self.blob_storage('writer-cache'))
         self.addCleanup(writer.close)
-
-        def commit_gone_and_kept():
-            with writer.transaction() as conn:
-                conn.root()['kept'] = Blob(b'first')
-                conn.root()['gone'] = Blob(b'garbage')
-            with writer.transaction() as conn:
-                for name in ('kept', 'gone'):
-                    conn.root()[name]._p_activate()
-                wanted = [(conn.root()['gone']._p_oid, conn.root()['gone']._p_serial)]
-                if self.keep_history:
-                    wanted.append((conn.root()['kept']._p_oid, conn.root()['kept']._p_serial))
-                with conn.root()['kept'].open('w') as f:
-                    f.write(b'second')
-            with writer.transaction() as conn:
-                del conn.root()['gone']
-            return wanted
 
         def read_then_close(wanted):
             reader = self.blob_storage('reader-cache')
@@ -177,30 +167,23 @@ class BlobCacheTests(BlobCase):
         def reopen_and_check(wanted, paths):
             reader = self.blob_storage('reader-cache')
             self.addCleanup(reader.close)
-            # (Removed by a thread of their own, as the storage opens.)
-            deadline = time.time() + 30
-            while any(os.path.exists(path) for path in paths) and time.time() < deadline:
-                time.sleep(0.01)
-            for (oid, tid), path in zip(wanted, paths):
-                self.assertFalse(os.path.exists(path))
-                with self.assertRaises(POSKeyError):
-                    reader.loadBlob(oid, tid)
+            self.assert_packed_away(reader, wanted, paths)
             reader.close()
 
         # The lists of the pack's batches say what went.
-        wanted = commit_gone_and_kept()
+        wanted = self.commit_gone_and_kept(writer)
         paths = read_then_close(wanted)
-        kept = os.path.join(self.tmp, 'reader-cache', 'unrelated.blob')
         time.sleep(0.01)
         writer.storage.pack(time.time(), referencesf)
         reopen_and_check(wanted, paths)
         self.assertTrue(os.path.exists(os.path.join(self.tmp, 'reader-cache', PACK_MARK_FILE)))
         # Two packs meanwhile (the second empties the first's lists): every
         # file goes.
-        wanted = commit_gone_and_kept()
+        wanted = self.commit_gone_and_kept(writer)
         paths = read_then_close(wanted)
-        with open(kept, 'wb') as f:
-            f.write(b'a file of no pack')
+        other = os.path.join(self.tmp, 'reader-cache', 'other.blob')
+        with open(other, 'wb') as f:
+            f.write(b'a file no pack named')
         time.sleep(0.01)
         writer.storage.pack(time.time(), referencesf)
         with writer.transaction() as conn:
@@ -209,6 +192,7 @@ class BlobCacheTests(BlobCase):
             del conn.root()['more']
         writer.storage.pack(time.time(), referencesf)
         reopen_and_check(wanted, paths)
+        self.assertFalse(os.path.exists(other))
         with writer.transaction() as conn:
             with conn.root()['kept'].open('r') as f:
                 self.assertEqual(f.read(), b'second')

@@ -1025,13 +1025,18 @@ class PackBehaviourTests(PackCase):
         self.assertEqual(report.kept_by_new_commits, 0)
         self.assert_reachable_objects_load()
 
-    def test_corrupt_pickle_stops_the_pack_and_deletes_nothing(self):
+    def populated_with(self, state):
+        """populate, then one new object of raw ``state``: (a storage
+        instance, its oid, its tid)."""
         db = self.db()
         self.populate(db)
         storage = db.storage.new_instance()
         self.addCleanup(storage.release)
         oid = storage.new_oid()
-        tid = raw_commit(storage, [(oid, z64, b'this is not a pickle')])
+        return storage, oid, raw_commit(storage, [(oid, z64, state)])
+
+    def test_corrupt_pickle_stops_the_pack_and_deletes_nothing(self):
+        _, oid, tid = self.populated_with(b'this is not a pickle')
         before = self.row_counts()
         status, _out, err = self.zodbpack(self.write_config())
         self.assertEqual(status, 1)
@@ -1044,12 +1049,7 @@ class PackBehaviourTests(PackCase):
         # pack and the check of references with the database's own error
         # ("out of range for type bigint"), naming no object.
         from relstorage.storage.pack import PackError
-        db = self.db()
-        self.populate(db)
-        storage = db.storage.new_instance()
-        self.addCleanup(storage.release)
-        oid = storage.new_oid()
-        tid = raw_commit(storage, [(oid, z64, dangling_pickle(p64((1 << 64) - 1)))])
+        storage, oid, tid = self.populated_with(dangling_pickle(p64((1 << 64) - 1)))
         before = self.row_counts()
         for check in (lambda: storage.check_references(referencesf),
                       lambda: storage.run_pack(time.time() + 1, referencesf, gc=True)):
