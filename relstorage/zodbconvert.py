@@ -470,11 +470,15 @@ class Converter:
             raise Failure('cannot clear %s: %s (--clear drops and creates RelStorage\'s '
                           'tables: run it as a user that may, such as the schema\'s owner)'
                           % (redact_secrets(adapter.describe()), refused))
-        if options.blob_dir and options.shared_blob_dir:
+        if options.blob_dir:
             # Its blobs went with the database, which the directory was
             # bound to (a review finding: the new database, with a key of
-            # its own, was refused the directory).
-            from relstorage.blobs.shared import clear_directory
+            # its own, was refused the directory; a helper agent's check:
+            # so was a cache's, which names its database too).
+            if options.shared_blob_dir:
+                from relstorage.blobs.shared import clear_directory
+            else:
+                from relstorage.blobs.cached import clear_directory
             clear_directory(options.blob_dir)
         return open_storage(factory, 'destination')
 

@@ -45,6 +45,7 @@ from .common import no_room_error
 from .common import BlobMode
 from .common import database_holds_blobs
 from .common import remove_file
+from .common import remove_object_dirs
 
 log = logging.getLogger(__name__)
 
@@ -496,6 +497,19 @@ def _rename(opened, path):
         target.name = path
     except AttributeError:
         pass
+
+
+def clear_directory(blob_dir):
+    """The database of this cache was dropped (zodbconvert --clear): its
+    files go, and the files that bound the directory to it, which would
+    refuse the new database (the layout and the temporary directory
+    stay)."""
+    remove_object_dirs(blob_dir, ignore_errors=False)
+    for name in (CACHE_MARKER, PACK_MARK_FILE):
+        try:
+            os.remove(os.path.join(blob_dir, name))
+        except FileNotFoundError:
+            pass
 
 
 def _marker_key(path):
