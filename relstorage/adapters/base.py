@@ -118,6 +118,9 @@ class Adapter(PackVerbs):
 
     #: Name used in messages and URIs.
     vendor = 'abstract'
+    #: What quotes an identifier in the database's SQL ("transaction",
+    #: which an earlier release's schema has, is a keyword).
+    identifier_quote = '"'
     #: The database's name for people.
     display_name = 'a relational database'
     #: What to do when it has no room left (DatabaseFullError).
@@ -606,6 +609,8 @@ class Adapter(PackVerbs):
                 # Another process may have made it while this one waited.
                 tables = self.list_tables(conn)
             earlier = earlier_release_schema(tables)
+            if earlier is not None and self._holds_own_schema(conn, tables):
+                self._refuse_earlier_additions(conn, tables, earlier)
             if earlier is not None:
                 raise EarlierSchemaError(self.describe(), earlier,
                                          'current_object' in tables,
@@ -653,6 +658,56 @@ class Adapter(PackVerbs):
             conn.rollback()
         finally:
             conn.close()
+
+    def _holds_own_schema(self, conn, tables):
+        """Whether ``tables`` (which hold an earlier release's) are this
+        release's schema too: ``transaction_log`` (history-preserving), or
+        a ``commit_lock`` with this release's rows (releases before 3.0
+        made a commit_lock of their own)."""
+        if 'transaction_log' in tables:
+            return True
+        if 'commit_lock' not in tables:
+            return False
+        try:
+            return conn.query_value(self.q(self.sql.LOCK_COMMIT_EXISTS)) is not None
+        except Exception:  # pylint:disable=broad-except
+            conn.rollback()
+            return False
+
+    def _refuse_earlier_additions(self, conn, tables, earlier):
+        """A database of this release that a process of RelStorage 3.x or
+        4.x opened: it took the tables it knew for its own and added the
+        rest (a helper agent's check: this build then called it an earlier
+        release's database, and a zodbconvert copy, as the message said,
+        copied the earlier release's empty transaction table: nothing, and
+        said it succeeded).  Nothing is changed: what to drop is said."""
+        added = list(earlier)
+        if 'pack_object' in tables:
+            try:
+                conn.execute('SELECT garbage FROM pack_object WHERE 1 = 0')
+            except Exception:  # pylint:disable=broad-except
+                conn.rollback()
+                # (Made by the earlier release, with its columns: the
+                # next pack makes it again.)
+                added.append('pack_object')
+        triggers = self.foreign_triggers(conn)
+        quote = self.identifier_quote
+        drops = ['DROP TABLE %s%s%s;' % (quote, table, quote) for table in added]
+        drops += ['DROP TRIGGER %s ON %s;' % (name, table) for name, table in triggers]
+        raise SchemaMismatchError(
+            "The database at %s holds this release's RelStorage schema and tables an "
+            "earlier release (3.x or 4.x) added when one of its processes opened it: %s%s. "
+            "Nothing was changed, and this release's data is intact. Stop every process "
+            "of the earlier release (it reads this database wrongly and cannot commit to "
+            "it), then remove what it added: %s (and its functions, which nothing uses "
+            "then)."
+            % (self.describe(), ', '.join(added),
+               ''.join('; trigger %s on %s' % item for item in triggers), ' '.join(drops)))
+
+    def foreign_triggers(self, conn):
+        """(trigger, table) of the triggers on this release's tables that it
+        did not make (an earlier release's)."""
+        return []
 
     #: Whether the database lists to a user only the tables it has some
     #: privilege on (MySQL's information_schema).

@@ -172,6 +172,8 @@ class Statements:
     #: Row 3 (row 2 is Oracle's pack lock): the database's key, a random
     #: number written once (see Adapter.database_key).
     GET_DATABASE_KEY = "SELECT tid FROM commit_lock WHERE id = 3"
+    #: A row of this release's commit_lock (Adapter._holds_own_schema).
+    LOCK_COMMIT_EXISTS = "SELECT tid FROM commit_lock WHERE id = 0"
     INSERT_DATABASE_KEY = "INSERT INTO commit_lock (id, tid) VALUES (3, %s)"
     GET_PACK_MARK = "SELECT tid FROM commit_lock WHERE id = 1"
     SET_PACK_MARK = "UPDATE commit_lock SET tid = %s WHERE id = 1"

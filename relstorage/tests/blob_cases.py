@@ -28,6 +28,21 @@ from .core_cases import FactoryCase
 MB = 1 << 20
 
 
+def cached_bytes(directory):
+    """The bytes of the blob files under ``directory``.  (A prune removes
+    files while this walks: CI saw one go between the listing and its
+    size.)"""
+    total = 0
+    for base, _, files in os.walk(directory):
+        for name in files:
+            if name.endswith('.blob'):
+                try:
+                    total += os.path.getsize(os.path.join(base, name))
+                except FileNotFoundError:
+                    pass
+    return total
+
+
 class BlobCase(FactoryCase):
 
     def setUp(self):
@@ -406,9 +421,7 @@ class BlobCacheTests(BlobCase):
                 conn.close()
 
         def cached():
-            return sum(os.path.getsize(os.path.join(d, f))
-                       for d, _, files in os.walk(reader_dir)
-                       for f in files if f.endswith('.blob'))
+            return cached_bytes(reader_dir)
 
         threads = [threading.Thread(target=read_all, args=(i * 7,)) for i in range(4)]
         for t in threads:
@@ -598,17 +611,7 @@ class BlobCacheTests(BlobCase):
         self.addCleanup(rdb.close)
 
         def cached():
-            # (The prune removes files while this walks: CI saw one go
-            # between the listing and its size.)
-            total = 0
-            for d, _, files in os.walk(reader_dir):
-                for f in files:
-                    if f.endswith('.blob'):
-                        try:
-                            total += os.path.getsize(os.path.join(d, f))
-                        except FileNotFoundError:
-                            pass
-            return total
+            return cached_bytes(reader_dir)
         with open(os.path.join(reader_dir, '.prune.lock'), 'a') as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with rdb.transaction() as conn:

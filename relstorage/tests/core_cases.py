@@ -123,6 +123,62 @@ class SchemaModeTests(FactoryCase):
             self.assertIn('has a table object_state but no commit_lock table',
                           str(cm.exception))
 
+    def test_tables_an_earlier_release_added_are_named(self):
+        # A helper agent's check: RelStorage 4.3, given a database of this
+        # release, took the tables it knew for its own and added the rest;
+        # this release then called it an earlier release's database, and
+        # the zodbconvert copy its message asked for copied 4.3's empty
+        # transaction table (nothing) and said it succeeded.  (4.3's
+        # additions are made here by hand: the same names.)
+        from relstorage.interfaces import EarlierSchemaError
+        self.factory.fresh(self.keep_history)
+        storage = self.storage()
+        oid = storage.new_oid()
+        tid = self.commit(storage, oid, z64, 1)
+        storage.close()
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        added = ['commit_row_lock', 'object_refs_added', 'pack_state']
+        if self.keep_history:
+            added.append('transaction')
+        conn = adapter.open_connection('store')
+        try:
+            quote = adapter.identifier_quote
+            for table in added:
+                conn.execute('CREATE TABLE %s%s%s (tid BIGINT)' % (quote, table, quote))
+            conn.execute('CREATE TABLE pack_object (zoid BIGINT, keep BOOLEAN)')
+            if adapter.vendor == 'postgresql':
+                conn.execute("CREATE OR REPLACE FUNCTION rs_test_blob_gone() RETURNS trigger "
+                             "LANGUAGE plpgsql AS 'BEGIN RETURN OLD; END'")
+                conn.execute("CREATE TRIGGER blob_chunk_delete BEFORE DELETE ON blob_chunk "
+                             "FOR EACH ROW EXECUTE PROCEDURE rs_test_blob_gone()")
+            conn.commit()
+        finally:
+            conn.close()
+        for read_only in (False, True):
+            with self.assertRaises(SchemaMismatchError) as cm:
+                self.storage(read_only=read_only)
+            self.assertNotIsInstance(cm.exception, EarlierSchemaError)
+            message = str(cm.exception)
+            self.assertIn("holds this release's RelStorage schema and tables an earlier "
+                          "release", message)
+            for table in added + ['pack_object']:
+                self.assertIn(table, message)
+            if adapter.vendor == 'postgresql':
+                self.assertIn('DROP TRIGGER blob_chunk_delete ON blob_chunk;', message)
+        # Once they are dropped, as the message says, all is as it was.
+        conn = adapter.open_connection('store')
+        try:
+            for statement in message.split('remove what it added: ')[1].split(';')[:-1]:
+                conn.execute(statement)
+            if adapter.vendor == 'postgresql':
+                conn.execute('DROP FUNCTION rs_test_blob_gone()')
+            conn.commit()
+        finally:
+            conn.close()
+            adapter.close()
+        again = self.storage()
+        self.assertEqual(again.load(oid)[1], tid)
+
     def test_create_schema_false_only_verifies(self):
         with self.assertRaises(SchemaMismatchError) as cm:
             self.storage(create_schema=False)

@@ -108,6 +108,7 @@ class ServerInfo:
 
 class MySQLAdapter(Adapter):
     vendor = 'mysql'
+    identifier_quote = '`'
     has_host = True
     max_in_list = 1000
     # Binding costs a Python call per value in either driver (with
