@@ -168,7 +168,9 @@ class CachedBlobs(BlobMode):
             # taken as it is, as that release did.)
             self._write_mark(mark)
         else:
-            # (A mark beyond the database's: restored from a backup.)
+            # Packs since (their lists say what went; without them, all
+            # goes), or a mark beyond the database's (restored from a
+            # backup: all goes).
             self._queue_forget(None if removed is None else removed.garbage_ints(),
                                () if removed is None else removed.trimmed_pairs(), mark)
 
