@@ -166,6 +166,7 @@ class Commit:
         self.btxn = blobs.begin() if blobs is not None else None
         self.copied = []                # CopiedTransaction (copy.py's batches)
         self.tid = None                 # chosen in vote
+        self.committed = False          # the COMMIT went through (finish)
         self.conn = None                # store connection, from vote on
         self.voted = False
         self.locked = False             # our row locks are taken
@@ -689,6 +690,7 @@ class Commit:
         except BaseException:
             self._rollback()
             raise
+        self.committed = True
         fault_point('finish.committed')
         if self.btxn is not None:
             self.blobs.committed(self.btxn, self.tid)

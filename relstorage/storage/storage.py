@@ -317,6 +317,7 @@ class RelStorage(ConflictResolvingStorage):
         self._voting_as = None
         self._iterators = history.IteratorSnapshots()    # see loadBlob
         self._commit = None             # commit.Commit from tpc_begin to its end
+        self._released_txn = None       # whose commit release() aborted
 
     # ------------------------------------------------------------------
     # Instances (IMVCCStorage)
@@ -407,6 +408,28 @@ class RelStorage(ConflictResolvingStorage):
         return references
 
     def release(self):
+        with self._tpc_cond:
+            pending = self._commit
+        if pending is not None:
+            # A commit in progress cannot go on without its session (a
+            # helper agent's check: ZODB's DB.close(), which releases the
+            # instances of connections in the middle of a transaction, made
+            # a tpc_finish that came after it return a tid with nothing
+            # committed, as its session had been rolled back and given
+            # back).  Aborted, unless its COMMIT went through; its
+            # tpc_finish then says so.
+            with self._lock:
+                abandoned = not pending.committed
+                if abandoned:
+                    pending.abort()
+            if abandoned:
+                log.warning("%s was released (or closed) while a transaction was "
+                            "committing: the transaction was aborted", self.getName())
+                with self._tpc_cond:
+                    current = self._commit is pending
+                if current:
+                    self._released_txn = pending.txn
+                    self._end_tpc()
         with self._lock:
             self._snapshot_open = False
             self._give_back_load_conn()
@@ -1061,6 +1084,11 @@ class RelStorage(ConflictResolvingStorage):
 
     def _check_txn(self, txn):
         if self._commit is None or txn is not self._commit.txn:
+            if txn is not None and txn is self._released_txn:
+                raise StorageClosedError(
+                    "%s was released (or closed) while this transaction was committing "
+                    "(ZODB's DB.close()?): it was aborted, and nothing of it was "
+                    "committed" % self.getName())
             raise POSException.StorageTransactionError(self, txn)
         return self._commit
 
@@ -1104,6 +1132,7 @@ class RelStorage(ConflictResolvingStorage):
             # there: a helper agent's check saw the next commit wait for
             # it for good).
             self._abandon_commit(stale)
+        self._released_txn = None
         with self._tpc_cond:
             while self._commit is not None:
                 self._tpc_cond.wait()

@@ -1584,6 +1584,38 @@ class _ListHandler(logging.Handler):
 
 class LifecycleTests(FactoryCase):
 
+    def test_a_commit_whose_instance_is_released_is_not_reported_done(self):
+        # A helper agent's check: ZODB's DB.close() releases the storage
+        # instances of connections in the middle of a transaction; a
+        # tpc_finish after that returned a tid, and nothing was committed
+        # (the vote's session had been rolled back and given back).
+        from relstorage.interfaces import StorageClosedError
+        storage = self.storage()
+        (oid,), tid = make_objects(storage, 1)
+        for stage, end in (('voted', 'release'), ('voted', 'close'),
+                           ('stored', 'release')):
+            with self.subTest(stage=stage, end=end):
+                instance = storage.new_instance()
+                txn = TransactionMetaData()
+                instance.tpc_begin(txn)
+                instance.store(oid, tid, zodb_pickle(MinPO('lost')), '', txn)
+                if stage == 'voted':
+                    instance.tpc_vote(txn)
+                getattr(instance, end)()
+                with self.assertRaises(StorageClosedError) as raised:
+                    if stage == 'stored':
+                        instance.tpc_vote(txn)
+                    instance.tpc_finish(txn)
+                self.assertIn('nothing of it was committed', str(raised.exception))
+                instance.tpc_abort(txn)
+                instance.release()
+                fresh = self.storage()
+                self.assertEqual(fresh.load(oid)[1], tid)
+                self.assertEqual(fresh.lastTransaction(), tid)
+        # The storage and its other instances go on committing.
+        (other,), _ = make_objects(storage, 1)
+        self.assertEqual(self.storage().load(other)[1], storage.lastTransaction())
+
     def test_adapter_provides_the_contract(self):
         from zope.interface.verify import verifyObject
         from relstorage.interfaces import IRelStorageAdapter
