@@ -89,6 +89,19 @@ def begin_store(storage, oid, serial, value):
 
 class SchemaModeTests(FactoryCase):
 
+    def run_sql(self, statements):
+        """Run ``statements`` in one transaction of a store session of the
+        test's database, and commit."""
+        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        conn = adapter.open_connection('store')
+        try:
+            for statement in statements:
+                conn.execute(statement)
+            conn.commit()
+        finally:
+            conn.close()
+            adapter.close()
+
     def test_other_mode_is_refused_and_nothing_changes(self):
         for first in (True, False):
             self.factory.fresh(first)
@@ -110,13 +123,7 @@ class SchemaModeTests(FactoryCase):
         # A helper agent's check: it was called a history-free RelStorage
         # schema ("set keep-history to match").
         self.factory.fresh(self.keep_history)
-        adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
-        conn = adapter.open_connection('store')
-        try:
-            conn.execute('CREATE TABLE object_state (x INTEGER)')
-            conn.commit()
-        finally:
-            conn.close()
+        self.run_sql(['CREATE TABLE object_state (x INTEGER)'])
         for keep_history in (True, False):
             with self.assertRaises(SchemaMismatchError) as cm:
                 self.storage(keep_history=keep_history)
@@ -137,23 +144,20 @@ class SchemaModeTests(FactoryCase):
         tid = self.commit(storage, oid, z64, 1)
         storage.close()
         adapter = self.factory.make_adapter(Options(keep_history=self.keep_history))
+        self.addCleanup(adapter.close)
         added = ['commit_row_lock', 'object_refs_added', 'pack_state']
         if self.keep_history:
             added.append('transaction')
-        conn = adapter.open_connection('store')
-        try:
-            quote = adapter.identifier_quote
-            for table in added:
-                conn.execute('CREATE TABLE %s%s%s (tid BIGINT)' % (quote, table, quote))
-            conn.execute('CREATE TABLE pack_object (zoid BIGINT, keep BOOLEAN)')
-            if adapter.vendor == 'postgresql':
-                conn.execute("CREATE OR REPLACE FUNCTION rs_test_blob_gone() RETURNS trigger "
-                             "LANGUAGE plpgsql AS 'BEGIN RETURN OLD; END'")
-                conn.execute("CREATE TRIGGER blob_chunk_delete BEFORE DELETE ON blob_chunk "
-                             "FOR EACH ROW EXECUTE PROCEDURE rs_test_blob_gone()")
-            conn.commit()
-        finally:
-            conn.close()
+        quote = adapter.identifier_quote
+        statements = ['CREATE TABLE %s%s%s (tid BIGINT)' % (quote, table, quote)
+                      for table in added]
+        statements.append('CREATE TABLE pack_object (zoid BIGINT, keep BOOLEAN)')
+        if adapter.vendor == 'postgresql':
+            statements += ["CREATE OR REPLACE FUNCTION rs_test_blob_gone() RETURNS trigger "
+                           "LANGUAGE plpgsql AS 'BEGIN RETURN OLD; END'",
+                           "CREATE TRIGGER blob_chunk_delete BEFORE DELETE ON blob_chunk "
+                           "FOR EACH ROW EXECUTE PROCEDURE rs_test_blob_gone()"]
+        self.run_sql(statements)
         for read_only in (False, True):
             with self.assertRaises(SchemaMismatchError) as cm:
                 self.storage(read_only=read_only)
@@ -166,16 +170,10 @@ class SchemaModeTests(FactoryCase):
             if adapter.vendor == 'postgresql':
                 self.assertIn('DROP TRIGGER blob_chunk_delete ON blob_chunk;', message)
         # Once they are dropped, as the message says, all is as it was.
-        conn = adapter.open_connection('store')
-        try:
-            for statement in message.split('remove what it added: ')[1].split(';')[:-1]:
-                conn.execute(statement)
-            if adapter.vendor == 'postgresql':
-                conn.execute('DROP FUNCTION rs_test_blob_gone()')
-            conn.commit()
-        finally:
-            conn.close()
-            adapter.close()
+        statements = message.split('remove what it added: ')[1].split(';')[:-1]
+        if adapter.vendor == 'postgresql':
+            statements.append('DROP FUNCTION rs_test_blob_gone()')
+        self.run_sql(statements)
         again = self.storage()
         self.assertEqual(again.load(oid)[1], tid)
 
