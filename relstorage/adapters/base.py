@@ -553,10 +553,6 @@ class Adapter(PackVerbs):
         if not (store or blobs):
             return
         own = not conn.in_transaction
-        # (Tables made "if not exists" may be an earlier client's, rows
-        # and all, in a server session a pooler hands on: the first commit
-        # empties them.)
-        conn.temp_dirty = True
         try:
             self.ensure_temp_table(conn, store=store, blobs=blobs)
         except (self.driver.Error, PermissionDeniedError) as exc:

@@ -93,7 +93,7 @@ class CachedBlobs(BlobMode):
         self.mark = None
         self._mark_written = None
 
-    def check_database(self, adapter):
+    def check_database(self, adapter, key):
         """Refuse a blob-dir that holds blob files while the database holds
         no blob bytes at all, unless it is marked as a cache
         (CACHE_MARKER): the only copies of those blobs, as a shared blob
@@ -114,8 +114,7 @@ class CachedBlobs(BlobMode):
                     "With shared-blob-dir false it would be used as a cache and pruned. "
                     "Set shared-blob-dir true to keep using it as it is, or, if it is an "
                     "old cache, empty it." % (self.blob_dir, found, adapter.describe()))
-        self._bind(marker, adapter.database_key(create=not self.options.read_only),
-                   adapter.describe())
+        self._bind(marker, key, adapter.describe())
         self.catch_up(adapter)
 
     def _bind(self, marker, key, database):

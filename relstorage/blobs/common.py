@@ -54,7 +54,7 @@ class BlobMode:
     #: Whether the database holds the bytes (blob_chunk rows).
     in_database = False
 
-    def check_database(self, adapter):
+    def check_database(self, adapter, key):
         """Refuse, with an error that says which setting to change, a
         database and a blob-dir that do not go with this mode."""
 

@@ -31,7 +31,7 @@ class SharedBlobs(BlobMode):
     in_database = False
     only_copy = True
 
-    def check_database(self, adapter):
+    def check_database(self, adapter, key):
         """Refuse a database that holds blob bytes: its blob-dir is a cache
         of them (shared-blob-dir false), where this mode would look for
         files that a cache need not have, and write blobs no other
@@ -49,7 +49,6 @@ class SharedBlobs(BlobMode):
                 "%s holds blob data, so blob-dir %s is a cache of it: set shared-blob-dir "
                 "false (shared-blob-dir true keeps blobs only in a directory shared by "
                 "every client)." % (adapter.describe(), self.blob_dir))
-        key = adapter.database_key(create=not self.options.read_only)
         if key is not None:
             self.bind(key, adapter.describe())
 

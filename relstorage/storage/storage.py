@@ -130,21 +130,16 @@ def _check_local_directories(options):
         raise StorageError(problem)
 
 
-def _sort_key(adapter, read_only):
+def _sort_key(adapter, key):
     """The storage's sortKey: the order of a transaction's votes across its
     databases, which must be the same in every process, however each
     spells the database (a helper agent's check: ``port=5432`` written or
     left out, a SQLite data-dir through a symbolic link, a MySQL option
     file gave the same database other keys, and two processes could each
     take one commit lock and wait for the other's).  The database's key
-    where it has one (a storage that cannot write it yet commits
+    ``key`` where it has one (a storage that cannot write it yet commits
     nothing)."""
     description = adapter.describe()
-    try:
-        key = adapter.database_key(create=not read_only)
-    except Exception:  # pylint:disable=broad-except
-        log.debug("Could not read the database key of %s", description, exc_info=True)
-        key = None
     if key is None:
         return 'RelStorage:' + description
     # (The kind of database first: MySQL's description names MariaDB.)
@@ -212,8 +207,13 @@ class RelStorage(ConflictResolvingStorage):
                         "kept in the database; use shared-blob-dir true or recreate the "
                         "schema.%s" % (adapter.describe(),
                                        adapter.hidden_tables_hint('blob_chunk')))
+                # (Read once: the caches, the blob directory and the sort
+                # key name the database by it.)
+                key = self._cache.database_key
+                if key is None:
+                    key = adapter.database_key(create=not self._is_read_only)
                 if self._blobs is not None:
-                    self._blobs.check_database(adapter)
+                    self._blobs.check_database(adapter, key)
                     if self._blobs.in_database:
                         # (A cache of the database's blobs: what packs
                         # remove goes from it; shared-blob-dir files are
@@ -233,7 +233,7 @@ class RelStorage(ConflictResolvingStorage):
             # transaction's databases and must not change.
             if not named:
                 self._name = 'RelStorage on %s' % adapter.describe()
-            self._sort_key = _sort_key(adapter, self._is_read_only)
+            self._sort_key = _sort_key(adapter, key)
         else:
             self._cache = _parent._cache
             self._blobs = _parent._blobs

@@ -322,19 +322,18 @@ class PostgreSQLAdapter(Adapter):
         # helper agent's check).  (Its temporary tables are emptied by the
         # first commit: Adapter.prepare_temp_tables.)
         calls.append('(SELECT count(*) FROM pg_prepared_statements)')
-        if calls:
-            cur = raw.cursor()
-            try:
-                # (One round trip for them all.)
-                cur.execute('SELECT ' + ', '.join(calls))
-                if cur.fetchone()[-1]:
-                    cur.execute('DEALLOCATE ALL')
-                raw.commit()
-            except self.driver.Error as exc:
-                raw.close()
-                raise self._connect_error(exc, server) from None
-            finally:
-                cur.close()
+        cur = raw.cursor()
+        try:
+            # (One round trip for them all.)
+            cur.execute('SELECT ' + ', '.join(calls))
+            if cur.fetchone()[-1]:
+                cur.execute('DEALLOCATE ALL')
+            raw.commit()
+        except self.driver.Error as exc:
+            raw.close()
+            raise self._connect_error(exc, server) from None
+        finally:
+            cur.close()
         return raw
 
     def load_current(self, conn, oid):
