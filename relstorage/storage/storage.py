@@ -422,13 +422,15 @@ class RelStorage(ConflictResolvingStorage):
                 abandoned = not pending.committed
                 if abandoned:
                     pending.abort()
+                    # Said under the lock: a vote or finish of this commit
+                    # that was waiting for it refuses (_check_not_released).
+                    self._released_txn = pending.txn
             if abandoned:
                 log.warning("%s was released (or closed) while a transaction was "
                             "committing: the transaction was aborted", self.getName())
                 with self._tpc_cond:
                     current = self._commit is pending
                 if current:
-                    self._released_txn = pending.txn
                     self._end_tpc()
         with self._lock:
             self._snapshot_open = False
@@ -1085,12 +1087,24 @@ class RelStorage(ConflictResolvingStorage):
     def _check_txn(self, txn):
         if self._commit is None or txn is not self._commit.txn:
             if txn is not None and txn is self._released_txn:
-                raise StorageClosedError(
-                    "%s was released (or closed) while this transaction was committing "
-                    "(ZODB's DB.close()?): it was aborted, and nothing of it was "
-                    "committed" % self.getName())
+                raise self._released_error()
             raise POSException.StorageTransactionError(self, txn)
         return self._commit
+
+    def _check_not_released(self, pending):
+        """(self._lock held.)  A vote or finish that passed _check_txn
+        and then waited for the lock: release() may have aborted its commit
+        meanwhile (a review finding: a finish then returned a tid with
+        nothing committed, and a vote took the commit lock that no
+        tpc_abort would give back)."""
+        if self._commit is not pending or pending.txn is self._released_txn:
+            raise self._released_error()
+
+    def _released_error(self):
+        return StorageClosedError(
+            "%s was released (or closed) while this transaction was committing "
+            "(ZODB's DB.close()?): it was aborted, and nothing of it was "
+            "committed" % self.getName())
 
     def tpc_transaction(self):
         return self._commit.txn if self._commit is not None else None
@@ -1208,7 +1222,7 @@ class RelStorage(ConflictResolvingStorage):
             raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
         pending = self._commit
         if pending is None or txn is not pending.txn:
-            raise POSException.StorageTransactionError(self, txn)
+            self._check_txn(txn)    # raises the error that says why
         pending.read_current[int.from_bytes(oid, 'big')] = (
             int.from_bytes(serial, 'big') if type(serial) is bytes else _tid_int(serial))
 
@@ -1222,6 +1236,7 @@ class RelStorage(ConflictResolvingStorage):
             return [p64(oid) for oid in sorted(pending.resolved)]
         self._check_one_voter()
         with self._lock:
+            self._check_not_released(pending)
             resolved = self._vote(pending)
         return [p64(oid) for oid in resolved]
 
@@ -1293,10 +1308,16 @@ class RelStorage(ConflictResolvingStorage):
                 "tpc_finish called without tpc_vote")
         try:
             with self._lock:
+                self._check_not_released(pending)
                 self._finish(pending, f)
             return p64(pending.tid)
         finally:
-            self._end_tpc()
+            with self._tpc_cond:
+                current = self._commit is pending
+            if current:
+                # (Not when release() ended it: another commit may be
+                # under way on this instance by now.)
+                self._end_tpc()
 
     def _finish(self, pending, f=None):
         tid_int = pending.finish()
