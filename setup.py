@@ -49,7 +49,7 @@ setup(
         # zodbpack's progress display on a terminal (optional).
         'progress': ['tqdm>=4.42'],
         'test': ['zope.testrunner', 'zope.testing', 'manuel', 'ZEO', 'zodburi', 'zc.zlibstorage'] + postgresql + mysql + ['pymemcache', 'tqdm>=4.42']
-                + redis + oracle + ['sqlglot'],
+                + redis + oracle + ['sqlglot', 'gevent'],
     },
     entry_points={
         'console_scripts': [

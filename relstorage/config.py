@@ -96,12 +96,17 @@ def _driver_datatype(database, names):
 
 
 #: Driver names of earlier releases: database -> {name: the driver used
-#: instead}. Accepted with a warning.
+#: instead}. Accepted with a warning.  The gevent drivers become 'auto',
+#: which in a process gevent has patched takes the driver that waits
+#: cooperatively (psycopg 3, PyMySQL: adapters/drivers.gevent_patched);
+#: the plain psycopg2 and MySQLdb they were mapped to before stopped every
+#: greenlet while a commit waited for the commit lock (a helper agent's
+#: check).
 LEGACY_DRIVER_NAMES = {
     'sqlite3': {'gevent sqlite3': 'sqlite3'},
-    'postgresql': {'gevent psycopg2': 'psycopg2', 'psycopg2cffi': 'auto',
+    'postgresql': {'gevent psycopg2': 'auto', 'psycopg2cffi': 'auto',
                    'pg8000': 'auto'},
-    'mysql': {'gevent MySQLdb': 'MySQLdb', 'C MySQL Connector': 'auto',
+    'mysql': {'gevent MySQLdb': 'auto', 'C MySQL Connector': 'auto',
               'Py MySQL Connector': 'auto'},
 }
 

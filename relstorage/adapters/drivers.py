@@ -1,5 +1,33 @@
 """What the vendor driver modules share: reading a configured driver name."""
+import logging
+import sys
+
 from ..interfaces import RelStorageError
+
+log = logging.getLogger(__name__)
+
+
+class DriverUnusable(ImportError):
+    """A driver that imports but cannot serve this process (see
+    Psycopg2Driver: a wait callback installed).  An ImportError, so that
+    'auto' goes on to the next driver."""
+
+
+def gevent_patched():
+    """Whether gevent has patched this process's sockets (monkey.patch_all):
+    a driver that waits for the server inside its C library (psycopg2,
+    mysqlclient) then stops every greenlet of the process while it waits,
+    a commit waiting for the commit lock included, so that a greenlet
+    holding that lock in the same process never gets to release it (a
+    helper agent's check: the waiting commit failed after
+    commit-lock-timeout).  gevent is not imported to find out."""
+    monkey = sys.modules.get('gevent.monkey')
+    if monkey is None:
+        return False
+    try:
+        return bool(monkey.is_module_patched('socket'))
+    except Exception:  # pylint:disable=broad-except
+        return False
 
 
 def canonical_name(names, name, database):
@@ -11,6 +39,19 @@ def canonical_name(names, name, database):
             return canonical
     raise RelStorageError(
         "Unknown %s driver %r; choose one of: %s" % (database, name, ', '.join(names)))
+
+
+def warn_if_blocking(driver, database, instead):
+    """A warning when ``driver`` waits for the server without letting
+    gevent run other greenlets (its class says ``blocks_gevent``) in a
+    process gevent has patched; ``instead`` names the driver that would."""
+    if getattr(driver, 'blocks_gevent', False) and gevent_patched():
+        log.warning(
+            "gevent has patched this process, but the %s driver %s waits for the "
+            "server without letting other greenlets run: a commit waiting for the "
+            "commit lock stops the whole process, and fails if a greenlet of it holds "
+            "that lock. Install and use driver %s." % (database, driver.name, instead))
+    return driver
 
 
 def first_importable(classes, label='package'):

@@ -124,6 +124,16 @@ class CachedBlobs(BlobMode):
         other's bytes (a helper agent's check).  A cache without a key (new,
         or of an earlier release) is bound to this database."""
         found = _marker_key(marker)
+        if found is None and key is not None:
+            # Made at once with its key, or not at all (a review finding:
+            # two processes of different databases opening a new cache
+            # together both bound it, each writing its own key); then read
+            # again: another process's, or an earlier release's without a
+            # key, which is bound below.
+            if _write_file(marker, CACHE_MARKER_TEXT + CACHE_KEY_LINE % key,
+                           exclusive=True):
+                return
+            found = _marker_key(marker)
         if found is not None and key is not None and found != key:
             raise RelStorageError(
                 "blob-dir %s is the blob cache of another database (its file %s names "
@@ -540,18 +550,32 @@ def _read_mark(path):
         return None
 
 
-def _write_file(path, text):
+def _write_file(path, text, exclusive=False):
     """Replace ``path`` with ``text`` at once (readers see the old file or
-    the new one, never a part), with the permissions the umask gives."""
+    the new one, never a part), with the permissions the umask gives.
+    ``exclusive``: only if there is no such file (False when there was
+    one)."""
     temp = '%s.%s.tmp' % (path, uuid.uuid4().hex)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, 'w') as f:
             f.write(text)
+        if exclusive:
+            try:
+                # A hard link is made whole, and only where no file is.
+                os.link(temp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError:
+                # (A file system without hard links: the second of two
+                # processes that get here at once replaces the first's.)
+                if os.path.exists(path):
+                    return False
         os.replace(temp, path)
-    except BaseException:
+        return True
+    finally:
         remove_file(temp)
-        raise
 
 
 def _touch(path):

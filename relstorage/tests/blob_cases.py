@@ -246,6 +246,31 @@ class BlobCacheTests(BlobCase):
             with conn.root()['x'].open('r') as f:
                 self.assertEqual(f.read(), b'A data')
 
+    def test_two_databases_opening_a_new_cache_at_once(self):
+        # A review finding: the cache's marker was read, then written: two
+        # processes of different databases opening a new cache together
+        # both bound it.  Here the other database's process writes its
+        # marker right after this one found none.
+        from unittest import mock
+        from relstorage.blobs import cached
+        directory = os.path.join(self.tmp, 'race')
+        marker = os.path.join(directory, cached.CACHE_MARKER)
+        real = cached._marker_key
+
+        def raced(path):
+            found = real(path)
+            if found is None and not os.path.exists(marker):
+                os.makedirs(directory, exist_ok=True)
+                with open(marker, 'w') as f:
+                    f.write(cached.CACHE_MARKER_TEXT + cached.CACHE_KEY_LINE % 12345)
+            return found
+        with mock.patch.object(cached, '_marker_key', raced):
+            with self.assertRaises(RelStorageError) as raised:
+                self.blob_storage('race')
+        self.assertIn('is the blob cache of another database', str(raised.exception))
+        self.assertEqual(real(marker), 12345)
+        self.assertEqual([n for n in os.listdir(directory) if n.endswith('.tmp')], [])
+
     def test_a_path_handed_out_is_not_pruned_at_once(self):
         # A helper agent's check: a path from loadBlob (what ZODB's
         # Blob.committed() returns, which Plone opens to stream a file)

@@ -1768,6 +1768,108 @@ db.close()
 """
 
 
+GEVENT_COMMITS = r"""
+from gevent import monkey
+monkey.patch_all()
+import sys, gevent, transaction, ZODB.config
+from persistent.mapping import PersistentMapping
+
+class SlowVoter:
+    # Votes after the storage (sortKey), then yields for a while: the
+    # storage holds its commit lock meanwhile.
+    def __init__(self, voted):
+        self.voted = voted
+    def sortKey(self):
+        return '~ after every storage'
+    def abort(self, txn): pass
+    def tpc_begin(self, txn): pass
+    def commit(self, txn): pass
+    def tpc_vote(self, txn):
+        self.voted.set()
+        gevent.sleep(1.0)
+    def tpc_finish(self, txn): pass
+    def tpc_abort(self, txn): pass
+
+with open(sys.argv[1]) as f:
+    db = ZODB.config.databaseFromString(f.read())
+print('driver', getattr(db.storage._adapter.driver, 'name', 'sqlite3'))
+with db.transaction() as conn:
+    conn.root()['a'] = PersistentMapping()
+    conn.root()['b'] = PersistentMapping()
+voted = gevent.event.Event()
+
+def holder():
+    tm = transaction.TransactionManager()
+    conn = db.open(tm)
+    conn.root()['a']['x'] = 1
+    tm.get().join(SlowVoter(voted))
+    tm.commit()
+    conn.close()
+
+def other():
+    voted.wait()
+    tm = transaction.TransactionManager()
+    conn = db.open(tm)
+    conn.root()['b']['y'] = 2
+    try:
+        tm.commit()
+        print('other committed')
+    except Exception as e:
+        print('other failed', type(e).__name__)
+    conn.close()
+gevent.joinall([gevent.spawn(holder), gevent.spawn(other)], raise_error=True)
+with db.transaction() as conn:
+    print('values', conn.root()['a'].get('x'), conn.root()['b'].get('y'))
+db.close()
+"""
+
+
+class GeventTests(FactoryCase):
+    """A process gevent has patched, configured with the driver names
+    earlier releases had for it."""
+
+    LEGACY = {'<postgresql>': 'gevent psycopg2', '<mysql>': 'gevent MySQLdb',
+              '<sqlite3>': 'gevent sqlite3'}
+
+    def test_a_commit_waits_for_the_commit_lock_cooperatively(self):
+        # A helper agent's check: "gevent psycopg2" and "gevent MySQLdb"
+        # became psycopg2 and MySQLdb, which wait for the server inside
+        # their C library: a commit waiting for the commit lock that a
+        # greenlet of the same process held stopped the whole process,
+        # and failed after commit-lock-timeout.  Now the driver that
+        # waits cooperatively (psycopg 3, PyMySQL).
+        try:
+            import gevent  # noqa: F401 pylint:disable=unused-import
+        except ImportError:
+            self.skipTest('gevent is not installed')
+        import re
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+        section = self.factory.zconfig_adapter()
+        opening = section.split(None, 1)[0]
+        driver = self.LEGACY[opening]
+        section = re.sub(r'(?m)^\s*driver .*\n', '', section)
+        section = section.replace(opening, '%s\n  driver %s' % (opening, driver), 1)
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_gevent_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        config = os.path.join(tmp, 'zodb.conf')
+        with open(config, 'w') as f:
+            f.write('%%import relstorage\n<zodb>\n<relstorage>\n  keep-history %s\n'
+                    '  commit-lock-timeout 20\n%s</relstorage>\n</zodb>\n'
+                    % ('true' if self.keep_history else 'false', section))
+        self.storage().close()      # the schema, made here
+        proc = subprocess.run([sys.executable, '-c', GEVENT_COMMITS, config],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        lines = proc.stdout.splitlines()
+        self.assertIn('other committed', lines)
+        self.assertEqual(lines[-1], 'values 1 2')
+        self.assertIn(lines[0], ('driver psycopg', 'driver pymysql', 'driver sqlite3'))
+        self.assertIn("driver %r is from an earlier release" % driver, proc.stderr)
+
+
 class RootStorageTests(FactoryCase):
     """The storage made from the configuration, as ZODB.DB uses it: every
     read sees the latest commits and leaves no database transaction open."""
@@ -3140,4 +3242,4 @@ def hf_variants():
     return tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False}) for c in ALL)
 
 
-CASES = ALL + hf_variants() + (IdleStoreSessionTests, LargeUndoTests)
+CASES = ALL + hf_variants() + (IdleStoreSessionTests, LargeUndoTests, GeventTests)

@@ -933,6 +933,21 @@ class ConnectionErrorTests(unittest.TestCase):
             PostgreSQLAdapter('', options=Options(driver='pg8000'))
         self.assertIn('pg8000', str(cm.exception))
 
+    def test_psycopg2_with_a_wait_callback(self):
+        # A helper agent's check: with psycogreen's wait callback (gevent
+        # sites install it), the first commit failed with "copy_expert
+        # cannot be used with an asynchronous callback".
+        import psycopg2.extensions
+        import psycopg2.extras
+        self.assertIsNone(psycopg2.extensions.get_wait_callback())
+        psycopg2.extensions.set_wait_callback(psycopg2.extras.wait_select)
+        self.addCleanup(psycopg2.extensions.set_wait_callback, None)
+        with self.assertRaises(RelStorageError) as cm:
+            PostgreSQLAdapter('', options=Options(driver='psycopg2'))
+        self.assertIn('wait callback', str(cm.exception))
+        self.assertIn('driver psycopg', str(cm.exception))
+        self.assertEqual(PostgreSQLAdapter('', options=Options()).driver.name, 'psycopg')
+
     def test_missing_driver_is_a_clear_error(self):
         saved = sys.modules.get(self.factory.driver)
         sys.modules[self.factory.driver] = None      # makes the import fail

@@ -189,6 +189,7 @@ class MySQLdbDriver(Driver):
     name = 'MySQLdb'
     module_name = 'MySQLdb'
     package = 'mysqlclient'
+    blocks_gevent = True        # libmysqlclient's waits, in C
 
     def connect(self, kwargs):
         kwargs = dict(kwargs)
@@ -252,18 +253,23 @@ _DRIVERS = {'MySQLdb': MySQLdbDriver, 'pymysql': PyMySQLDriver}
 
 
 def select_driver(name='auto'):
-    """The driver for ``name``; 'auto' prefers MySQLdb, then PyMySQL."""
+    """The driver for ``name``; 'auto' prefers MySQLdb, then PyMySQL (in a
+    process gevent has patched, PyMySQL, whose waits for the server are
+    the patched sockets': see drivers.gevent_patched)."""
     canonical = canonical_name(name)
     if canonical == 'auto':
-        driver, missing = drivers.first_importable((MySQLdbDriver, PyMySQLDriver))
+        order = (MySQLdbDriver, PyMySQLDriver)
+        if drivers.gevent_patched():
+            order = order[::-1]
+        driver, missing = drivers.first_importable(order)
         if driver is not None:
-            return driver
+            return drivers.warn_if_blocking(driver, 'MySQL', 'pymysql')
         raise RelStorageError(
             "No MySQL driver is installed: install mysqlclient or PyMySQL "
             "(tried: %s)." % '; '.join(missing))
     cls = _DRIVERS[canonical]
     try:
-        return cls()
+        return drivers.warn_if_blocking(cls(), 'MySQL', 'pymysql')
     except ImportError as exc:
         raise RelStorageError(
             "The MySQL driver %r is not installed (pip install %s): %s"

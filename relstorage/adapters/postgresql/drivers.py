@@ -98,22 +98,30 @@ def select_driver(name):
     cold reads; random reads from 8 threads of one process, 5,300-5,600
     reads/s against 3,800-4,800 with psycopg 3, whose query path runs
     more Python under the interpreter lock: a helper agent's comparison
-    with RelStorage 4.3, which uses psycopg2, confirmed here).  A driver
-    named explicitly but not importable is an error that says so, rather
-    than a silent fallback.
+    with RelStorage 4.3, which uses psycopg2, confirmed here).  In a
+    process gevent has patched, psycopg 3 first: it waits for the server
+    through the (patched) selectors, where psycopg2 stops every greenlet
+    (drivers.gevent_patched).  A driver named explicitly but not
+    importable is an error that says so, rather than a silent fallback.
     """
     name = drivers.canonical_name(DRIVER_NAMES, name, 'PostgreSQL')
     if name == 'auto':
-        driver, problems = drivers.first_importable((Psycopg2Driver, Psycopg3Driver),
-                                                    label='name')
+        order = (Psycopg2Driver, Psycopg3Driver)
+        if drivers.gevent_patched():
+            order = order[::-1]
+        driver, problems = drivers.first_importable(order, label='name')
         if driver is not None:
-            return driver
+            return drivers.warn_if_blocking(driver, 'PostgreSQL', 'psycopg')
         raise RelStorageError(
             "No PostgreSQL driver is installed: tried %s. Install psycopg "
             "(pip install 'psycopg[binary]') or psycopg2." % '; '.join(problems))
     cls = Psycopg3Driver if name == 'psycopg' else Psycopg2Driver
     try:
-        return cls()
+        return drivers.warn_if_blocking(cls(), 'PostgreSQL', 'psycopg')
+    except drivers.DriverUnusable as exc:
+        raise RelStorageError(
+            "The PostgreSQL driver %r was configured but cannot be used: %s"
+            % (name, exc)) from None
     except ImportError as exc:
         raise RelStorageError(
             "The PostgreSQL driver %r was configured but cannot be imported "
@@ -248,11 +256,21 @@ class Psycopg2Driver(Driver):
     # psycopg2 never prepares on its own (psycopg 3 does after a few
     # executions), so the per-object load is prepared explicitly.
     prepares_explicitly = True
+    blocks_gevent = True        # libpq's waits, in C (drivers.gevent_patched)
 
     def __init__(self):
         super().__init__()
         import psycopg2.extensions
         ext = psycopg2.extensions
+        if ext.get_wait_callback() is not None:
+            # (psycogreen's patch_psycopg, for gevent: a helper agent's
+            # check saw the first commit fail with "copy_expert cannot be
+            # used with an asynchronous callback".)
+            raise drivers.DriverUnusable(
+                "psycopg2 has a wait callback installed (psycogreen's patch_psycopg?), "
+                "with which it cannot run COPY, used to upload a commit; use driver "
+                "psycopg (psycopg 3), which waits cooperatively under gevent without "
+                "one, or driver auto")
 
         binary = self.module.BINARY
         fromhex = bytes.fromhex
