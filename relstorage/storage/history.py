@@ -2,6 +2,7 @@
 import base64
 import binascii
 import logging
+import math
 import pickle
 import threading
 import time
@@ -123,10 +124,18 @@ UNDO_PAGE_MAX = 10000
 
 
 def undo_log(adapter, conn, snapshot_tid, first, last, filter):
+    # As FileStorage counts: the entries (that pass the filter) numbered
+    # from 0, those from ``first`` and before ``last``; a negative
+    # ``last`` is a count from ``first``.  (A helper agent's check: a
+    # negative ``first`` gave more entries than asked for, and a float
+    # one failed inside MySQL's and SQLite's drivers.)
     if last < 0:
         last = first - last
-    wanted = last - first
+    first = max(0, math.ceil(first))
+    wanted = math.ceil(last) - first
     result = []
+    if wanted <= 0:
+        return result
     skipped = 0
     upto = snapshot_tid
     # Pages of the log: without a filter, the rows needed at once; with

@@ -945,7 +945,10 @@ class RelStorage(ConflictResolvingStorage):
     def loadBefore(self, oid, tid):
         self._history_read()
         if u64(oid) > MAX_OID:
-            return None
+            # No such object, as for a smaller OID never used (a helper
+            # agent's check: None, which ZODB reads as "no revision before
+            # tid", a ReadConflictError that transaction managers retry).
+            raise POSException.POSKeyError(oid)
         with self._read() as conn:
             result = history.revision_before(self._adapter, conn, oid,
                                              min(u64(tid), history.MAX_TID))
