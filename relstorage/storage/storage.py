@@ -138,12 +138,22 @@ def _sort_key(adapter, key):
     file gave the same database other keys, and two processes could each
     take one commit lock and wait for the other's).  The database's key
     ``key`` where it has one (a storage that cannot write it yet commits
-    nothing)."""
+    nothing), then where the server says the database is: a copy made
+    with its files or a dump (and its key) is another database, which one
+    transaction may join with the original (a review finding: both had
+    one sort key, and their order was left to chance)."""
     description = adapter.describe()
     if key is None:
         return 'RelStorage:' + description
     # (The kind of database first: MySQL's description names MariaDB.)
-    return 'RelStorage:%s database key %x' % (description.partition(' database')[0], key)
+    sort_key = 'RelStorage:%s database key %x' % (description.partition(' database')[0], key)
+    try:
+        # (Names only: the server's start time, last, changes.)
+        where = adapter.database_identity()[1:-1]
+    except Exception:  # pylint:disable=broad-except
+        log.debug("Could not ask %s where the database is", description, exc_info=True)
+        return sort_key
+    return '%s at %s' % (sort_key, ' '.join(str(part) for part in where))
 
 
 @zope.interface.implementer(

@@ -1178,6 +1178,30 @@ class SortKeyTests(PGCase):
         self._open.append(third)
         self.assertNotEqual(third.sortKey(), storage.sortKey())
 
+    def test_a_copy_with_the_same_key_sorts_apart(self):
+        # A review finding: the sort key came from the database's key
+        # alone, which a copy made from a template (or a dump) carries:
+        # a transaction joining the database and its copy left their
+        # order to chance.
+        storage = self.storage()
+        storage.close()
+        copy = self.factory.dbname + '_copy'
+        ADMIN.terminate(self.factory.dbname)
+        ADMIN.execute('DROP DATABASE IF EXISTS "%s"' % copy)
+        ADMIN.execute('CREATE DATABASE "%s" TEMPLATE "%s"' % (copy, self.factory.dbname))
+        self.addCleanup(ADMIN.execute, 'DROP DATABASE IF EXISTS "%s"' % copy)
+        options = Options(keep_history=self.keep_history)
+        original = self.storage()
+        copied = RelStorage(PostgreSQLAdapter(
+            dsn=_dsn_with(base_dsn(), dbname=copy, **_TEST_SESSION),
+            options=options, driver=self.factory.driver), options=options)
+        self.addCleanup(ADMIN.terminate, copy)
+        self._open.append(copied)
+        self.assertEqual(copied._adapter.database_key(create=False),
+                         original._adapter.database_key(create=False))
+        self.assertNotEqual(copied.sortKey(), original.sortKey())
+        self.assertTrue(copied.sortKey().startswith(original.sortKey().split(' at ')[0]))
+
 
 class TempTableTestsHF(TempTableTests):
     keep_history = False

@@ -146,6 +146,22 @@ class SqliteConfigTests(unittest.TestCase):
         self.addCleanup(other.close)
         self.assertNotEqual(other.storage.sortKey(), first.storage.sortKey())
 
+    def test_a_copy_of_the_files_sorts_apart(self):
+        # A review finding: the sort key came from the database's key
+        # alone, which a copy of the data-dir carries: a transaction
+        # joining the database and its copy left their order to chance.
+        data_dir = os.path.join(self.tmp, 'data')
+        original = ZODB.config.databaseFromString(zconfig(data_dir))
+        original.close()
+        shutil.copytree(data_dir, os.path.join(self.tmp, 'copy'))
+        original = ZODB.config.databaseFromString(zconfig(data_dir))
+        self.addCleanup(original.close)
+        copied = ZODB.config.databaseFromString(zconfig(os.path.join(self.tmp, 'copy')))
+        self.addCleanup(copied.close)
+        self.assertEqual(copied.storage._adapter.database_key(create=False),
+                         original.storage._adapter.database_key(create=False))
+        self.assertNotEqual(copied.storage.sortKey(), original.storage.sortKey())
+
     def test_a_database_with_no_room_left_says_so(self):
         # A helper agent's check on a full file system: the commit failed
         # with the driver's bare "database or disk is full" (from the
