@@ -165,9 +165,19 @@ class CachedBlobs(BlobMode):
             removed = None
             if seen is not None and seen < mark:
                 removed = adapter.pack_removals(conn, seen, mark)
+            behind = bool(conn.replica) and seen is not None and mark < seen
         finally:
             conn.rollback()
             conn.close()
+        if behind:
+            # A read replica that has not replayed the packs the directory
+            # has seen yet: not a database restored from a backup (a
+            # review finding: every file of a cache other processes share
+            # was removed).  What they removed is gone from here already.
+            with self._lock:
+                self.mark = seen
+            self._mark_written = seen
+            return
         with self._lock:
             self.mark = mark
         if seen == mark:

@@ -255,6 +255,40 @@ class _ReplicaCase(_PrivateCase):
         # ... and no write ever reached it.
         self.assertEqual(self.WRITE.findall(text), [])
 
+    def test_a_replica_behind_the_blob_cache_leaves_its_files(self):
+        # A review finding: a blob cache whose pack mark (written by a
+        # process that saw packs on the primary) was beyond what a
+        # lagging replica showed at open was taken for one of a database
+        # restored from a backup, and every file went, those other live
+        # processes had just been handed included.
+        from ZODB.blob import Blob
+        from relstorage.blobs.cached import PACK_MARK_FILE
+        cache = os.path.join(self.tmp, 'blob-cache')
+        db = self.db(self.replica_storage(blob_dir=cache, shared_blob_dir=False))
+        with db.transaction() as conn:
+            conn.root()['b'] = Blob(b'kept')
+        self.pair.wait_caught_up()
+        with db.transaction() as conn:
+            with conn.root()['b'].open('r') as f:
+                self.assertEqual(f.read(), b'kept')
+        db.close()
+        files = [os.path.join(top, name) for top, _, names in os.walk(cache)
+                 for name in names if name.endswith('.blob')]
+        self.assertTrue(files)
+        mark_file = os.path.join(cache, PACK_MARK_FILE)
+        with open(mark_file) as f:
+            mark = int(f.read())
+        with open(mark_file, 'w') as f:
+            f.write('%d\n' % (mark + 1000))
+        storage = self.replica_storage(blob_dir=cache, shared_blob_dir=False)
+        blobs = storage._blobs
+        deadline = time.time() + 10
+        while time.time() < deadline and (blobs._forgetting or blobs._to_forget):
+            time.sleep(0.05)
+        self.assertEqual([path for path in files if not os.path.exists(path)], [])
+        with open(mark_file) as f:
+            self.assertEqual(int(f.read()), mark + 1000)
+
     def test_a_replica_without_the_schema_yet_sends_loads_to_the_primary(self):
         # A helper agent's check: a new database opened with
         # ro-replica-conf before its replica had replayed the schema failed
