@@ -547,10 +547,15 @@ class Converter:
                 # a FileStorage's iterator reads on into what a writer
                 # appends meanwhile, which --verify, comparing with the
                 # source as opened, then found newer in the destination (a
-                # helper agent's check, a live site's cron copy).
+                # helper agent's check, a live site's cron copy).  Not a
+                # history-free RelStorage's: its iterator reads one
+                # snapshot, where an object changed since the open is
+                # listed under its new transaction only, after that last
+                # one (a helper agent's check: such objects were never
+                # copied, and the copy referred to missing objects).
+                last = None if copy.is_history_free(source) else p64(source_last)
                 copy.copy_transactions(source, dest, start, progress=progress,
-                                       dry_run=args.dry_run, stats=stats,
-                                       last=p64(source_last))
+                                       dry_run=args.dry_run, stats=stats, last=last)
             finally:
                 progress.finish()
             self.say(_summary(stats, verb))

@@ -919,6 +919,51 @@ class TestIncremental(ConvertTestCase):
                 finally:
                     writer.close()
 
+    def test_a_history_free_source_changed_during_the_copy(self):
+        # A helper agent's check (a copy of a live history-free site): the
+        # copy stopped at the source's last transaction as opened, but the
+        # source's iterator lists an object changed since under its new
+        # transaction only: that object was never copied, and the copy,
+        # exit 0, referred to a missing object.
+        from persistent.mapping import PersistentMapping
+        for db_class in configured():
+            for keep_history in (False, True):
+                with self.subTest(db=db_class.name, keep_history=keep_history):
+                    src_db = self.database(db_class)
+                    source = ZODB.DB(self.open_rs(src_db, keep_history=False))
+                    try:
+                        with source.transaction() as conn:
+                            conn.root()['child'] = PersistentMapping(n=1)
+                        with source.transaction() as conn:
+                            conn.root()['other'] = 1
+                        original = copy.history_txns
+                        changed = []
+
+                        def changing(*args, **kw):
+                            copy.history_txns = original
+                            changed.append(1)
+                            with source.transaction() as conn:
+                                conn.root()['child']['n'] = 2   # after the open
+                            return original(*args, **kw)
+                        copy.history_txns = changing
+                        dest_db = self.database(db_class)
+                        try:
+                            self.assertConverted(self.convert(
+                                rs_section('source', src_db, False),
+                                rs_section('destination', dest_db, keep_history)))
+                        finally:
+                            copy.history_txns = original
+                        self.assertEqual(changed, [1])
+                    finally:
+                        source.close()
+                    copied = ZODB.DB(self.open_rs(dest_db, keep_history=keep_history))
+                    try:
+                        with copied.transaction() as conn:
+                            self.assertEqual(conn.root()['child']['n'], 2)
+                            self.assertEqual(conn.root()['other'], 1)
+                    finally:
+                        copied.close()
+
     def test_source_whose_last_transaction_is_not_its_greatest_tid(self):
         # A review finding: a FileStorage's last transaction need not have
         # its greatest tid (time-stamp reduction); copying "up to its last
