@@ -687,22 +687,38 @@ class Adapter(PackVerbs):
                 # next pack makes it again.)
                 added.append('pack_object')
         triggers = self.foreign_triggers(conn)
+        leftovers = self.earlier_leftovers(conn)
         quote = self.identifier_quote
-        drops = ['DROP TABLE %s%s%s;' % (quote, table, quote) for table in added]
+        # (Views first: one may read the tables; triggers before the
+        # functions they call.)
+        drops = [drop for what, drop in leftovers if what.startswith('view ')]
+        drops += ['DROP TABLE %s%s%s;' % (quote, table, quote) for table in added]
         drops += ['DROP TRIGGER %s ON %s;' % (name, table) for name, table in triggers]
+        drops += [drop for what, drop in leftovers if not what.startswith('view ')]
         raise SchemaMismatchError(
             "The database at %s holds this release's RelStorage schema and tables an "
-            "earlier release (3.x or 4.x) added when one of its processes opened it: %s%s. "
+            "earlier release (3.x or 4.x) added when one of its processes opened it: %s%s%s. "
             "Nothing was changed, and this release's data is intact. Stop every process "
             "of the earlier release (it reads this database wrongly and cannot commit to "
-            "it), then remove what it added: %s (and its functions, which nothing uses "
-            "then)."
+            "it), then remove what it added: %s"
             % (self.describe(), ', '.join(added),
-               ''.join('; trigger %s on %s' % item for item in triggers), ' '.join(drops)))
+               ''.join('; trigger %s on %s' % item for item in triggers),
+               ''.join('; %s' % what for what, _ in leftovers), ' '.join(drops)))
 
     def foreign_triggers(self, conn):
         """(trigger, table) of the triggers on this release's tables that it
         did not make (an earlier release's)."""
+        return []
+
+    #: The views RelStorage 3.x and 4.x make (seen in databases of this
+    #: release a process of 4.3 opened); this release makes none.
+    EARLIER_VIEWS = ('current_object_state',)
+
+    def earlier_leftovers(self, conn):
+        """(what, DROP statement) of the views and stored routines an
+        earlier release added to this database when it took the database
+        for its own (a review finding: the refusal's message said only "and
+        its functions", naming none)."""
         return []
 
     #: Whether the database lists to a user only the tables it has some

@@ -373,6 +373,28 @@ class MySQLAdapter(Adapter):
     # information_schema lists the tables a user has some privilege on.
     lists_usable_tables_only = True
 
+    #: The stored procedures of RelStorage 3.x and 4.x (seen in a database
+    #: of this release that a process of 4.3 opened).
+    EARLIER_ROUTINES = (
+        'clean_temp_state', 'lock_and_choose_tid', 'lock_and_choose_tid_and_move',
+        'lock_and_choose_tid_p', 'lock_database_for_commit',
+        'lock_objects_and_detect_conflicts', 'make_current_tid', 'make_tid_for_epoch',
+        'set_min_oid')
+
+    def earlier_leftovers(self, conn):
+        found = [('view %s' % _text(name), 'DROP VIEW `%s`;' % _text(name))
+                 for (name,) in conn.query_all(
+                     "SELECT table_name FROM information_schema.views "
+                     "WHERE table_schema = DATABASE() ORDER BY 1")
+                 if _text(name).lower() in self.EARLIER_VIEWS]
+        found += [('%s %s' % (_text(kind).lower(), _text(name)),
+                   'DROP %s `%s`;' % (_text(kind), _text(name)))
+                  for name, kind in conn.query_all(
+                      "SELECT routine_name, routine_type FROM information_schema.routines "
+                      "WHERE routine_schema = DATABASE() ORDER BY 1")
+                  if _text(name).lower() in self.EARLIER_ROUTINES]
+        return found
+
     def list_tables(self, conn):
         names = set()
         other_engines = []

@@ -253,6 +253,25 @@ class PostgreSQLAdapter(Adapter):
             "AND c.relname IN ('object_state', 'current_object', 'transaction_log', "
             "'blob_chunk', 'commit_lock') ORDER BY 1")]
 
+    #: The functions of RelStorage 3.x and 4.x (seen in a database of
+    #: this release that a process of 4.3 opened).
+    EARLIER_FUNCTIONS = (
+        'blob_chunk_delete_trigger', 'lock_and_choose_tid', 'lock_and_choose_tid_and_move',
+        'lock_objects_and_detect_conflicts', 'make_current_tid', 'make_tid_for_epoch',
+        'merge_blob_chunks', 'temp_blob_chunk_delete_trigger')
+
+    def earlier_leftovers(self, conn):
+        found = [('view %s' % name, 'DROP VIEW "%s";' % name) for (name,) in conn.query_all(
+            "SELECT table_name FROM information_schema.views "
+            "WHERE table_schema = current_schema() AND table_name = ANY(%s) ORDER BY 1",
+            (list(self.EARLIER_VIEWS),))]
+        found += [('function %s' % name, 'DROP FUNCTION %s(%s);' % (name, args))
+                  for name, args in conn.query_all(
+                      "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc "
+                      "WHERE pronamespace = current_schema()::regnamespace "
+                      "AND proname = ANY(%s) ORDER BY 1, 2", (list(self.EARLIER_FUNCTIONS),))]
+        return found
+
     def link_lost(self, conn, exc):
         # A helper agent's check through pgbouncer: after the server
         # session behind it ended, psycopg 3 failed the next BEGIN with

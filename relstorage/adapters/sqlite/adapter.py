@@ -729,6 +729,11 @@ class Sqlite3Adapter(Adapter):
         rows = conn.query_all("SELECT name FROM sqlite_master WHERE type = 'table'")
         return {row[0].lower() for row in rows}
 
+    def earlier_leftovers(self, conn):
+        rows = conn.query_all("SELECT name FROM sqlite_master WHERE type = 'view' ORDER BY 1")
+        return [('view %s' % name, 'DROP VIEW "%s";' % name)
+                for (name,) in rows if name.lower() in self.EARLIER_VIEWS]
+
     def begin_schema_creation(self, conn):
         # (A helper agent's check: processes starting at once on a new
         # data-dir saw each other's half-made schema: "table commit_lock
