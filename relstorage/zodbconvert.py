@@ -568,6 +568,8 @@ class Converter:
             if args.verify:
                 self.say('--verify skipped: a dry run copies nothing.')
             return
+        if source_last > dest_last:
+            _refresh_statistics(dest)
         if args.verify:
             self.verify(source, dest)
 
@@ -638,6 +640,20 @@ class Converter:
         if stats.blobs:
             text += ', %d blobs' % stats.blobs
         self.say(text + ' (%s).' % _duration(stats.elapsed))
+
+
+def _refresh_statistics(dest):
+    """After a copy into a RelStorage: fresh statistics for its planner
+    (see Adapter.refresh_statistics).  Only a help: a failure (a user who
+    may not, a server refusing) is logged, not the copy's."""
+    refresh = getattr(dest, 'refresh_statistics', None)
+    if refresh is None:
+        return
+    try:
+        refresh()
+    except Exception as exc:  # pylint:disable=broad-except
+        log.info('Could not refresh the destination\'s planner statistics: %s',
+                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
 
 # How many records of the destination's last transaction --incremental

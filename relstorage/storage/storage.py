@@ -1604,6 +1604,12 @@ class RelStorage(ConflictResolvingStorage):
         return pack.check_references(self._adapter, self._references_function(referencesf),
                                      progress=progress)
 
+    def refresh_statistics(self):
+        """Give the database's query planner fresh statistics of the
+        tables, after a bulk load (zodbconvert does it after a copy)."""
+        self._check_open()
+        self._adapter.refresh_statistics()
+
     def zap_all(self, **kwargs):
         """Remove every object and transaction, leaving an empty, usable
         database with its schema (zodbshootout's ``--zap``, test tools).

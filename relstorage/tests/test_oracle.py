@@ -426,6 +426,7 @@ NOT_DRIVEN = {
     'binary', 'q', 'in_list', 'classify_error', 'translate_error', 'link_lost', 'describe',
     'foreign_triggers',         # no SQL on Oracle (RelStorage 4.3 put its triggers elsewhere)
     'earlier_leftovers',        # the same for its views and routines
+    'refresh_statistics',       # no SQL on Oracle (its own statistics upkeep)
     'statements_class',         # helpers and data, exercised through the verbs
     'close',                    # no SQL
     'open_primary_load',        # open_load's connection, on the primary (no SQL)

@@ -48,6 +48,10 @@ def _extra_delete(table):
 
 
 class MySQLStatements(Statements):
+    #: Fresh planner statistics of a table (Adapter.refresh_statistics);
+    #: it answers with a row per table.
+    ANALYZE_TABLE = "ANALYZE TABLE {table}"
+    ANALYZE_RETURNS_ROWS = True
     """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
     # InnoDB's statistics: an estimate of the rows, which may be some

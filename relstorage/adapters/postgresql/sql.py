@@ -221,6 +221,9 @@ class PostgreSQLStatements(Statements):
     # Autovacuum never analyses temporary tables: without this the planner
     # guesses their size and may loop over millions of rows.
     PACK_ANALYZE = "ANALYZE {table}"
+    #: Fresh planner statistics of a table (Adapter.refresh_statistics).
+    ANALYZE_TABLE = "ANALYZE {table}"
+    ANALYZE_RETURNS_ROWS = False
     #: The lock the creation of the schema is made under (see
     #: PostgreSQLAdapter.begin_schema_creation).
     SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(7243910378)"
