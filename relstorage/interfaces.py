@@ -179,6 +179,10 @@ class IRelStorageAdapter(Interface):
         """What tells this database apart from every other, as its server
         names it (adapters.base.same_database compares two)."""
 
+    def refresh_statistics():
+        """Fresh query planner statistics of the tables after a bulk load
+        (zodbconvert), where the vendor's planner wants them."""
+
     def prepare_schema(create=True, read_only=False):
         """Create the schema when allowed, else verify it.
 
