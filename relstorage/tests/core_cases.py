@@ -1611,12 +1611,7 @@ class LifecycleTests(FactoryCase):
         for stage, end in (('voted', 'release'), ('voted', 'close'),
                            ('stored', 'release')):
             with self.subTest(stage=stage, end=end):
-                instance = storage.new_instance()
-                txn = TransactionMetaData()
-                instance.tpc_begin(txn)
-                instance.store(oid, tid, zodb_pickle(MinPO('lost')), '', txn)
-                if stage == 'voted':
-                    instance.tpc_vote(txn)
+                instance, txn = _committing_instance(storage, oid, tid, stage == 'voted')
                 getattr(instance, end)()
                 if stage == 'stored':
                     # (A review finding: readCurrent said "not in this
@@ -1650,12 +1645,7 @@ class LifecycleTests(FactoryCase):
         (oid,), tid = make_objects(storage, 1)
         for step in ('vote', 'finish'):
             with self.subTest(step=step):
-                instance = storage.new_instance()
-                txn = TransactionMetaData()
-                instance.tpc_begin(txn)
-                instance.store(oid, tid, zodb_pickle(MinPO('lost')), '', txn)
-                if step == 'finish':
-                    instance.tpc_vote(txn)
+                instance, txn = _committing_instance(storage, oid, tid, step == 'finish')
                 arrived, released = threading.Event(), threading.Event()
                 instance._lock = _GatedLock(instance._lock, arrived, released)
                 outcome = []
@@ -1743,6 +1733,18 @@ class LifecycleTests(FactoryCase):
         inst.release()
         other = self.storage()
         self.assertEqual(zodb_unpickle(other.load(oid)[0]), MinPO('before'))
+
+
+def _committing_instance(storage, oid, tid, voted):
+    """(instance, txn): a new instance of ``storage`` in a commit that
+    stores ``oid`` (current revision ``tid``), voted if ``voted``."""
+    instance = storage.new_instance()
+    txn = TransactionMetaData()
+    instance.tpc_begin(txn)
+    instance.store(oid, tid, zodb_pickle(MinPO('lost')), '', txn)
+    if voted:
+        instance.tpc_vote(txn)
+    return instance, txn
 
 
 class _GatedLock:
