@@ -75,6 +75,7 @@ from ..interfaces import StateTooLargeError
 from ..interfaces import UnableToLockRowsError
 from ..messages import one_line as _one_line
 from .faults import fault_point
+from .history import MAX_TID
 from .tempstore import TempStore
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,17 @@ class Commit:
             # not under the commit lock.
             refs = self._stored_references()
         self.tid, mark = adapter.advance_tid(conn, u64(newTid(None)), self.requested_tid)
+        if self.tid >= MAX_TID:
+            # (A helper agent's check: after a copied transaction of tid
+            # 2**63-2, a commit took the tid that stands for "no limit" in
+            # the queries, and every commit after it failed with the
+            # driver's overflow error.)  Rolled back by the abort.
+            tid, self.tid = self.tid, None
+            raise POSException.StorageError(
+                "%s cannot commit: its transaction ids are used up (the last one "
+                "committed is %016x, the largest there can be %016x); copy its objects "
+                "into a new database with zodbconvert" % (adapter.describe(), tid - 1,
+                                                          MAX_TID - 1))
         fault_point('vote.commit_locked')
         if self.undone_tids:
             self._check_not_packed(conn)

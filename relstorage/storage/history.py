@@ -85,15 +85,31 @@ def _transaction_entry(tid_int, user, description, ext, **fields):
     return entry
 
 
+def _count_bound(value):
+    """The whole number of entries FileStorage's ``count < value`` lets
+    through: ``value`` rounded up, at most MAX_TID (infinity and NaN
+    included), at least 0."""
+    if value != value or value >= MAX_TID:
+        return MAX_TID
+    if value <= 0:
+        return 0
+    return math.ceil(value)
+
+
 def object_history(adapter, conn, oid, size):
     if size is None:
         size = 1
     # (Asked for one at least: an object that does not exist raises
-    # POSKeyError whatever the size, as FileStorage does.)
-    rows = adapter.history(conn, u64(oid), min(max(int(size), 1), MAX_TID))
+    # POSKeyError whatever the size, as FileStorage does.)  As many
+    # entries as FileStorage gives, which adds one while it has fewer
+    # than ``size``: a fraction rounds up; infinity, and NaN, which no
+    # count reaches, are all of them (a helper agent's check: 1.5 gave
+    # one entry, infinity and NaN failed).
+    wanted = _count_bound(size)
+    rows = adapter.history(conn, u64(oid), max(wanted, 1))
     if not rows:
         raise POSException.POSKeyError(oid)
-    if size < 1:
+    if wanted < 1:
         return []
     result = []
     for tid, state_size, user, description, ext in rows:
@@ -131,8 +147,10 @@ def undo_log(adapter, conn, snapshot_tid, first, last, filter):
     # one failed inside MySQL's and SQLite's drivers.)
     if last < 0:
         last = first - last
-    first = max(0, math.ceil(first))
-    wanted = math.ceil(last) - first
+    if first != first:
+        return []   # (NaN: FileStorage's "from first" never holds; "before last" always)
+    first = max(0, _count_bound(first))
+    wanted = _count_bound(last) - first
     result = []
     if wanted <= 0:
         return result

@@ -54,6 +54,7 @@ from ZODB.interfaces import IStorageRestoreable
 from ZODB.interfaces import IStorageUndoable
 from ZODB.interfaces import IStorageWrapper
 from ZODB.serialize import referencesf as zodb_referencesf
+from ZODB.utils import oid_repr
 from ZODB.utils import p64
 from ZODB.utils import u64
 
@@ -101,11 +102,13 @@ def _refuse_oid(oid_int):
 def _check_given_tid(tid_int):
     """A tid given to a commit (tpc_begin's, a restored record's, a
     copied transaction's) must leave room for a later one: the tid
-    columns are signed 64-bit, and tids only go up."""
-    if tid_int >= history.MAX_TID:
+    columns are signed 64-bit, tids only go up, and the largest,
+    MAX_TID, stands for "no limit" in queries (a helper agent's check:
+    a copied tid of MAX_TID - 1 let the next commit take MAX_TID)."""
+    if tid_int >= history.MAX_TID - 1:
         raise POSException.StorageTransactionError(
             "Transaction id %016x is beyond the largest the database can hold "
-            "(below %016x)" % (tid_int, history.MAX_TID))
+            "and still commit after it (below %016x)" % (tid_int, history.MAX_TID - 1))
 
 
 #: Loads whose OIDs go forward by at most this much count as a run too:
@@ -1185,6 +1188,11 @@ class RelStorage(ConflictResolvingStorage):
         oid_int = int.from_bytes(oid, 'big')
         if oid_int >= OID_LIMIT:
             _refuse_oid(oid_int)
+        if data is None:
+            # (A helper agent's check: it committed the object's deletion,
+            # as deleteObject does; FileStorage raises TypeError.)
+            raise TypeError("store() of object %s was given no state (None): a "
+                            "deletion is deleteObject()'s" % oid_repr(oid))
         pending.store(oid_int, _tid_int(serial), data)
         return None
 
@@ -1236,7 +1244,12 @@ class RelStorage(ConflictResolvingStorage):
         pending = self._commit
         if pending is None or txn is not pending.txn:
             self._check_txn(txn)    # raises the error that says why
-        pending.read_current[int.from_bytes(oid, 'big')] = (
+        oid_int = int.from_bytes(oid, 'big')
+        if oid_int > MAX_OID:
+            # No such object, as FileStorage says (a helper agent's check:
+            # the vote failed with the drivers' overflow errors).
+            raise POSException.POSKeyError(oid)
+        pending.read_current[oid_int] = (
             int.from_bytes(serial, 'big') if type(serial) is bytes else _tid_int(serial))
 
     def tpc_vote(self, txn):
@@ -1421,15 +1434,19 @@ class RelStorage(ConflictResolvingStorage):
         self._commit.add_blob(u64(oid), blobfilename)
 
     def loadBlob(self, oid, serial):
-        if self._blobs is None:
-            raise POSException.Unsupported("No blob-dir is configured")
-        if u64(oid) > MAX_OID:
-            raise POSException.POSKeyError(oid)
+        self._check_blob_ids(oid, serial)
         return self._blobs.load(self._read_blob_chunks, u64(oid), u64(serial))
 
-    def openCommittedBlobFile(self, oid, serial, blob=None):
+    def _check_blob_ids(self, oid, serial):
         if self._blobs is None:
             raise POSException.Unsupported("No blob-dir is configured")
+        if u64(oid) > MAX_OID or u64(serial) > history.MAX_TID:
+            # No such blob (a helper agent's check: SQLite's driver failed
+            # on the serial with OverflowError).
+            raise POSException.POSKeyError(oid)
+
+    def openCommittedBlobFile(self, oid, serial, blob=None):
+        self._check_blob_ids(oid, serial)
         if blob is None:
             def opener(path):
                 return open(path, 'rb')

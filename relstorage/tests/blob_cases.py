@@ -16,6 +16,7 @@ from ZODB.blob import Blob
 from ZODB.Connection import TransactionMetaData
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
+from ZODB.utils import p64
 from ZODB.utils import z64
 
 from relstorage.interfaces import RelStorageError
@@ -245,6 +246,22 @@ class BlobCacheTests(BlobCase):
         with db_a.transaction() as conn:
             with conn.root()['x'].open('r') as f:
                 self.assertEqual(f.read(), b'A data')
+
+    def test_ids_beyond_the_database_s_range(self):
+        # A helper agent's check: on SQLite, loadBlob and
+        # openCommittedBlobFile of a serial past 2**63 failed with the
+        # driver's OverflowError; no such blob is a POSKeyError.
+        from ZODB.POSException import POSKeyError
+        db = ZODB.DB(self.blob_storage('cache'))
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['b'] = Blob(b'data')
+        with db.transaction() as conn:
+            oid = conn.root()['b']._p_oid
+        for bad_oid, serial in ((oid, p64(2 ** 63 + 5)), (p64(2 ** 64 - 1), p64(1))):
+            for call in (db.storage.loadBlob, db.storage.openCommittedBlobFile):
+                with self.assertRaises(POSKeyError):
+                    call(bad_oid, serial)
 
     def test_two_databases_opening_a_new_cache_at_once(self):
         # A review finding: the cache's marker was read, then written: two

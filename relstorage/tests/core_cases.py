@@ -2342,6 +2342,12 @@ class RootStorageTests(FactoryCase):
             with self.assertRaises(POSKeyError):
                 # (As for an OID never used.)
                 storage.loadBefore(p64(2 ** 40), p64(2 ** 62))
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            with self.assertRaises(POSKeyError):
+                # (It failed the vote with the drivers' overflow errors.)
+                storage.checkCurrentSerialInTransaction(p64(oid), p64(1), txn)
+            storage.tpc_abort(txn)
             with self.assertRaises(POSKeyError):
                 storage.history(p64(oid))
         storage.prefetch([p64(2 ** 64 - 1)])
@@ -2380,7 +2386,7 @@ class RootStorageTests(FactoryCase):
         self.assertEqual(len(storage.history(z64, size=2 ** 64)), revisions)
         self.assertEqual(list(storage.iterator(big)), [])
         self.assertEqual(len(list(storage.iterator(None, big))), revisions)
-        for tid in (big, p64(2 ** 63 - 1)):
+        for tid in (big, p64(2 ** 63 - 1), p64(2 ** 63 - 2)):
             # (The largest would leave no tid for a later commit.)
             txn = TransactionMetaData()
             with self.assertRaises(StorageTransactionError) as cm:
@@ -2397,6 +2403,37 @@ class RootStorageTests(FactoryCase):
             self.assertIn('No transaction 8000000000000005', str(cm.exception))
         with db.transaction() as conn:
             self.assertEqual(conn.root()['a'], 1)
+
+    def test_transaction_ids_used_up(self):
+        # A helper agent's check: after a transaction given tid 2**63-2
+        # (copied from a FileStorage), the next commit took 2**63-1, which
+        # stands for "no limit" in the queries, and every commit after it
+        # failed with the driver's overflow error.  Now the last tid a
+        # commit may be given leaves one for a later commit, and past
+        # that, commits fail saying why, with nothing changed.
+        from ZODB.POSException import StorageError
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = 1
+        storage = db.storage
+        oid = z64
+        state, serial = storage.load(oid)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, p64(2 ** 63 - 3))
+        storage.store(oid, serial, state, '', txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        with db.transaction() as conn:
+            conn.root()['a'] = 2
+        self.assertEqual(storage.lastTransaction(), p64(2 ** 63 - 2))
+        for _ in range(2):
+            with self.assertRaises(StorageError) as cm:
+                with db.transaction() as conn:
+                    conn.root()['a'] = 3
+            self.assertIn('transaction ids are used up', str(cm.exception))
+        self.assertEqual(storage.lastTransaction(), p64(2 ** 63 - 2))
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['a'], 2)
 
     def test_two_connections_of_one_database_in_one_transaction(self):
         # A helper agent's check: an undo beside other changes of the same
@@ -2471,6 +2508,44 @@ class RootStorageTests(FactoryCase):
         a.release()
         b.release()
 
+    def test_store_without_a_state_is_refused(self):
+        # A helper agent's check: store(oid, serial, None, ...) committed
+        # the object's deletion; FileStorage raises TypeError.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = 1
+        storage = db.storage
+        state, serial = storage.load(z64)
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        with self.assertRaises(TypeError) as cm:
+            storage.store(z64, serial, None, '', txn)
+        self.assertIn('deleteObject', str(cm.exception))
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        self.assertEqual(storage.load(z64), (state, serial))
+
+    def test_history_sizes_as_filestorage_counts_them(self):
+        # A helper agent's check: history(size=1.5) gave one entry
+        # (FileStorage two), infinity and NaN failed.
+        import tempfile
+        from ZODB.FileStorage import FileStorage
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_history_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        reference = ZODB.DB(FileStorage(os.path.join(tmp, 'Data.fs')))
+        self.addCleanup(reference.close)
+        ours = self.db()
+        for db in (reference, ours):
+            for i in range(4):
+                with db.transaction('t%d' % i) as conn:
+                    conn.root()['x'] = i
+        expected_max = 5 if self.keep_history else 1
+        for size in (0, -1, 0.5, 1, 1.5, 2.01, 3, float('inf'), float('nan'), 2 ** 70):
+            with self.subTest(size=size):
+                got = len(ours.storage.history(z64, size=size))
+                want = len(reference.storage.history(z64, size=size))
+                self.assertEqual(got, min(want, expected_max))
+
     def test_undo_log_ranges_as_filestorage_counts_them(self):
         # A helper agent's check: undoLog(-5, 10) gave 15 entries
         # (FileStorage 10), undoLog(-5, -10) 10 (FileStorage 5), and a
@@ -2493,7 +2568,12 @@ class RootStorageTests(FactoryCase):
                                     (0, 10.5, None), (1.0, 5, None), (2.5, 7.2, None),
                                     (3, 2, None), (5, -3, None), (-3, -2, None),
                                     (0, 2 ** 70, None), (1, 4, odd), (-2, 3, odd),
-                                    (0.5, -2, odd), (20, 30, None)):
+                                    (0.5, -2, odd), (20, 30, None),
+                                    # (Infinity and NaN failed: a helper
+                                    # agent's check.)
+                                    (0, float('inf'), None), (float('inf'), 5, None),
+                                    (float('-inf'), 3, None), (0, float('nan'), None),
+                                    (float('nan'), 5, None), (2, float('-inf'), None)):
             with self.subTest(first=first, last=last, filter=filter is not None):
                 self.assertEqual(
                     [d['description'] for d in ours.undoLog(first, last, filter)],
