@@ -46,11 +46,12 @@ def warn_if_blocking(driver, database, instead):
     gevent run other greenlets (its class says ``blocks_gevent``) in a
     process gevent has patched; ``instead`` names the driver that would."""
     if getattr(driver, 'blocks_gevent', False) and gevent_patched():
+        advice = getattr(driver, 'gevent_advice', None) or 'install and use driver ' + instead
         log.warning(
             "gevent has patched this process, but the %s driver %s waits for the "
             "server without letting other greenlets run: a commit waiting for the "
             "commit lock stops the whole process, and fails if a greenlet of it holds "
-            "that lock. Install and use driver %s." % (database, driver.name, instead))
+            "that lock; %s." % (database, driver.name, advice))
     return driver
 
 

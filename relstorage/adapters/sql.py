@@ -110,13 +110,14 @@ def _extra_delete(table):
 
 
 class Statements:
+    """Statements for one history mode; adapters subclass per vendor."""
+
     #: Statement giving the planner fresh statistics of ``{table}`` after
     #: a bulk load, where the vendor's planner wants them (None: not
     #: needed, or not worth its cost; SQLite's statements name their join
     #: order instead).
     ANALYZE_TABLE = None
     ANALYZE_RETURNS_ROWS = False
-    """Statements for one history mode; adapters subclass per vendor."""
 
     keep_history = True
 

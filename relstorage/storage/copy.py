@@ -56,6 +56,7 @@ from ZODB.interfaces import IBlobStorageRestoreable
 from ZODB.Connection import TransactionMetaData
 from ZODB import POSException
 from ZODB.POSException import POSKeyError
+from ZODB.serialize import referencesf
 from ZODB.utils import oid_repr
 from ZODB.utils import p64
 from ZODB.utils import tid_repr
@@ -218,7 +219,7 @@ def _back_pointer_state(source, oid, data_txn):
 SCAN_MEMORY = 256 * MB
 
 
-def current_tids(source, as_of, keep=None, keep_bytes=0, later=None):
+def current_tids(source, as_of, keep=None, keep_bytes=0, later=None, unseen=None):
     """(oids, tids): parallel ``array('Q')`` of every object existing in the
     source as of tid ``as_of`` (an int) and its current tid then, oid order.
 
@@ -229,7 +230,10 @@ def current_tids(source, as_of, keep=None, keep_bytes=0, later=None):
     (it was silently left out: a helper agent's check copied a live site
     with ``--strategy current`` and lost the objects changed meanwhile).
     With a dict ``keep``, up to ``keep_bytes`` of states are kept there
-    (oid int -> state) so the caller need not load them again.
+    (oid int -> state) so the caller need not load them again.  Another
+    source's object with no revision as of ``as_of`` was created after it,
+    or its revision then was packed away since (a pack during the copy):
+    it is added to the set ``unseen``, for the caller to tell which.
     """
     if not hasattr(source, 'record_iternext'):
         return _current_tids_by_iteration(source, as_of)
@@ -266,6 +270,8 @@ def current_tids(source, as_of, keep=None, keep_bytes=0, later=None):
                         "writes to the source, or copy with --strategy replay (one "
                         "snapshot of the source)." % (oid_repr(oid), tid_repr(p64(as_of))))
                 later.append(u64(oid))
+            elif found is None and unseen is not None:
+                unseen.add(u64(oid))
         if tid_int is not None:
             oids.append(u64(oid))
             tids.append(tid_int)
@@ -311,10 +317,11 @@ def current_txns(source, as_of, on_scan=None, collected=None):
     history-free RelStorage has nowhere to keep it).
     """
     kept = {}
+    unseen = set()
     if collected is not None:
         oids, tids = collected
     else:
-        oids, tids = current_tids(source, as_of, kept, SCAN_MEMORY)
+        oids, tids = current_tids(source, as_of, kept, SCAN_MEMORY, unseen=unseen)
     if on_scan is not None:
         on_scan(len(oids))
     # A stable sort on tid keeps the oid order within each tid.
@@ -328,21 +335,41 @@ def current_txns(source, as_of, on_scan=None, collected=None):
                 yield Txn(p64(group_tid), ' ', b'', b'', b'', records)
             group_tid, records = tid_int, []
         data = kept.pop(oids[i], None)
-        if data is not None:
-            records.append((oid, data, None))
-            continue
-        data, tid = source.load(oid)
-        if u64(tid) != tid_int:
-            found = source.loadBefore(oid, p64(as_of + 1))
-            if found is None or u64(found[1]) != tid_int:
-                raise CopyError(
-                    "Object %s changed in the source while it was being copied; "
-                    "run zodbconvert again with --incremental."
-                    % oid_repr(oid))
-            data = found[0]
+        if data is None:
+            data, tid = source.load(oid)
+            if u64(tid) != tid_int:
+                found = source.loadBefore(oid, p64(as_of + 1))
+                if found is None or u64(found[1]) != tid_int:
+                    raise CopyError(
+                        "Object %s changed in the source while it was being copied; "
+                        "run zodbconvert again with --incremental."
+                        % oid_repr(oid))
+                data = found[0]
+        if unseen:
+            _check_not_unseen(oid, data, unseen, as_of)
         records.append((oid, data, None))
     if records:
         yield Txn(p64(group_tid), ' ', b'', b'', b'', records)
+
+
+def _check_not_unseen(oid, data, unseen, as_of):
+    """A state as of ``as_of`` refers only to objects that existed then:
+    one of ``unseen`` (no revision as of ``as_of`` left in the source) did,
+    and a pack removed that revision during the copy (a helper agent's
+    check: such objects were left out, exit 0, and --verify, reading the
+    same way, said the copy was identical)."""
+    try:
+        refs = referencesf(data)
+    except Exception:  # pylint:disable=broad-except
+        return          # (a state a wrapper transformed: not readable here)
+    for ref in refs:
+        if u64(ref) in unseen:
+            raise CopyError(
+                "Object %s refers to object %s, whose revision as of transaction %s is "
+                "gone from the source: it changed after that transaction, and a pack "
+                "removed the revision since (a pack during the copy?). Nothing "
+                "inconsistent was kept: run zodbconvert again, or copy with "
+                "--strategy replay." % (oid_repr(oid), oid_repr(ref), tid_repr(p64(as_of))))
 
 
 # ----------------------------------------------------------------------
@@ -994,11 +1021,16 @@ def verify_current(source, dest, as_of, progress=None):
     stats = Stats()
     differences = _Differences()
     later = []
-    soids, stids = current_tids(source, as_of, later=later)
+    unseen = set()
+    soids, stids = current_tids(source, as_of, later=later, unseen=unseen)
     doids, dtids = current_tids(dest, as_of)
     source_map = dict(zip(soids, stids))
     dest_map = dict(zip(doids, dtids))
-    later = set(later)
+    # (An object with no revision as of as_of left in another source:
+    # created since, or its revision then packed away: either way the
+    # destination is behind; it was said to be "in the destination only",
+    # or, missing from both, not said at all.)
+    later = set(later) | unseen
     for oid_int in sorted(set(source_map) | set(dest_map) | later):
         oid = p64(oid_int)
         if oid_int in later:

@@ -107,8 +107,8 @@ def _check_given_tid(tid_int):
     a copied tid of MAX_TID - 1 let the next commit take MAX_TID)."""
     if tid_int >= history.MAX_TID - 1:
         raise POSException.StorageTransactionError(
-            "Transaction id %016x is beyond the largest the database can hold "
-            "and still commit after it (below %016x)" % (tid_int, history.MAX_TID - 1))
+            "Transaction id %016x is beyond the largest a transaction may be given "
+            "(%016x: the database must hold a later one)" % (tid_int, history.MAX_TID - 2))
 
 
 #: Loads whose OIDs go forward by at most this much count as a run too:

@@ -948,6 +948,32 @@ class ConnectionErrorTests(unittest.TestCase):
         self.assertIn('driver psycopg', str(cm.exception))
         self.assertEqual(PostgreSQLAdapter('', options=Options()).driver.name, 'psycopg')
 
+    def test_psycopg_imported_before_gevent_patched(self):
+        # A review finding: psycopg chooses how it waits when imported;
+        # imported before gevent patched the process, it waits in C, and
+        # a commit waiting for the commit lock stopped the process.
+        try:
+            import gevent  # noqa: F401 pylint:disable=unused-import
+        except ImportError:
+            self.skipTest('gevent is not installed')
+        import subprocess
+        script = ("import psycopg, logging\n"
+                  "from gevent import monkey; monkey.patch_all()\n"
+                  "logging.basicConfig()\n"
+                  "from relstorage.adapters.postgresql.adapter import PostgreSQLAdapter\n"
+                  "from relstorage.options import Options\n"
+                  "print(PostgreSQLAdapter('', options=Options(driver='psycopg')).driver.name)\n")
+        proc = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip(), 'psycopg')
+        self.assertIn('patch with gevent before psycopg is first imported', proc.stderr)
+        quiet = script.replace('import psycopg, logging\n', 'import logging\n')
+        proc = subprocess.run([sys.executable, '-c', quiet], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertNotIn('gevent has patched', proc.stderr)
+
     def test_missing_driver_is_a_clear_error(self):
         saved = sys.modules.get(self.factory.driver)
         sys.modules[self.factory.driver] = None      # makes the import fail
@@ -1177,6 +1203,31 @@ class SortKeyTests(PGCase):
         third = RelStorage(second.make_adapter(options), options=options)
         self._open.append(third)
         self.assertNotEqual(third.sortKey(), storage.sortKey())
+
+    def test_a_schema_named_in_mixed_case(self):
+        # A review finding: with search_path naming a schema in mixed case
+        # (quoted), the tables were looked for in the lower-case schema:
+        # every open after the first tried to make the schema again
+        # ('relation "zoid_seq" already exists').
+        ADMIN.terminate(self.factory.dbname)
+        storage = self.storage()
+        storage.close()
+        conn = drivers.select_driver('auto').connect(self.factory.dsn, 'oid')
+        try:
+            cur = conn.cursor()
+            cur.execute('DROP SCHEMA IF EXISTS "MixedSchema" CASCADE')
+            cur.execute('CREATE SCHEMA "MixedSchema"')
+        finally:
+            conn.close()
+        options = Options(keep_history=self.keep_history)
+        dsn = self.factory.dsn + " options='-c search_path=\"MixedSchema\"'"
+        for _ in range(2):
+            opened = RelStorage(PostgreSQLAdapter(dsn=dsn, options=options,
+                                                  driver=self.factory.driver), options=options)
+            self._open.append(opened)
+            (oid,), tid = make_objects(opened, 1)
+            self.assertEqual(opened.load(oid)[1], tid)
+            opened.close()
 
     def test_a_copy_with_the_same_key_sorts_apart(self):
         # A review finding: the sort key came from the database's key

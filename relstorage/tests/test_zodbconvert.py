@@ -943,6 +943,56 @@ class TestIncremental(ConvertTestCase):
                 if keep_history:
                     self.assertIn('current_object', analysed)
 
+    def test_current_records_of_a_source_packed_during_the_copy(self):
+        # A helper agent's check: --strategy current from a history-
+        # preserving source whose objects changed after the copy began and
+        # were packed meanwhile left those objects out (their revision as
+        # of the copy's start was gone), exit 0, and --verify said the copy
+        # was identical.
+        import ZODB.config
+        from persistent.mapping import PersistentMapping
+        from ZODB.serialize import referencesf as zodb_references
+        src_db = self.database()
+        source = ZODB.DB(self.open_rs(src_db, keep_history=True))
+        try:
+            with source.transaction() as conn:
+                conn.root()['child'] = PersistentMapping(n=1)
+            original = copy.current_tids
+            changed = []
+
+            def packing(*args, **kw):
+                copy.current_tids = original
+                changed.append(1)
+                with source.transaction() as conn:
+                    conn.root()['child']['n'] = 2       # after the open
+                source.storage.pack(time.time() + 1, zodb_references)
+                return original(*args, **kw)
+            copy.current_tids = packing
+            dest_db = self.database()
+            try:
+                _, err = self.assertConverted(self.convert(
+                    rs_section('source', src_db, True),
+                    rs_section('destination', dest_db, False),
+                    '--strategy', 'current', '--verify'), rc=1)
+            finally:
+                copy.current_tids = original
+            self.assertEqual(changed, [1])
+            self.assertIn('gone from the source', err)
+            self.assertIn('run zodbconvert again', err)
+            # Run again (the writes over), the copy is whole.
+            dest_db = self.database()
+            self.assertConverted(self.convert(
+                rs_section('source', src_db, True), rs_section('destination', dest_db, False),
+                '--strategy', 'current', '--verify'))
+        finally:
+            source.close()
+        copied = ZODB.DB(self.open_rs(dest_db, keep_history=False))
+        try:
+            with copied.transaction() as conn:
+                self.assertEqual(conn.root()['child']['n'], 2)
+        finally:
+            copied.close()
+
     def test_a_history_free_source_changed_during_the_copy(self):
         # A helper agent's check (a copy of a live history-free site): the
         # copy stopped at the source's last transaction as opened, but the

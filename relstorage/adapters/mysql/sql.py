@@ -48,11 +48,12 @@ def _extra_delete(table):
 
 
 class MySQLStatements(Statements):
+    """Statements both MariaDB 10.6+ and MySQL 8 accept."""
+
     #: Fresh planner statistics of a table (Adapter.refresh_statistics);
     #: it answers with a row per table.
     ANALYZE_TABLE = "ANALYZE TABLE {table}"
     ANALYZE_RETURNS_ROWS = True
-    """Statements both MariaDB 10.6+ and MySQL 8 accept."""
 
     # InnoDB's statistics: an estimate of the rows, which may be some
     # tens of percent off, and sizes and rows that MySQL 8 caches for

@@ -249,7 +249,8 @@ class PostgreSQLAdapter(Adapter):
         return [tuple(row) for row in conn.query_all(
             "SELECT t.tgname, c.relname FROM pg_trigger t "
             "JOIN pg_class c ON c.oid = t.tgrelid "
-            "WHERE NOT t.tgisinternal AND c.relnamespace = current_schema()::regnamespace "
+            "WHERE NOT t.tgisinternal AND c.relnamespace = "
+            "(SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
             "AND c.relname IN ('object_state', 'current_object', 'transaction_log', "
             "'blob_chunk', 'commit_lock') ORDER BY 1")]
 
@@ -268,7 +269,8 @@ class PostgreSQLAdapter(Adapter):
         found += [('function %s' % name, 'DROP FUNCTION %s(%s);' % (name, args))
                   for name, args in conn.query_all(
                       "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc "
-                      "WHERE pronamespace = current_schema()::regnamespace "
+                      "WHERE pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = "
+                      "current_schema()) "
                       "AND proname = ANY(%s) ORDER BY 1, 2", (list(self.EARLIER_FUNCTIONS),))]
         return found
 

@@ -113,7 +113,7 @@ def select_driver(name):
         if driver is not None:
             return drivers.warn_if_blocking(driver, 'PostgreSQL', 'psycopg')
         raise RelStorageError(
-            "No PostgreSQL driver is installed: tried %s. Install psycopg "
+            "No usable PostgreSQL driver is installed: tried %s. Install psycopg "
             "(pip install 'psycopg[binary]') or psycopg2." % '; '.join(problems))
     cls = Psycopg3Driver if name == 'psycopg' else Psycopg2Driver
     try:
@@ -209,6 +209,18 @@ class Driver:
 class Psycopg3Driver(Driver):
     name = 'psycopg'
     module_name = 'psycopg'
+    gevent_advice = ("patch with gevent before psycopg is first imported: it chooses "
+                     "how it waits then")
+
+    @property
+    def blocks_gevent(self):
+        """psycopg 3 waits through the (patched) selectors when gevent
+        patched the process before psycopg was imported; imported before,
+        it waits in C or through the unpatched epoll (a review finding: a
+        commit waiting for the commit lock then stopped the process)."""
+        waiting = importlib.import_module('psycopg.waiting')
+        return getattr(getattr(waiting, 'wait', None), '__name__', '') in ('wait_c',
+                                                                             'wait_epoll')
 
     def sqlstate(self, exc):
         return getattr(exc, 'sqlstate', None)
@@ -270,7 +282,7 @@ class Psycopg2Driver(Driver):
                 "psycopg2 has a wait callback installed (psycogreen's patch_psycopg?), "
                 "with which it cannot run COPY, used to upload a commit; use driver "
                 "psycopg (psycopg 3), which waits cooperatively under gevent without "
-                "one, or driver auto")
+                "one")
 
         binary = self.module.BINARY
         fromhex = bytes.fromhex

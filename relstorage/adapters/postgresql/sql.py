@@ -234,7 +234,7 @@ class PostgreSQLStatements(Statements):
     LIST_TABLES = """
         SELECT c.relname FROM pg_class c
         WHERE c.relkind IN ('r', 'p', 'S')
-          AND c.relnamespace = to_regnamespace(current_schema())::oid
+          AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
     """
 
 
