@@ -319,7 +319,17 @@ class CachedBlobs(BlobMode):
             if opener is not None:
                 opened = opener(temp)
                 _rename(opened, path)
-            os.rename(temp, path)
+            for attempt in (1, 2, 3):
+                try:
+                    os.rename(temp, path)
+                    break
+                except FileNotFoundError:
+                    # The object's directory went meanwhile (a helper
+                    # agent's check: a pack's clean-up of the cache in
+                    # another process removed it while this download ran).
+                    if attempt == 3 or not os.path.exists(temp):
+                        raise
+                    self.fshelper.createPathForOID(oid_int)
             self._note_added(size)
         except BaseException as exc:
             if opened is not None:

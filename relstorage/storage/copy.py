@@ -400,6 +400,12 @@ def source_blob(source, oid, tid):
     return path
 
 
+#: Times a blob of the source is read again when its file went from the
+#: source's blob cache before it was copied (another process's prune or
+#: pack clean-up).
+BLOB_READ_ATTEMPTS = 3
+
+
 def _blob_temp_copy(dest, path):
     """Copy a blob file next to where ``dest`` wants it (restoreBlob may move it)."""
     temp_dir = None
@@ -504,9 +510,19 @@ class StorageWriter:
                 "Object %s (transaction %s) is a blob, but the destination %s does "
                 "not support blobs; configure its blob directory."
                 % (oid_repr(oid), tid_repr(txn.tid), self.dest.getName()))
-        path = source_blob(self.source, oid, txn.tid)
-        size = os.path.getsize(path)
-        temp = _blob_temp_copy(self.dest, path)
+        for attempt in range(BLOB_READ_ATTEMPTS):
+            path = source_blob(self.source, oid, txn.tid)
+            try:
+                size = os.path.getsize(path)
+                temp = _blob_temp_copy(self.dest, path)
+                break
+            except FileNotFoundError:
+                # (A helper agent's check: a zodbpack sharing the source's
+                # blob cache removed the file between its download and
+                # this copy; the source, read in its snapshot, still has
+                # the blob: downloaded again.)
+                if attempt == BLOB_READ_ATTEMPTS - 1:
+                    raise
         temp_files.append(temp)
         restore_blob(oid, txn.tid, data, temp, data_txn, meta)
         self.stats.blobs += 1

@@ -17,6 +17,7 @@ from ZODB.Connection import TransactionMetaData
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.utils import p64
+from ZODB.utils import u64
 from ZODB.utils import z64
 
 from relstorage.interfaces import RelStorageError
@@ -246,6 +247,44 @@ class BlobCacheTests(BlobCase):
         with db_a.transaction() as conn:
             with conn.root()['x'].open('r') as f:
                 self.assertEqual(f.read(), b'A data')
+
+    def test_a_download_whose_directory_went_meanwhile(self):
+        # A helper agent's check: a pack's clean-up of the cache in another
+        # process removed an object's directory while this process
+        # downloaded one of its blobs: the rename into place failed.
+        import shutil as _shutil
+        from relstorage.blobs import cached
+        writer = ZODB.DB(self.blob_storage('cache'))
+        self.addCleanup(writer.close)
+        with writer.transaction() as conn:
+            conn.root()['b'] = Blob(b'still there')
+        with writer.transaction() as conn:
+            blob = conn.root()['b']
+            blob._p_activate()
+            oid, serial = blob._p_oid, blob._p_serial
+        reader = self.blob_storage('other-cache')
+        self.addCleanup(reader.close)
+        blobs = reader._blobs
+        real = cached.CachedBlobs._read
+
+        def read_then_lose_the_directory(this, read_chunks, oid_int, tid_int, write):
+            size = real(this, read_chunks, oid_int, tid_int, write)
+            _shutil.rmtree(os.path.dirname(this.filename(oid_int, tid_int)))
+            return size
+        blobs._read = read_then_lose_the_directory.__get__(blobs)
+        for call in (reader.loadBlob, reader.openCommittedBlobFile):
+            path = blobs.filename(u64(oid), u64(serial))
+            if os.path.exists(path):
+                os.chmod(path, 0o644)
+                os.remove(path)
+            found = call(oid, serial)
+            if isinstance(found, str):
+                with open(found, 'rb') as f:
+                    found = f.read()
+            else:
+                with found:
+                    found = found.read()
+            self.assertEqual(found, b'still there')
 
     def test_ids_beyond_the_database_s_range(self):
         # A helper agent's check: on SQLite, loadBlob and

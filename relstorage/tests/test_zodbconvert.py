@@ -1691,6 +1691,36 @@ class TestBlobs(ConvertTestCase):
         finally:
             db.close()
 
+    def test_a_source_blob_that_leaves_its_cache_before_it_is_copied(self):
+        # A helper agent's check: a zodbpack sharing the source's blob
+        # cache removed a file the copy had just downloaded (the source,
+        # read in its snapshot, still has the blob): the copy failed.
+        src, blobs = self._blob_source()
+        middle = self.database()
+        cache = self.path('middle-cache')
+        self.assertConverted(self.convert(fs_section('source', src, blobs),
+                                          rs_section('destination', middle, True, cache)))
+        original = copy.source_blob
+        lost = []
+
+        def losing(source, oid, tid):
+            path = original(source, oid, tid)
+            if not lost:
+                lost.append(path)
+                os.chmod(path, 0o644)
+                os.remove(path)         # as another process's clean-up does
+            return path
+        copy.source_blob = losing
+        try:
+            dest, dest_blobs = self.path('dest.fs'), self.path('dest-blobs')
+            out, _ = self.assertConverted(self.convert(
+                rs_section('source', middle, True, cache),
+                fs_section('destination', dest, dest_blobs), '--verify'))
+        finally:
+            copy.source_blob = original
+        self.assertEqual(len(lost), 1)
+        self.assertIn('3 blobs', out)
+
     def test_unreadable_source_blob_is_an_error(self):
         src, blobs = self._blob_source()
         for base, _, files in os.walk(blobs):
