@@ -185,6 +185,8 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
     conn = None
     try:
         conn = _when_free(adapter, adapter.open_pack)
+        if gc and not prepack_only:
+            _check_root(adapter, conn)
         shared_blobs = blobs is not None and not blobs.in_database
         if shared_blobs and not prepack_only:
             report.blobs_removed += _forget_unfinished(adapter, conn, blobs)
@@ -260,6 +262,23 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
     for path in report.orphan_blob_files[:20]:
         log.warning("Blob file without a database row: %s", path)
     return report
+
+
+def _check_root(adapter, conn):
+    """Refuse to collect garbage where there is no root object but other
+    objects: everything would go (a helper agent's check: a cron pack of a
+    history-free copy cut short before its root was copied removed every
+    object, and the copy's resume could not bring them back)."""
+    root = adapter.load_current(conn, 0)
+    missing = root is None or root[0] is None
+    count = adapter.count_objects(conn) if missing else 0
+    conn.rollback()
+    if missing and count:
+        raise PackError(
+            "%s has no root object (0x00) but holds other objects: a pack with garbage "
+            "collection would remove every one of them. Nothing was removed. (A "
+            "zodbconvert copy not finished yet? Finish it with --incremental first; "
+            "pack-gc false packs history only.)" % adapter.describe())
 
 
 def check_references(adapter, referencesf, progress=None):

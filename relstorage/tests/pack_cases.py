@@ -35,6 +35,7 @@ from relstorage import zodbpack
 from relstorage.options import Options
 
 from .core_cases import FactoryCase
+from .core_cases import make_objects
 
 #: Tables whose rows are the data a pack may remove.
 DATA_TABLES_HP = ('object_state', 'current_object', 'transaction_log', 'blob_chunk')
@@ -560,6 +561,25 @@ class PackBehaviourTests(PackCase):
         self.assertTrue(all(seconds < 5 for seconds in slept), slept)
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()
+
+    def test_a_database_without_its_root_is_not_emptied(self):
+        # A helper agent's check: a cron pack of a history-free copy cut
+        # short before its root was copied removed every object (nothing
+        # is reachable without the root), and resuming the copy could not
+        # bring them back.
+        from relstorage.storage.pack import PackError
+        storage = self.storage()
+        oids, tid = make_objects(storage, 3)
+        self.assertNotIn(z64, oids)
+        with self.assertRaises(PackError) as cm:
+            storage.pack(time.time() + 1, referencesf)
+        self.assertIn('no root object', str(cm.exception))
+        for oid in oids:
+            self.assertEqual(storage.load(oid)[1], tid)
+        # Without garbage collection there is nothing to fear.
+        storage.pack(time.time() + 1, referencesf, gc=False)
+        for oid in oids:
+            self.assertEqual(storage.load(oid)[1], tid)
 
     def test_object_reachable_only_from_an_old_revision_is_collected(self):
         # 'child' was referenced by an older revision of 'keep' only.

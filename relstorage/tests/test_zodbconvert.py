@@ -1125,6 +1125,27 @@ class TestVerifyOnly(ConvertTestCase):
         finally:
             storage.close()
 
+    def test_a_revision_packed_away_during_the_verification(self):
+        # A helper agent's check: --verify while the source was packed
+        # ended with "failed: POSKeyError: 0x0145f7" (objects listed in one
+        # snapshot, loaded in another).
+        src, db, dest = self._copied(keep_history=False)
+        source = FileStorage(src, read_only=True)
+        copied = self.open_rs(db, False, read_only=True)
+        try:
+            class Packed:
+                def __getattr__(self, name):
+                    return getattr(source, name)
+
+                def loadSerial(self, oid, serial):
+                    raise POSKeyError(oid)
+            with self.assertRaises(copy.VerifyError) as cm:
+                copy.verify_current(Packed(), copied, u64(copied.lastTransaction()))
+            self.assertIn('went from the source during the verification', str(cm.exception))
+        finally:
+            copied.close()
+            source.close()
+
     def _verify_alone(self, db_class, keep_history):
         src, db, dest = self._copied(db_class, keep_history)
         before = self._dest_state(db, keep_history)
