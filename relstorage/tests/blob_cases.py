@@ -62,6 +62,16 @@ class BlobCase(FactoryCase):
         return self.storage(**kw)
 
 
+def _committed_blob(db, key, data):
+    """(oid, serial) of a blob of ``data`` committed as the root's ``key``."""
+    with db.transaction() as conn:
+        conn.root()[key] = Blob(data)
+    with db.transaction() as conn:
+        blob = conn.root()[key]
+        blob._p_activate()
+        return blob._p_oid, blob._p_serial
+
+
 class BlobCacheTests(BlobCase):
 
     def test_unusable_blob_dir_fails_at_open(self):
@@ -256,12 +266,7 @@ class BlobCacheTests(BlobCase):
         from relstorage.blobs import cached
         writer = ZODB.DB(self.blob_storage('cache'))
         self.addCleanup(writer.close)
-        with writer.transaction() as conn:
-            conn.root()['b'] = Blob(b'still there')
-        with writer.transaction() as conn:
-            blob = conn.root()['b']
-            blob._p_activate()
-            oid, serial = blob._p_oid, blob._p_serial
+        oid, serial = _committed_blob(writer, 'b', b'still there')
         reader = self.blob_storage('other-cache')
         self.addCleanup(reader.close)
         blobs = reader._blobs

@@ -2525,20 +2525,26 @@ class RootStorageTests(FactoryCase):
         storage.tpc_finish(txn)
         self.assertEqual(storage.load(z64), (state, serial))
 
-    def test_history_sizes_as_filestorage_counts_them(self):
-        # A helper agent's check: history(size=1.5) gave one entry
-        # (FileStorage two), infinity and NaN failed.
+    def beside_filestorage(self, count):
+        """(a FileStorage DB, one of ours): the same ``count`` transactions
+        (described t0, t1, ...) committed to each."""
         import tempfile
         from ZODB.FileStorage import FileStorage
-        tmp = tempfile.mkdtemp(prefix='relstoragetest_history_')
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_reference_')
         self.addCleanup(shutil.rmtree, tmp, True)
         reference = ZODB.DB(FileStorage(os.path.join(tmp, 'Data.fs')))
         self.addCleanup(reference.close)
         ours = self.db()
         for db in (reference, ours):
-            for i in range(4):
+            for i in range(count):
                 with db.transaction('t%d' % i) as conn:
                     conn.root()['x'] = i
+        return reference, ours
+
+    def test_history_sizes_as_filestorage_counts_them(self):
+        # A helper agent's check: history(size=1.5) gave one entry
+        # (FileStorage two), infinity and NaN failed.
+        reference, ours = self.beside_filestorage(4)
         expected_max = 5 if self.keep_history else 1
         for size in (0, -1, 0.5, 1, 1.5, 2.01, 3, float('inf'), float('nan'), 2 ** 70):
             with self.subTest(size=size):
@@ -2552,17 +2558,7 @@ class RootStorageTests(FactoryCase):
         # float bound failed inside MySQL's and SQLite's drivers.
         if not self.keep_history:
             self.skipTest('history-free: no undo log')
-        import tempfile
-        from ZODB.FileStorage import FileStorage
-        tmp = tempfile.mkdtemp(prefix='relstoragetest_undolog_')
-        self.addCleanup(shutil.rmtree, tmp, True)
-        reference = ZODB.DB(FileStorage(os.path.join(tmp, 'Data.fs')))
-        self.addCleanup(reference.close)
-        ours = self.db()
-        for db in (reference, ours):
-            for i in range(12):
-                with db.transaction('t%d' % i) as conn:
-                    conn.root()['x'] = i
+        reference, ours = self.beside_filestorage(12)
         odd = lambda d: d['description'][-1:] in (b'1', b'3', b'5', b'7', b'9')  # noqa: E731
         for first, last, filter in ((0, 5, None), (-5, 10, None), (-5, -10, None),
                                     (0, 10.5, None), (1.0, 5, None), (2.5, 7.2, None),

@@ -4,6 +4,7 @@ RelStorage destinations run on every database in RS_TEST_DATABASES (see
 servers.py) whose adapter this checkout has; a configured server that cannot
 be reached fails the test, it is not skipped.
 """
+import contextlib
 import hashlib
 import io
 import os
@@ -943,39 +944,58 @@ class TestIncremental(ConvertTestCase):
                 if keep_history:
                     self.assertIn('current_object', analysed)
 
+    def assert_root_values(self, db, keep_history, child, other=None):
+        """The copy in ``db`` loads its root's 'child' mapping (its 'n' is
+        ``child``) and, if given, its 'other' value."""
+        copied = ZODB.DB(self.open_rs(db, keep_history=keep_history))
+        try:
+            with copied.transaction() as conn:
+                self.assertEqual(conn.root()['child']['n'], child)
+                if other is not None:
+                    self.assertEqual(conn.root()['other'], other)
+        finally:
+            copied.close()
+
+    @contextlib.contextmanager
+    def child_changed_first(self, name, source, pack=False):
+        """While the block runs, the first call of ``copy.<name>`` (after
+        zodbconvert opened the source) first sets the source's
+        root['child']['n'] to 2, and packs the source if ``pack``; the
+        block gets a list that holds 1 once that happened."""
+        original = getattr(copy, name)
+        changed = []
+
+        def changing(*args, **kw):
+            setattr(copy, name, original)
+            changed.append(1)
+            with source.transaction() as conn:
+                conn.root()['child']['n'] = 2
+            if pack:
+                source.pack(time.time() + 1)
+            return original(*args, **kw)
+        setattr(copy, name, changing)
+        try:
+            yield changed
+        finally:
+            setattr(copy, name, original)
+
     def test_current_records_of_a_source_packed_during_the_copy(self):
         # A helper agent's check: --strategy current from a history-
         # preserving source whose objects changed after the copy began and
         # were packed meanwhile left those objects out (their revision as
         # of the copy's start was gone), exit 0, and --verify said the copy
         # was identical.
-        import ZODB.config
         from persistent.mapping import PersistentMapping
-        from ZODB.serialize import referencesf as zodb_references
         src_db = self.database()
         source = ZODB.DB(self.open_rs(src_db, keep_history=True))
         try:
             with source.transaction() as conn:
                 conn.root()['child'] = PersistentMapping(n=1)
-            original = copy.current_tids
-            changed = []
-
-            def packing(*args, **kw):
-                copy.current_tids = original
-                changed.append(1)
-                with source.transaction() as conn:
-                    conn.root()['child']['n'] = 2       # after the open
-                source.storage.pack(time.time() + 1, zodb_references)
-                return original(*args, **kw)
-            copy.current_tids = packing
-            dest_db = self.database()
-            try:
+            with self.child_changed_first('current_tids', source, pack=True) as changed:
                 _, err = self.assertConverted(self.convert(
                     rs_section('source', src_db, True),
-                    rs_section('destination', dest_db, False),
+                    rs_section('destination', self.database(), False),
                     '--strategy', 'current', '--verify'), rc=1)
-            finally:
-                copy.current_tids = original
             self.assertEqual(changed, [1])
             self.assertIn('gone from the source', err)
             self.assertIn('run zodbconvert again', err)
@@ -986,12 +1006,7 @@ class TestIncremental(ConvertTestCase):
                 '--strategy', 'current', '--verify'))
         finally:
             source.close()
-        copied = ZODB.DB(self.open_rs(dest_db, keep_history=False))
-        try:
-            with copied.transaction() as conn:
-                self.assertEqual(conn.root()['child']['n'], 2)
-        finally:
-            copied.close()
+        self.assert_root_values(dest_db, False, child=2)
 
     def test_a_history_free_source_changed_during_the_copy(self):
         # A helper agent's check (a copy of a live history-free site): the
@@ -1004,39 +1019,21 @@ class TestIncremental(ConvertTestCase):
             for keep_history in (False, True):
                 with self.subTest(db=db_class.name, keep_history=keep_history):
                     src_db = self.database(db_class)
+                    dest_db = self.database(db_class)
                     source = ZODB.DB(self.open_rs(src_db, keep_history=False))
                     try:
                         with source.transaction() as conn:
                             conn.root()['child'] = PersistentMapping(n=1)
                         with source.transaction() as conn:
                             conn.root()['other'] = 1
-                        original = copy.history_txns
-                        changed = []
-
-                        def changing(*args, **kw):
-                            copy.history_txns = original
-                            changed.append(1)
-                            with source.transaction() as conn:
-                                conn.root()['child']['n'] = 2   # after the open
-                            return original(*args, **kw)
-                        copy.history_txns = changing
-                        dest_db = self.database(db_class)
-                        try:
+                        with self.child_changed_first('history_txns', source) as changed:
                             self.assertConverted(self.convert(
                                 rs_section('source', src_db, False),
                                 rs_section('destination', dest_db, keep_history)))
-                        finally:
-                            copy.history_txns = original
                         self.assertEqual(changed, [1])
                     finally:
                         source.close()
-                    copied = ZODB.DB(self.open_rs(dest_db, keep_history=keep_history))
-                    try:
-                        with copied.transaction() as conn:
-                            self.assertEqual(conn.root()['child']['n'], 2)
-                            self.assertEqual(conn.root()['other'], 1)
-                    finally:
-                        copied.close()
+                    self.assert_root_values(dest_db, keep_history, child=2, other=1)
 
     def test_source_whose_last_transaction_is_not_its_greatest_tid(self):
         # A review finding: a FileStorage's last transaction need not have
