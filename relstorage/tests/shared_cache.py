@@ -279,6 +279,8 @@ class SharedCacheTests(SqliteCacheCase):
         # see; a fresh process must not take them from the shared cache (hot list,
         # hints, states).  After a pack, processes use a new namespace.
         writer = self.storage()
+        # (A root referring to nothing: a pack refuses a database without.)
+        self.commit(writer, {z64: 'root'})
         oids = [writer.new_oid() for _ in range(3)]
         tid = self.commit(writer, {oid: 'v' for oid in oids})
         first = self.storage()
@@ -310,6 +312,8 @@ class SharedCacheTests(SqliteCacheCase):
         # state in the shared cache, and loads from the database).
         from ZODB.serialize import referencesf
         writer = self.storage()
+        # (A root referring to nothing: a pack refuses a database without.)
+        self.commit(writer, {z64: 'root'})
         self.commit(writer, {writer.new_oid(): 'garbage' for _ in range(3)})
         running = self.storage()
         inst = running.new_instance()
@@ -339,6 +343,8 @@ class SharedCacheTests(SqliteCacheCase):
         # transactions, and let a reference to one be committed.
         from ZODB.serialize import referencesf
         writer = self.storage()
+        # (A root referring to nothing: a pack refuses a database without.)
+        self.commit(writer, {z64: 'root'})
         oids = [writer.new_oid() for _ in range(30)]
         self.commit(writer, {oid: 'v' for oid in oids})
         running = self.storage()
