@@ -264,6 +264,9 @@ class _ReplicaCase(_PrivateCase):
         from ZODB.blob import Blob
         from relstorage.blobs.cached import PACK_MARK_FILE
         cache = os.path.join(self.tmp, 'blob-cache')
+        # (The schema first, on the primary, replayed before a storage
+        # reads the replica: a layer's first test makes it.)
+        self.storage().close()
         db = self.db(self.replica_storage(blob_dir=cache, shared_blob_dir=False))
         with db.transaction() as conn:
             conn.root()['b'] = Blob(b'kept')
