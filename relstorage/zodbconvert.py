@@ -652,8 +652,8 @@ def _refresh_statistics(dest):
     try:
         refresh()
     except Exception as exc:  # pylint:disable=broad-except
-        log.info('Could not refresh the destination\'s planner statistics: %s',
-                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        log.info("Could not refresh the destination's planner statistics: %s",
+                 _one_line(exc))
 
 
 # How many records of the destination's last transaction --incremental

@@ -45,7 +45,8 @@ def warn_if_blocking(driver, database, instead):
     """A warning when ``driver`` waits for the server without letting
     gevent run other greenlets (its class says ``blocks_gevent``) in a
     process gevent has patched; ``instead`` names the driver that would."""
-    if getattr(driver, 'blocks_gevent', False) and gevent_patched():
+    # (gevent first: a driver may have to look before it can say.)
+    if gevent_patched() and getattr(driver, 'blocks_gevent', False):
         advice = getattr(driver, 'gevent_advice', None) or 'install and use driver ' + instead
         log.warning(
             "gevent has patched this process, but the %s driver %s waits for the "

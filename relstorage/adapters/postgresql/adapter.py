@@ -249,8 +249,8 @@ class PostgreSQLAdapter(Adapter):
         return [tuple(row) for row in conn.query_all(
             "SELECT t.tgname, c.relname FROM pg_trigger t "
             "JOIN pg_class c ON c.oid = t.tgrelid "
-            "WHERE NOT t.tgisinternal AND c.relnamespace = "
-            "(SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+            "WHERE NOT t.tgisinternal AND c.relnamespace = " + sql.CURRENT_SCHEMA_OID +
+            " "
             "AND c.relname IN ('object_state', 'current_object', 'transaction_log', "
             "'blob_chunk', 'commit_lock') ORDER BY 1")]
 
@@ -269,8 +269,7 @@ class PostgreSQLAdapter(Adapter):
         found += [('function %s' % name, 'DROP FUNCTION %s(%s);' % (name, args))
                   for name, args in conn.query_all(
                       "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc "
-                      "WHERE pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = "
-                      "current_schema()) "
+                      "WHERE pronamespace = " + sql.CURRENT_SCHEMA_OID + " "
                       "AND proname = ANY(%s) ORDER BY 1, 2", (list(self.EARLIER_FUNCTIONS),))]
         return found
 

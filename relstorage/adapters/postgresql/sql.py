@@ -17,6 +17,12 @@ OID_BLOCK = 16
 OID_DRAWS_FIRST = 8
 OID_DRAWS_MAX = 128
 
+#: The schema the session's tables are made in (search_path's first): by
+#: its name as it is, where current_schema()::regnamespace folds it to
+#: lower case (a review finding: a schema named in mixed case was not
+#: found, and every open after the first made the schema again).
+CURRENT_SCHEMA_OID = "(SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+
 def _extra_delete(table):
     """Deleting every row of ``table`` about the objects of temp_pack_extra
     (a join, with their range of OIDs said: otherwise a merge join read
@@ -222,8 +228,7 @@ class PostgreSQLStatements(Statements):
     # guesses their size and may loop over millions of rows.
     PACK_ANALYZE = "ANALYZE {table}"
     #: Fresh planner statistics of a table (Adapter.refresh_statistics).
-    ANALYZE_TABLE = "ANALYZE {table}"
-    ANALYZE_RETURNS_ROWS = False
+    ANALYZE_TABLE = PACK_ANALYZE
     #: The lock the creation of the schema is made under (see
     #: PostgreSQLAdapter.begin_schema_creation).
     SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(7243910378)"
@@ -234,7 +239,7 @@ class PostgreSQLStatements(Statements):
     LIST_TABLES = """
         SELECT c.relname FROM pg_class c
         WHERE c.relkind IN ('r', 'p', 'S')
-          AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+          AND c.relnamespace = """ + CURRENT_SCHEMA_OID + """
     """
 
 
