@@ -156,28 +156,25 @@ class CachedBlobs(BlobMode):
         revision from the cache, where the storage raises POSKeyError).
         The directory names the pack mark it is current with
         (PACK_MARK_FILE); the removal lists of the marks since (kept until
-        the next pack) say what goes, or, without them, every file."""
+        the next pack) say what goes, or, without them, every file.
+
+        Read on the server commits go to, never a read-only replica: one
+        behind the packs the directory has seen made it look like a
+        database restored from a backup, and every file of a cache other
+        processes share went (a review finding); one of a new database may
+        lack the schema still.  A later poll of a replica behind this mark
+        is then not news (note_pack_mark)."""
         seen = _read_mark(os.path.join(self.blob_dir, PACK_MARK_FILE))
-        conn = adapter.open_load()
+        conn = adapter.open_primary_load()
         try:
             adapter.begin_snapshot(conn)
             mark = adapter.pack_mark(conn)
             removed = None
             if seen is not None and seen < mark:
                 removed = adapter.pack_removals(conn, seen, mark)
-            behind = bool(conn.replica) and seen is not None and mark < seen
         finally:
             conn.rollback()
             conn.close()
-        if behind:
-            # A read replica that has not replayed the packs the directory
-            # has seen yet: not a database restored from a backup (a
-            # review finding: every file of a cache other processes share
-            # was removed).  What they removed is gone from here already.
-            with self._lock:
-                self.mark = seen
-            self._mark_written = seen
-            return
         with self._lock:
             self.mark = mark
         if seen == mark:

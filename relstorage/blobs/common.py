@@ -284,8 +284,12 @@ def _empty_zeo_cache(blob_dir):
 
 
 def database_holds_blobs(adapter):
-    """Does the database of ``adapter`` hold the bytes of any blob?"""
-    conn = adapter.open_load()
+    """Does the database of ``adapter`` hold the bytes of any blob?  Asked
+    of the server commits go to: a read-only replica of a new database may
+    not have replayed the schema yet when the storage opens (seen in CI:
+    the first open with ro-replica-conf and a blob-dir failed with
+    "relation blob_chunk does not exist")."""
+    conn = adapter.open_primary_load()
     try:
         held = adapter.any_blob_chunk(conn)
         conn.rollback()

@@ -257,40 +257,81 @@ class _ReplicaCase(_PrivateCase):
 
     def test_a_replica_behind_the_blob_cache_leaves_its_files(self):
         # A review finding: a blob cache whose pack mark (written by a
-        # process that saw packs on the primary) was beyond what a
+        # process that saw a pack on the primary) was beyond what a
         # lagging replica showed at open was taken for one of a database
         # restored from a backup, and every file went, those other live
         # processes had just been handed included.
         from ZODB.blob import Blob
         from relstorage.blobs.cached import PACK_MARK_FILE
         cache = os.path.join(self.tmp, 'blob-cache')
-        # (The schema first, on the primary, replayed before a storage
-        # reads the replica: a layer's first test makes it.)
-        self.storage().close()
-        db = self.db(self.replica_storage(blob_dir=cache, shared_blob_dir=False))
+        # A process on the primary shares the cache.
+        db = self.db(self.storage(blob_dir=cache, shared_blob_dir=False))
         with db.transaction() as conn:
-            conn.root()['b'] = Blob(b'kept')
-        self.pair.wait_caught_up()
+            conn.root()['b'] = Blob(b'first')
+            conn.root()['gone'] = Blob(b'garbage')
+        with db.transaction() as conn:
+            with conn.root()['b'].open('w') as f:
+                f.write(b'kept')
+            del conn.root()['gone']
         with db.transaction() as conn:
             with conn.root()['b'].open('r') as f:
                 self.assertEqual(f.read(), b'kept')
-        db.close()
+        self.pair.wait_caught_up()
+        self.pair.pause_replay()
+        mark_file = os.path.join(cache, PACK_MARK_FILE)
+        with open(mark_file) as f:
+            before = int(f.read())
+        db.pack(time.time() + 1)
+        db.storage.poll_invalidations()
+        blobs = db.storage._blobs
+        deadline = time.time() + 10
+        while time.time() < deadline and (blobs._forgetting or blobs._to_forget):
+            time.sleep(0.05)
+        with open(mark_file) as f:
+            mark = int(f.read())
+        self.assertGreater(mark, before)
         files = [os.path.join(top, name) for top, _, names in os.walk(cache)
                  for name in names if name.endswith('.blob')]
         self.assertTrue(files)
-        mark_file = os.path.join(cache, PACK_MARK_FILE)
-        with open(mark_file) as f:
-            mark = int(f.read())
-        with open(mark_file, 'w') as f:
-            f.write('%d\n' % (mark + 1000))
-        storage = self.replica_storage(blob_dir=cache, shared_blob_dir=False)
+        # The replica has not replayed the pack: a process loading there
+        # opens the same cache.
+        path = self.server_file('ro.conf', self.address(self.replica))
+        # (Not self.storage: it waits for the replica, paused here.)
+        storage = _PrivateCase.storage(self, ro_replica_conf=path, blob_dir=cache,
+                                       shared_blob_dir=False)
         blobs = storage._blobs
         deadline = time.time() + 10
         while time.time() < deadline and (blobs._forgetting or blobs._to_forget):
             time.sleep(0.05)
         self.assertEqual([path for path in files if not os.path.exists(path)], [])
         with open(mark_file) as f:
-            self.assertEqual(int(f.read()), mark + 1000)
+            self.assertEqual(int(f.read()), mark)
+        replica_db = self.db(storage)
+        with replica_db.transaction() as conn:
+            with conn.root()['b'].open('r') as f:
+                self.assertEqual(f.read(), b'kept')
+
+    def test_a_new_database_with_a_blob_dir_and_a_replica_without_the_schema(self):
+        # Seen in CI: the first open of a new database with ro-replica-conf
+        # and a blob cache, before the replica had replayed the schema the
+        # open made on the primary, failed ("relation blob_chunk does not
+        # exist"): the blob directory's checks read the replica.
+        from ZODB.blob import Blob
+        for shared in (False, True):
+            self.storage().adapter.drop_all()
+            self.pair.wait_caught_up()
+            self.pair.pause_replay()
+            path = self.server_file('ro.conf', self.address(self.replica))
+            blob_dir = os.path.join(self.tmp, 'blobs-%s' % shared)
+            db = self.db(_PrivateCase.storage(self, ro_replica_conf=path, blob_dir=blob_dir,
+                                              shared_blob_dir=shared))
+            with db.transaction() as conn:
+                conn.root()['b'] = Blob(b'data %s' % str(shared).encode())
+            with db.transaction() as conn:
+                with conn.root()['b'].open('r') as f:
+                    self.assertEqual(f.read(), b'data %s' % str(shared).encode())
+            db.close()
+            self.pair.resume_replay()
 
     def test_a_replica_without_the_schema_yet_sends_loads_to_the_primary(self):
         # A helper agent's check: a new database opened with
