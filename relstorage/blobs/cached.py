@@ -618,10 +618,12 @@ def prune(blob_dir, limit, wait=False, again=0):
     already pruning the directory.
     """
     removed = 0
-    for _ in range(again + 1):
+    for attempt in range(again + 1):
         count, retry_after = _prune_once(blob_dir, limit, wait)
         removed += count
-        if not retry_after:
+        # (Not after the last: it slept for nothing, and a storage's close
+        # waited for its prune thread to wake up.)
+        if not retry_after or attempt == again:
             break
         time.sleep(retry_after)
     return removed

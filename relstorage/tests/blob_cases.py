@@ -8,6 +8,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import types
 import unittest
 
 import transaction
@@ -346,12 +347,19 @@ class BlobCacheTests(BlobCase):
         with db.transaction() as conn:
             conn.root()['small'] = Blob(b's' * 100)
             conn.root()['big'] = Blob(b'b' * 5000)
+        slept = []
+        clock = types.SimpleNamespace(time=time.time, sleep=slept.append)
         with mock.patch.object(cached, 'PRUNE_GRACE', 60):
             with db.transaction() as conn:
                 small = conn.root()['small'].committed()
                 big = conn.root()['big'].committed()
-            removed = cached.prune(os.path.join(self.tmp, 'cache'), 1000, wait=True)
+            with mock.patch.object(cached, 'time', clock):
+                removed = cached.prune(os.path.join(self.tmp, 'cache'), 1000, wait=True)
+                # Pruning again waits for the grace to pass, once: not after
+                # its last attempt (it did, for the whole grace).
+                cached.prune(os.path.join(self.tmp, 'cache'), 1000, wait=True, again=1)
         self.assertEqual(removed, 0)
+        self.assertEqual(len(slept), 1)
         with open(small, 'rb') as f:
             self.assertEqual(f.read(), b's' * 100)
         # Once it has passed, they go.
