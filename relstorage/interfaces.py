@@ -437,6 +437,15 @@ class IRelStorageAdapter(Interface):
         """Increment the pack mark, in the transaction that deletes rows,
         so that other processes drop what may be gone."""
 
+    def copy_mark(conn):
+        """When (seconds since the epoch) a copy into this database began
+        that has not finished, or None: a pack with garbage collection
+        refuses to run meanwhile."""
+
+    def set_copy_mark(conn, started):
+        """Record that a copy began at ``started``, or (None) that none is
+        unfinished; the caller commits."""
+
     def acquire_pack_lock():
         """A lock object (``close()`` releases it) held by a session of its
         own, or None when another pack holds it; a killed pack's lock goes

@@ -1005,6 +1005,19 @@ class Adapter(PackVerbs):
         namespace of states (StorageCache._use_namespace_of)."""
         return conn.query_value(self.q(self.sql.GET_ZAP_MARK)) or 0
 
+    def copy_mark(self, conn):
+        """When (seconds since the epoch) a copy into this database began
+        that has not finished (set_copy_mark), or None."""
+        return conn.query_value(self.q(self.sql.GET_COPY_MARK))
+
+    def set_copy_mark(self, conn, started):
+        """Record that a copy into this database began at ``started``
+        (seconds since the epoch), or, with None, that none is unfinished;
+        the caller commits."""
+        conn.execute(self.q(self.sql.CLEAR_COPY_MARK))
+        if started is not None:
+            conn.execute(self.q(self.sql.INSERT_COPY_MARK), (int(started),))
+
     def bump_pack_mark(self, conn):
         """Increment the pack mark, inside the pack's store transaction
         (which holds the commit lock, so two packs cannot race)."""

@@ -18,7 +18,9 @@ Tables (both modes):
                      gone; ``pack_removed_list`` says which.  Row 3: the
                      database's key (Adapter.database_key).  Row 4
                      (written by zap_all): the pack mark zap_all moved
-                     to (Adapter.zap_mark).  Row 2 is Oracle's pack lock.
+                     to (Adapter.zap_mark).  Row 6 (a copy into the
+                     database has not finished): when it began
+                     (Adapter.copy_mark).  Row 2 is Oracle's pack lock.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
@@ -188,6 +190,11 @@ class Statements:
     GET_ZAP_MARK = "SELECT tid FROM commit_lock WHERE id = 4"
     CLEAR_ZAP_MARK = "DELETE FROM commit_lock WHERE id = 4"
     INSERT_ZAP_MARK = "INSERT INTO commit_lock (id, tid) VALUES (4, %s)"
+    #: Row 6 (row 5 is a poll's witness, GET_SNAPSHOT_MARKS): when a copy
+    #: into this database that has not finished began.
+    GET_COPY_MARK = "SELECT tid FROM commit_lock WHERE id = 6"
+    CLEAR_COPY_MARK = "DELETE FROM commit_lock WHERE id = 6"
+    INSERT_COPY_MARK = "INSERT INTO commit_lock (id, tid) VALUES (6, %s)"
 
     LOAD_CURRENT = """
         SELECT s.state, s.tid

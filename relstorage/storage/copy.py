@@ -42,6 +42,7 @@ destination (``Adapter.copy_fast_path_thresholds``).
 ``VerifyError`` naming the first differences (up to ``MAX_DIFFERENCES``).
 """
 import collections
+import contextlib
 import hashlib
 import logging
 import os
@@ -883,13 +884,29 @@ def run(txns, writer, stats, progress=None):
     return stats
 
 
+@contextlib.contextmanager
+def unfinished(dest, dry_run=False):
+    """A RelStorage ``dest`` is marked as holding an unfinished copy
+    (RelStorage.mark_copy) in the block, and no longer when it ends
+    without an error: a pack with garbage collection refuses to run
+    until then."""
+    if dry_run or not is_relstorage(dest):
+        yield
+        return
+    dest.mark_copy(time.time())
+    yield
+    dest.mark_copy(None)
+
+
 def copy_transactions(source, dest, start=None, progress=None, dry_run=False, stats=None,
                       last=None):
     """Copy every source transaction from ``start`` (a tid, inclusive) on,
     up to the one whose tid is ``last`` (None: the end)."""
     stats = stats if stats is not None else Stats()
     writer = make_writer(source, dest, stats, dry_run)
-    return run(history_txns(source, start, stats=stats, last=last), writer, stats, progress)
+    with unfinished(dest, dry_run):
+        return run(history_txns(source, start, stats=stats, last=last), writer, stats,
+                   progress)
 
 
 def copy_current(source, dest, as_of, progress=None, dry_run=False, stats=None,
@@ -898,13 +915,14 @@ def copy_current(source, dest, as_of, progress=None, dry_run=False, stats=None,
     then make the destination's last tid ``as_of`` (an int)."""
     stats = stats if stats is not None else Stats()
     writer = make_writer(source, dest, stats, dry_run)
-    run(current_txns(source, as_of, on_scan=on_scan), writer, stats, progress)
-    if not dry_run and u64(dest.lastTransaction()) < as_of:
-        # Record that the copy reached the source's last transaction
-        # (its last records may all have been deletions).
-        closing = Txn(p64(as_of), ' ', b'', b'', b'', [])
-        writer = make_writer(source, dest, Stats())
-        run([closing], writer, writer.stats)
+    with unfinished(dest, dry_run):
+        run(current_txns(source, as_of, on_scan=on_scan), writer, stats, progress)
+        if not dry_run and u64(dest.lastTransaction()) < as_of:
+            # Record that the copy reached the source's last transaction
+            # (its last records may all have been deletions).
+            closing = Txn(p64(as_of), ' ', b'', b'', b'', [])
+            writer = make_writer(source, dest, Stats())
+            run([closing], writer, writer.stats)
     return stats
 
 

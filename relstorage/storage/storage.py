@@ -1627,6 +1627,28 @@ class RelStorage(ConflictResolvingStorage):
         self._check_open()
         self._adapter.refresh_statistics()
 
+    def mark_copy(self, started):
+        """Record that a copy into this database began at ``started``
+        (seconds since the epoch) and has not finished, or, with None,
+        that it has (copy.py: zodbconvert, copyTransactionsFrom).  Until
+        then a pack with garbage collection refuses to run: a copy cut
+        short holds objects whose referrers it has not copied yet (from a
+        history-free source, every object's current revision comes under
+        its own transaction), and a pack removed them for good (a helper
+        agent's check)."""
+        if self._is_read_only:
+            raise POSException.ReadOnlyError()
+        self._check_open()
+        conn = self._adapter.open_connection('store')
+        try:
+            self._adapter.set_copy_mark(conn, started)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+
     def zap_all(self, **kwargs):
         """Remove every object and transaction, leaving an empty, usable
         database with its schema (zodbshootout's ``--zap``, test tools).

@@ -574,12 +574,40 @@ class PackBehaviourTests(PackCase):
         with self.assertRaises(PackError) as cm:
             storage.pack(time.time() + 1, referencesf)
         self.assertIn('no root object', str(cm.exception))
+        # The pre-pack analysis says so too (a helper agent's check: it
+        # reported "would remove 3 objects").
+        with self.assertRaises(PackError) as cm:
+            storage.run_pack(time.time() + 1, referencesf, prepack_only=True)
+        self.assertIn('no root object', str(cm.exception))
         for oid in oids:
             self.assertEqual(storage.load(oid)[1], tid)
         # Without garbage collection there is nothing to fear.
         storage.pack(time.time() + 1, referencesf, gc=False)
         for oid in oids:
             self.assertEqual(storage.load(oid)[1], tid)
+
+    def test_a_database_a_copy_has_not_finished_is_not_collected(self):
+        # A helper agent's check: a copy cut short (zodbconvert, or
+        # copyTransactionsFrom) holds objects whose referrers it has not
+        # copied yet; a pack removed them for good.  The copy marks the
+        # database until it finishes (see test_zodbconvert for the copy).
+        from relstorage.storage.pack import PackError
+        db = self.db()
+        child_oid = self.populate(db)
+        storage = db.storage
+        storage.mark_copy(time.time())
+        for prepack_only in (False, True):
+            with self.assertRaises(PackError) as cm:
+                storage.run_pack(time.time() + 1, referencesf, prepack_only=prepack_only)
+            self.assertIn('has not finished', str(cm.exception))
+        self.assertTrue(self.exists(child_oid))
+        # History alone may go.
+        storage.pack(time.time() + 1, referencesf, gc=False)
+        self.assertTrue(self.exists(child_oid))
+        storage.mark_copy(None)
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
 
     def test_object_reachable_only_from_an_old_revision_is_collected(self):
         # 'child' was referenced by an older revision of 'keep' only.

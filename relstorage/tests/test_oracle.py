@@ -348,6 +348,9 @@ def drive_every_verb(adapter, recorder):
     adapter.bump_pack_mark(store)
     adapter.pack_mark(store)
     adapter.zap_mark(store)
+    adapter.set_copy_mark(store, 1764590000)
+    adapter.copy_mark(store)
+    adapter.set_copy_mark(store, None)
     store.commit()
     store.close()
 

@@ -22,6 +22,7 @@ from ZODB.blob import is_blob_record
 from ZODB.Connection import TransactionMetaData
 from ZODB.FileStorage import FileStorage
 from ZODB.POSException import POSKeyError
+from ZODB.serialize import referencesf
 from ZODB.utils import p64
 from ZODB.utils import u64
 
@@ -1334,6 +1335,8 @@ class TestInterrupted(ConvertTestCase):
         storage = self.open_rs(db, keep_history)
         try:
             partial = u64(storage.lastTransaction())
+            # A pack with garbage collection waits for the copy to finish.
+            self.assert_pack_refused(storage)
         finally:
             storage.close()
         self.assertTrue(partial, 'nothing was committed before the interruption')
@@ -1344,6 +1347,93 @@ class TestInterrupted(ConvertTestCase):
         # With it: resumed, and the result is complete.
         self.assertConverted(self.convert(fs_section('source', src), dest,
                                           '--incremental', '--verify'))
+        storage = self.open_rs(db, keep_history)
+        try:
+            storage.pack(time.time() + 1, referencesf)
+        finally:
+            storage.close()
+
+    def assert_pack_refused(self, storage):
+        from relstorage.storage.pack import PackError
+        before = copy.current_tids(storage, u64(storage.lastTransaction()))
+        with self.assertRaises(PackError) as raised:
+            storage.pack(time.time() + 1, referencesf)
+        self.assertIn('has not finished', str(raised.exception))
+        self.assertIn('Nothing was removed', str(raised.exception))
+        self.assertEqual([list(part) for part in copy.current_tids(
+            storage, u64(storage.lastTransaction()))], [list(part) for part in before])
+
+    def test_a_copy_cut_short_with_its_root_is_not_packed(self):
+        # A helper agent's check: from a history-free source, where each
+        # object comes under the transaction of its current revision, a
+        # copy killed after the root but before the container the root
+        # refers to; a nightly pack of the destination removed 168 of the
+        # 169 objects copied (nothing led to them yet), and the copy's
+        # resume then referred to missing objects ("missing from the
+        # destination", said --verify).
+        source_db = self.database()
+        source = rs_section('source', source_db, keep_history=False)
+        storage = self.open_rs(source_db, keep_history=False)
+        db = ZODB.DB(storage)
+        try:
+            conn = db.open()
+            conn.root()['A'] = container = PersistentMapping(bs=[])
+            transaction.commit()
+            kept = []
+            for i in range(6):
+                obj = PersistentMapping(n=i)
+                conn.add(obj)
+                kept.append(obj)
+                transaction.commit()
+            container['bs'] = kept
+            transaction.commit()
+            conn.close()
+        finally:
+            db.close()
+        dest_db = self.database()
+        dest = rs_section('destination', dest_db, keep_history=False)
+        self._interrupt_after(1)
+        self.assertConverted(self.convert(source, dest, '--strategy', 'replay'), rc=1)
+        copy.RelStorageWriter.flush = self._saved[1]
+        storage = self.open_rs(dest_db, keep_history=False)
+        try:
+            # The root came first; the container, changed last, did not.
+            self.assertTrue(storage.load(p64(0)))
+            self.assert_pack_refused(storage)
+        finally:
+            storage.close()
+        self.assertConverted(self.convert(source, dest, '--incremental', '--verify'))
+        db = ZODB.DB(self.open_rs(dest_db, keep_history=False))
+        try:
+            db.pack(time.time() + 1)
+            with db.transaction() as conn:
+                self.assertEqual([obj['n'] for obj in conn.root()['A']['bs']],
+                                 list(range(6)))
+        finally:
+            db.close()
+
+    def test_a_copy_killed_after_its_last_batch_is_finished_by_a_resume(self):
+        # The mark of a copy whose last batch committed before it could
+        # say it had finished: a resume with nothing to copy removes it.
+        src = self.path('done.fs')
+        make_source(src, transactions=5)
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        storage = self.open_rs(db)
+        try:
+            storage.mark_copy(time.time())
+            self.assert_pack_refused(storage)
+        finally:
+            storage.close()
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--incremental'))
+        self.assertIn('Nothing to copy', out)
+        storage = self.open_rs(db)
+        try:
+            storage.pack(time.time() + 1, referencesf)
+        finally:
+            storage.close()
 
     def test_interrupted_history_preserving(self):
         self._interrupted(True)
