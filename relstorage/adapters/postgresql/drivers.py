@@ -8,6 +8,7 @@ never imports a driver itself.
 import binascii
 import importlib
 import re
+import sys
 
 from ...interfaces import RelStorageError
 from .. import drivers
@@ -107,7 +108,9 @@ def select_driver(name):
     name = drivers.canonical_name(DRIVER_NAMES, name, 'PostgreSQL')
     if name == 'auto':
         order = (Psycopg2Driver, Psycopg3Driver)
-        if drivers.gevent_patched():
+        if drivers.gevent_patched() or _psycopg2_has_wait_callback():
+            # (With a wait callback, psycopg2 uploads without COPY:
+            # Psycopg2Driver._insert_rows.)
             order = order[::-1]
         driver, problems = drivers.first_importable(order, label='name')
         if driver is not None:
@@ -126,6 +129,13 @@ def select_driver(name):
         raise RelStorageError(
             "The PostgreSQL driver %r was configured but cannot be imported "
             "(%s). Install it, or set driver to auto." % (name, exc)) from exc
+
+
+def _psycopg2_has_wait_callback():
+    """Whether psycopg2, if imported, has a wait callback installed
+    (psycogreen's patch_psycopg, under gevent)."""
+    ext = sys.modules.get('psycopg2.extensions')
+    return ext is not None and ext.get_wait_callback() is not None
 
 
 class Driver:
@@ -268,21 +278,17 @@ class Psycopg2Driver(Driver):
     # psycopg2 never prepares on its own (psycopg 3 does after a few
     # executions), so the per-object load is prepared explicitly.
     prepares_explicitly = True
-    blocks_gevent = True        # libpq's waits, in C (drivers.gevent_patched)
+
+    @property
+    def blocks_gevent(self):
+        # libpq's waits, in C (drivers.gevent_patched), unless a wait
+        # callback (psycogreen's) waits instead.
+        return not _psycopg2_has_wait_callback()
 
     def __init__(self):
         super().__init__()
         import psycopg2.extensions
         ext = psycopg2.extensions
-        if ext.get_wait_callback() is not None:
-            # (psycogreen's patch_psycopg, for gevent: a helper agent's
-            # check saw the first commit fail with "copy_expert cannot be
-            # used with an asynchronous callback".)
-            raise drivers.DriverUnusable(
-                "psycopg2 has a wait callback installed (psycogreen's patch_psycopg?), "
-                "with which it cannot run COPY, used to upload a commit; use driver "
-                "psycopg (psycopg 3), which waits cooperatively under gevent without "
-                "one")
 
         binary = self.module.BINARY
         fromhex = bytes.fromhex
@@ -300,6 +306,7 @@ class Psycopg2Driver(Driver):
             return bytes(binary(value, cursor))
         # bytea columns come back as bytes, as with psycopg 3, not memoryview.
         self._bytes_type = ext.new_type(self.module.BINARY.values, 'RS_BYTEA', cast_bytes)
+        self._inserts = {}
 
     def sqlstate(self, exc):
         return getattr(exc, 'pgcode', None)
@@ -327,11 +334,35 @@ class Psycopg2Driver(Driver):
         return conn
 
     def copy_in(self, cursor, stmt, rows):
+        if self.module.extensions.get_wait_callback() is not None:
+            return self._insert_rows(cursor, stmt, rows)
         cursor.copy_expert(stmt, _CopyTextReader(rows))
 
     def copy_new_objects(self, cursor, stmt, ints, rows):
+        if self.module.extensions.get_wait_callback() is not None:
+            return self._insert_rows(cursor, stmt, rows)
         cursor.copy_expert(stmt, _CopyTextReader(rows, _new_object_line))
 
+    def _insert_rows(self, cursor, stmt, rows):
+        """``COPY table (columns) FROM STDIN`` as multi-row INSERTs, for a
+        wait callback (psycogreen's patch_psycopg, for gevent), with which
+        psycopg2 refuses COPY: helper agents' checks saw every commit fail
+        with "copy_expert cannot be used with an asynchronous callback",
+        first with the callback installed before the storage opened, then
+        (once that was refused) after, in a worker forked from a process
+        that opened it, as gunicorn's --preload does."""
+        from psycopg2.extras import execute_values
+        insert = self._inserts.get(stmt)
+        if insert is None:
+            match = _COPY_STATEMENT.match(stmt)
+            insert = self._inserts[stmt] = 'INSERT INTO %s VALUES %%s' % match.group(1)
+        execute_values(cursor, insert, rows, page_size=_INSERT_PAGE)
+
+
+#: A COPY statement of ours, and its table and columns.
+_COPY_STATEMENT = re.compile(r'^\s*COPY\s+(\w+\s*\([^)]*\))\s+FROM\s+STDIN\s*$', re.I)
+#: Rows per INSERT statement when COPY cannot be used.
+_INSERT_PAGE = 100
 
 #: A bytea value this long in hexadecimal (psycopg2's results), or a
 #: state this long (COPY lines), is handled in pieces.
