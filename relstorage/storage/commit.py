@@ -323,13 +323,17 @@ class Commit:
             # (A helper agent's check: after a copied transaction of tid
             # 2**63-2, a commit took the tid that stands for "no limit" in
             # the queries, and every commit after it failed with the
-            # driver's overflow error.)  Rolled back by the abort.
+            # driver's overflow error.  Its advice to copy with zodbconvert
+            # failed too: a copy keeps the tids.)  Rolled back by the abort.
             tid, self.tid = self.tid, None
             raise POSException.StorageError(
                 "%s cannot commit: its transaction ids are used up (the last one "
-                "committed is %016x, the largest there can be %016x); copy its objects "
-                "into a new database with zodbconvert" % (adapter.describe(), tid - 1,
-                                                          MAX_TID - 1))
+                "committed is %016x, the largest there can be %016x). Its objects can "
+                "still be read. To write again, they must go into a new database under "
+                "new transaction ids, which zodbconvert cannot do (it keeps them): "
+                "ZODB's export and import can (Connection.exportFile of what the root "
+                "holds, then importFile into the new database's root)"
+                % (adapter.describe(), tid - 1, MAX_TID - 1))
         fault_point('vote.commit_locked')
         if self.undone_tids:
             self._check_not_packed(conn)
