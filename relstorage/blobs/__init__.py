@@ -14,6 +14,7 @@ Each storage instance gets its own ``BlobTransaction`` from the mode object
 for the transaction being committed.
 """
 import os
+import tempfile
 
 from ..directories import ensure_directory
 from ..interfaces import RelStorageError
@@ -33,10 +34,11 @@ def make_blobs(options, adapter, shared=None):
         return _open_read_only(blob_dir, options)
     try:
         os.makedirs(os.path.join(blob_dir, 'tmp'), exist_ok=True)
-        probe = os.path.join(blob_dir, 'tmp', '.writable-%d' % os.getpid())
-        with open(probe, 'wb') as f:
+        # (A name of its own: two storages of one process opening at once
+        # removed each other's probe, named by the process only.)
+        with tempfile.NamedTemporaryFile(dir=os.path.join(blob_dir, 'tmp'),
+                                         prefix='.writable-') as f:
             f.write(b'x')
-        os.remove(probe)
     except OSError as exc:
         raise RelStorageError("blob-dir %s is not usable: %s" % (blob_dir, exc)) from exc
     if options.shared_blob_dir:

@@ -25,6 +25,7 @@ files renamed into place after the other prune had counted stayed over
 the limit until the next read).  Closing the storage finishes a prune
 under way, which its daemon thread might not.
 """
+import contextlib
 import fcntl
 import logging
 import os
@@ -33,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
 from ZODB.blob import rename_or_copy_blob
 
@@ -46,6 +46,7 @@ from .common import BlobMode
 from .common import database_holds_blobs
 from .common import remove_file
 from .common import remove_object_dirs
+from .common import write_file as _write_file
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,17 @@ class CachedBlobs(BlobMode):
             # two processes of different databases opening a new cache
             # together both bound it, each writing its own key); then read
             # again: another process's, or an earlier release's without a
-            # key, which is bound below.
+            # key, bound here while no other process of ours reads it (the
+            # same race, in a cache an earlier release made: a helper
+            # agent's reading).
             if _write_file(marker, CACHE_MARKER_TEXT + CACHE_KEY_LINE % key,
                            exclusive=True):
                 return
-            found = _marker_key(marker)
+            with _locked_directory(self.blob_dir):
+                found = _marker_key(marker)
+                if found is None:
+                    _write_file(marker, CACHE_MARKER_TEXT + CACHE_KEY_LINE % key)
+                    return
         if found is not None and key is not None and found != key:
             raise RelStorageError(
                 "blob-dir %s is the blob cache of another database (its file %s names "
@@ -567,32 +574,24 @@ def _read_mark(path):
         return None
 
 
-def _write_file(path, text, exclusive=False):
-    """Replace ``path`` with ``text`` at once (readers see the old file or
-    the new one, never a part), with the permissions the umask gives.
-    ``exclusive``: only if there is no such file (False when there was
-    one)."""
-    temp = '%s.%s.tmp' % (path, uuid.uuid4().hex)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+@contextlib.contextmanager
+def _locked_directory(path):
+    """An exclusive flock of directory ``path`` for the block, shared with
+    every process of ours binding a cache there (where the file system
+    does not lock, none)."""
     try:
-        with os.fdopen(fd, 'w') as f:
-            f.write(text)
-        if exclusive:
-            try:
-                # A hard link is made whole, and only where no file is.
-                os.link(temp, path)
-                return True
-            except FileExistsError:
-                return False
-            except OSError:
-                # (A file system without hard links: the second of two
-                # processes that get here at once replaces the first's.)
-                if os.path.exists(path):
-                    return False
-        os.replace(temp, path)
-        return True
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
     finally:
-        remove_file(temp)
+        os.close(fd)
 
 
 def _touch(path):

@@ -7,6 +7,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 
 from ZODB.blob import LAYOUT_MARKER
 from ZODB.blob import LAYOUTS
@@ -71,7 +72,7 @@ class BlobMode:
         # directory (or a cache) is laid out as ZODB's own blob storages
         # lay it out; an existing one keeps the layout it has.
         self.fshelper = FilesystemHelper(blob_dir, choose_layout(blob_dir, self.only_copy))
-        self.fshelper.create()
+        _create(self.fshelper)
         if not options.read_only:
             self.remove_stale_pending()
 
@@ -281,6 +282,50 @@ def _empty_zeo_cache(blob_dir):
                 "RelStorage's): its %d blob files were removed, and the cache starts again "
                 "in the bushy layout (the database holds every blob)",
                 blob_dir, ZEO_CACHE_LAYOUT, removed)
+
+
+def _create(fshelper):
+    """ZODB's FilesystemHelper.create, for processes that open a new
+    directory at once (a server's workers starting together): ZODB's
+    tests, then makes, its directories (FileExistsError in the second
+    process, seen in a test of two caches opening at once) and writes its
+    layout marker in place (another process read it empty: "names the
+    layout ''").  Made here first, the marker whole and only once."""
+    os.makedirs(fshelper.temp_dir, exist_ok=True)
+    marker = os.path.join(fshelper.base_dir, LAYOUT_MARKER)
+    if not os.path.exists(marker):
+        # (Not where there is one: a directory read from read-only media.)
+        write_file(marker, fshelper.layout_name, exclusive=True)
+    fshelper.create()
+
+
+def write_file(path, text, exclusive=False):
+    """Replace ``path`` with ``text`` at once (readers see the old file or
+    the new one, never a part), with the permissions the umask gives.
+    ``exclusive``: only if there is no such file (False when there was
+    one)."""
+    temp = '%s.%s.tmp' % (path, uuid.uuid4().hex)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, 'w') as f:
+            f.write(text)
+        if exclusive:
+            try:
+                # A hard link is made whole, and only where no file is.
+                os.link(temp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError:
+                # (A file system without hard links: the second of two
+                # processes that get here at once replaces the first's.)
+                if os.path.exists(path):
+                    return False
+        os.replace(temp, path)
+        return True
+    finally:
+        remove_file(temp)
+
 
 
 def database_holds_blobs(adapter):

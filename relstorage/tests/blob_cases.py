@@ -333,6 +333,94 @@ class BlobCacheTests(BlobCase):
         self.assertEqual(real(marker), 12345)
         self.assertEqual([n for n in os.listdir(directory) if n.endswith('.tmp')], [])
 
+    def test_processes_opening_a_new_directory_at_once(self):
+        # ZODB's FilesystemHelper.create tests, then writes, its layout
+        # marker in place: another process opening the directory then
+        # could read it empty ("names the layout ''").  Here ZODB's write
+        # of the marker waits, while another storage opens the directory.
+        from unittest import mock
+        import ZODB.blob
+        from relstorage.blobs import make_blobs
+        real_open = open
+
+        class SlowWrite:
+            def __init__(self, f):
+                self.f = f
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.f.close()
+
+            def write(self, text):
+                time.sleep(0.3)
+                return self.f.write(text)
+
+        def slow_open(path, mode='r', *args, **kw):
+            f = real_open(path, mode, *args, **kw)
+            if path.endswith(ZODB.blob.LAYOUT_MARKER) and 'w' in mode:
+                return SlowWrite(f)
+            return f
+        for shared in (False, True):
+            directory = os.path.join(self.tmp, 'new-%s' % shared)
+            errors = []
+
+            def open_directory():
+                try:
+                    make_blobs(Options(blob_dir=directory, shared_blob_dir=shared), None)
+                except Exception as exc:  # pylint:disable=broad-except
+                    errors.append(repr(exc))
+            with mock.patch.object(ZODB.blob, 'open', slow_open, create=True):
+                first = threading.Thread(target=open_directory)
+                first.start()
+                time.sleep(0.1)
+                open_directory()
+                first.join()
+            self.assertEqual(errors, [])
+            with open(os.path.join(directory, ZODB.blob.LAYOUT_MARKER)) as f:
+                self.assertEqual(f.read(), 'bushy')
+
+    def test_two_databases_binding_an_earlier_releases_cache_at_once(self):
+        # A helper agent's reading: a cache an earlier release marked
+        # without a key, opened by processes of two databases at once:
+        # both read no key, and both wrote theirs.  Here each read of the
+        # marker waits, so that both read before either writes.
+        from unittest import mock
+        from relstorage.blobs import cached
+        from relstorage.blobs import make_blobs
+        directory = os.path.join(self.tmp, 'earlier')
+        os.makedirs(directory)
+        marker = os.path.join(directory, cached.CACHE_MARKER)
+        with open(marker, 'w') as f:
+            f.write(cached.CACHE_MARKER_TEXT)
+        real = cached._marker_key
+
+        def slow(path):
+            found = real(path)
+            time.sleep(0.2)
+            return found
+        outcomes = {}
+
+        def bind(key):
+            blobs = make_blobs(Options(blob_dir=directory, shared_blob_dir=False), None)
+            try:
+                blobs._bind(marker, key, 'database %d' % key)
+                outcomes[key] = 'bound'
+            except RelStorageError as exc:
+                outcomes[key] = str(exc)
+        with mock.patch.object(cached, '_marker_key', slow):
+            threads = [threading.Thread(target=bind, args=(key,)) for key in (111, 222)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        bound = [key for key, outcome in outcomes.items() if outcome == 'bound']
+        self.assertEqual(len(bound), 1, outcomes)
+        self.assertEqual(real(marker), bound[0])
+        other = ({111, 222} - set(bound)).pop()
+        self.assertIn('is the blob cache of another database', outcomes[other])
+
     def test_a_path_handed_out_is_not_pruned_at_once(self):
         # A helper agent's check: a path from loadBlob (what ZODB's
         # Blob.committed() returns, which Plone opens to stream a file)
