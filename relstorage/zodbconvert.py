@@ -520,10 +520,11 @@ class Converter:
         if source_last <= dest_last:
             self.say('Nothing to copy: the destination is up to date (last transaction %s).'
                      % _tid(dest_last))
-            if not args.dry_run and copy.is_relstorage(dest):
+            marked = None if args.dry_run else copy.relstorage_under(dest)
+            if marked is not None:
                 # (A copy killed after its last batch, before it said it
                 # had finished: packs wait for that.)
-                dest.mark_copy(None)
+                marked.mark_copy(None)
         elif bulk:
             self.say('%s the current objects as of %s (history-free destination: '
                      'no history, no transaction metadata)'

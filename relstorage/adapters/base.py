@@ -1648,6 +1648,9 @@ class Adapter(PackVerbs):
             mark = self.bump_pack_mark(conn)
             conn.execute(self.q(self.sql.CLEAR_ZAP_MARK))
             conn.execute(self.q(self.sql.INSERT_ZAP_MARK), (mark,))
+            # (Nor a copy left unfinished: a helper agent's check saw
+            # every pack of the emptied database refused.)
+            self.set_copy_mark(conn, None)
             conn.commit()
         except BaseException:
             conn.rollback()

@@ -331,8 +331,9 @@ class Commit:
                 "committed is %016x, the largest there can be %016x). Its objects can "
                 "still be read. To write again, they must go into a new database under "
                 "new transaction ids, which zodbconvert cannot do (it keeps them): "
-                "ZODB's export and import can (Connection.exportFile of what the root "
-                "holds, then importFile into the new database's root)"
+                "ZODB's export and import can (Connection.exportFile of the root, "
+                "oid 0, once; importFile of that in a connection to the new database, "
+                "and the imported mapping's items put in its root)"
                 % (adapter.describe(), tid - 1, MAX_TID - 1))
         fault_point('vote.commit_locked')
         if self.undone_tids:

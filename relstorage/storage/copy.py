@@ -890,12 +890,31 @@ def unfinished(dest, dry_run=False):
     (RelStorage.mark_copy) in the block, and no longer when it ends
     without an error: a pack with garbage collection refuses to run
     until then."""
-    if dry_run or not is_relstorage(dest):
+    dest = None if dry_run else relstorage_under(dest)
+    if dest is None:
         yield
         return
     dest.mark_copy(time.time())
     yield
     dest.mark_copy(None)
+
+
+def relstorage_under(storage):
+    """The RelStorage ``storage`` is, or the one it wraps (zc.zlibstorage's
+    ``base``, zc.beforestorage's ``storage``, as many layers as there are),
+    else None (a helper agent's check: a copy into ``<zlibstorage>``
+    around ``<relstorage>`` was not marked, and a pack removed what it had
+    not linked yet)."""
+    for _ in range(10):
+        if is_relstorage(storage):
+            return storage
+        inner = getattr(storage, 'base', None)
+        if inner is None or not hasattr(inner, 'lastTransaction'):
+            inner = getattr(storage, 'storage', None)
+        if inner is None or inner is storage or not hasattr(inner, 'lastTransaction'):
+            return None
+        storage = inner
+    return None
 
 
 def copy_transactions(source, dest, start=None, progress=None, dry_run=False, stats=None,

@@ -60,6 +60,17 @@ def assert_reachable_objects_load(test, storage):
     return seen
 
 
+
+def _copy_mark(storage):
+    """The copy mark of ``storage``'s database (Adapter.copy_mark)."""
+    adapter = storage._adapter
+    conn = adapter.open_load()
+    try:
+        return adapter.copy_mark(conn)
+    finally:
+        conn.rollback()
+        conn.close()
+
 class PackCase(FactoryCase):
     """Helpers: a config file for zodbpack, a populated database, row counts."""
 
@@ -604,7 +615,15 @@ class PackBehaviourTests(PackCase):
         # History alone may go.
         storage.pack(time.time() + 1, referencesf, gc=False)
         self.assertTrue(self.exists(child_oid))
+        # zap_all empties the database and forgets the copy (a helper
+        # agent's check: every pack of the emptied database was refused).
+        storage.zap_all()
+        self.assertIsNone(_copy_mark(storage))
+        storage.mark_copy(time.time())
+        self.assertIsNotNone(_copy_mark(storage))
         storage.mark_copy(None)
+        db = self.db()      # (makes the root again)
+        child_oid = self.populate(db)
         db.pack(time.time() + 1)
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()

@@ -1412,6 +1412,42 @@ class TestInterrupted(ConvertTestCase):
         finally:
             db.close()
 
+    def test_a_copy_into_a_wrapped_relstorage_is_marked(self):
+        # A helper agent's check: a copy into <zlibstorage> around
+        # <relstorage> (a storage wrapping ours) set no mark; a pack of the
+        # copy cut short removed 39 objects, and the resumed copy referred
+        # to them.
+        from unittest import mock
+        src = self.path('wrapped.fs')
+        make_source(src, transactions=20)
+        db = self.database()
+        dest = ('%import zc.zlibstorage\n<zlibstorage destination>\n'
+                + rs_section('', db) + '</zlibstorage>\n')
+        original = copy.StorageWriter.write
+        written = []
+
+        def write(writer, txn):
+            if len(written) == 5:
+                raise Interrupt()
+            written.append(txn)
+            return original(writer, txn)
+        with mock.patch.object(copy.StorageWriter, 'write', write):
+            self.assertConverted(self.convert(fs_section('source', src), dest), rc=1)
+        storage = self.open_rs(db)
+        try:
+            self.assertTrue(u64(storage.lastTransaction()))
+            self.assert_pack_refused(storage)
+        finally:
+            storage.close()
+        self.assertConverted(self.convert(fs_section('source', src), dest,
+                                          '--incremental', '--verify'))
+        import ZODB.config
+        storage = ZODB.config.storageFromString('%import relstorage\n' + dest)
+        try:
+            storage.pack(time.time() + 1, referencesf)
+        finally:
+            storage.close()
+
     def test_a_copy_killed_after_its_last_batch_is_finished_by_a_resume(self):
         # The mark of a copy whose last batch committed before it could
         # say it had finished: a resume with nothing to copy removes it.
