@@ -1037,6 +1037,30 @@ class WaitCallbackTests(PGCase):
         self.install_callback()
         self.check_commits(self.db())
 
+    def test_big_states_go_in_pieces(self):
+        # A review finding: psycopg2 spells each value out in the INSERT,
+        # and PostgreSQL takes no statement of 1 GB: a commit of one state
+        # of 300 MB failed ("invalid memory alloc request"), one of 3 x 180
+        # MB took 7.6 GB of client memory.  States are now inserted a few
+        # MB of them at a time, a big one in pieces; here the sizes are
+        # scaled down.
+        from unittest import mock
+        from relstorage.adapters.postgresql import drivers as pg_drivers
+        self.install_callback()
+        db = self.db()
+        states = {'one': os.urandom(2500000), 'two': os.urandom(900000),
+                  'three': os.urandom(900000), 'small': b's'}
+        with mock.patch.object(pg_drivers, '_INSERT_CHUNK', 1 << 20), \
+                mock.patch.object(pg_drivers, '_INSERT_BYTES', 1 << 20):
+            for _ in range(2):      # new objects, then changes
+                with db.transaction() as conn:
+                    for key, data in states.items():
+                        conn.root()[key] = PersistentMapping(data=data)
+                states = {key: data[::-1] for key, data in states.items()}
+        states = {key: data[::-1] for key, data in states.items()}
+        with self.db().transaction() as conn:
+            self.assertEqual({key: conn.root()[key]['data'] for key in states}, states)
+
 
 class WaitCallbackTestsHF(WaitCallbackTests):
     keep_history = False

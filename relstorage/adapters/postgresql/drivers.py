@@ -350,19 +350,61 @@ class Psycopg2Driver(Driver):
         with "copy_expert cannot be used with an asynchronous callback",
         first with the callback installed before the storage opened, then
         (once that was refused) after, in a worker forked from a process
-        that opened it, as gunicorn's --preload does."""
+        that opened it, as gunicorn's --preload does.
+
+        psycopg2 spells every value out in the statement (a state in
+        hexadecimal, twice its size), and PostgreSQL takes no statement of
+        1 GB or more: an INSERT carries at most _INSERT_BYTES of states,
+        and a larger state goes in pieces of _INSERT_CHUNK, the first
+        inserted, the others appended (a review finding: a commit of 300
+        MB failed with "invalid memory alloc request", one of 3 x 180 MB
+        took 7.6 GB of client memory and lost its connection)."""
         from psycopg2.extras import execute_values
-        insert = self._inserts.get(stmt)
-        if insert is None:
-            match = _COPY_STATEMENT.match(stmt)
-            insert = self._inserts[stmt] = 'INSERT INTO %s VALUES %%s' % match.group(1)
-        execute_values(cursor, insert, rows, page_size=_INSERT_PAGE)
+        plan = self._inserts.get(stmt)
+        if plan is None:
+            plan = self._inserts[stmt] = _insert_plan(stmt)
+        insert, append, key_columns = plan
+        page = []
+        size = 0
+        for row in rows:
+            state = row[-1]
+            length = 0 if state is None else len(state)
+            if page and (size + length > _INSERT_BYTES or len(page) >= _INSERT_PAGE):
+                execute_values(cursor, insert, page, page_size=len(page))
+                page, size = [], 0
+            if length <= _INSERT_CHUNK:
+                page.append(row)
+                size += length
+                continue
+            view = memoryview(state)
+            execute_values(cursor, insert, [tuple(row[:-1]) + (view[:_INSERT_CHUNK],)])
+            key = tuple(row[i] for i in key_columns)
+            for start in range(_INSERT_CHUNK, length, _INSERT_CHUNK):
+                cursor.execute(append, (view[start:start + _INSERT_CHUNK],) + key)
+        if page:
+            execute_values(cursor, insert, page, page_size=len(page))
 
 
-#: A COPY statement of ours, and its table and columns.
-_COPY_STATEMENT = re.compile(r'^\s*COPY\s+(\w+\s*\([^)]*\))\s+FROM\s+STDIN\s*$', re.I)
-#: Rows per INSERT statement when COPY cannot be used.
+def _insert_plan(stmt):
+    """(INSERT with a VALUES list, UPDATE appending to the state, the
+    positions of the row's key columns) for a COPY statement of ours,
+    whose last column is the state."""
+    match = _COPY_STATEMENT.match(stmt)
+    table, columns = match.group(1), [c.strip() for c in match.group(2).split(',')]
+    keys = [columns.index(name) for name in ('zoid', 'tid') if name in columns]
+    state = columns[-1]
+    append = 'UPDATE %s SET %s = %s || %%s WHERE %s' % (
+        table, state, state, ' AND '.join('%s = %%s' % columns[i] for i in keys))
+    return 'INSERT INTO %s (%s) VALUES %%s' % (table, ', '.join(columns)), append, keys
+
+
+#: A COPY statement of ours: its table and columns.
+_COPY_STATEMENT = re.compile(r'^\s*COPY\s+(\w+)\s*\(([^)]*)\)\s+FROM\s+STDIN\s*$', re.I)
+#: When COPY cannot be used: rows per INSERT statement, bytes of states
+#: per statement, and the pieces a larger state goes in.
 _INSERT_PAGE = 100
+_INSERT_BYTES = 16 << 20
+_INSERT_CHUNK = 64 << 20
 
 #: A bytea value this long in hexadecimal (psycopg2's results), or a
 #: state this long (COPY lines), is handled in pieces.
