@@ -19,6 +19,7 @@ import zope.interface
 from ..interfaces import IRelStorageAdapter
 from ..interfaces import NewObjectExistsError
 from ..interfaces import DatabaseFullError
+from .. import locks
 from ..interfaces import PermissionDeniedError
 from ..interfaces import RelStorageError
 from ..interfaces import EarlierSchemaError
@@ -225,6 +226,7 @@ class Adapter(PackVerbs):
         self.keep_history = self.options.keep_history
         self.sql = self.statements_class(self.keep_history)
         self._q_cache = {}
+        self._locks_made_with = locks.made_now()
         self._oid_lock = threading.Lock()
         self._oid_conn = None
         self._oid_block = []          # preallocated, descending (pop() gives lowest)
@@ -874,6 +876,16 @@ class Adapter(PackVerbs):
             finally:
                 os.close(null)
         return True
+
+    def renew_locks(self):
+        """Make the locks shared by the storage's instances again, if
+        gevent patched the process since (see relstorage/locks.py)."""
+        if locks.stale(self):
+            self._oid_lock = threading.Lock()
+        for name in ('store_sessions', 'load_sessions', 'servers'):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.renew_locks()
 
     def after_fork_in_child(self):
         """In a child process just forked (os.register_at_fork): forget

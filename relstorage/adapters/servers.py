@@ -26,6 +26,7 @@ import threading
 import time
 
 from ..interfaces import DisconnectedError
+from .. import locks
 from ..interfaces import RelStorageError
 from ..messages import one_line
 from ..options import redact_secrets
@@ -261,6 +262,7 @@ class ServerChooser:
     def __init__(self, options, describe_default, clock=time.monotonic, host_port=True):
         self._clock = clock
         self._lock = threading.Lock()
+        self._locks_made_with = locks.made_now()
         self._describe_default = describe_default
         timeout = float(getattr(options, 'replica_timeout', 600.0) or 0)
         path = getattr(options, 'replica_conf', None)
@@ -311,6 +313,11 @@ class ServerChooser:
         # (current() ends the fall-back when replica-timeout has passed.)
         with self._lock:
             return self._ro_down_since is None
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        if locks.stale(self):
+            self._lock = threading.Lock()
 
     def replicas_unusable(self, reason):
         """Loads go to the primary for replica-timeout seconds, as when no

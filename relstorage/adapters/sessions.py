@@ -47,6 +47,7 @@ import threading
 import time
 
 from ..interfaces import SessionPoolExhaustedError
+from .. import locks
 
 #: Sessions idle for less than this (seconds) are handed out unchecked.
 CHECK_AFTER = 1.0
@@ -72,6 +73,7 @@ class SessionPool:
         # (A plain lock: a ZODB connection gives its load session back and
         # takes one again at every transaction boundary.)
         self._cond = threading.Condition(threading.Lock())
+        self._locks_made_with = locks.made_now()
         self._idle = collections.deque()       # (conn, given back at), newest last
         self._out = 0                           # handed out, not given back
         self._closed = False
@@ -170,6 +172,11 @@ class SessionPool:
         with self._cond:
             self._out = max(0, self._out - 1)
             self._cond.notify()
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        if locks.stale(self):
+            self._cond = threading.Condition(threading.Lock())
 
     def after_fork_in_child(self):
         """(In a child process just forked, its connections already set

@@ -37,6 +37,7 @@ import time
 
 from ZODB.blob import rename_or_copy_blob
 
+from .. import locks
 from ..cache.shared import MAX_VALUE
 from ..interfaces import RelStorageError
 from ..options import blob_chunk_bytes
@@ -85,6 +86,7 @@ class CachedBlobs(BlobMode):
         self._check_every = max(1, self.cache_size * check // 100) if self.cache_size else None
         self._added = 0
         self._lock = threading.Lock()
+        self._locks_made_with = locks.made_now()
         self._pruning = False       # this process's prune is running
         self._prune_again = False   # and a check came meanwhile
         self._to_forget = []        # (removed oids or None: all, kept revisions, mark)
@@ -93,6 +95,11 @@ class CachedBlobs(BlobMode):
         # to go) from the cache; None before catch_up.
         self.mark = None
         self._mark_written = None
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        if locks.stale(self):
+            self._lock = threading.Lock()
 
     def check_database(self, adapter, key):
         """Refuse a blob-dir that holds blob files while the database holds

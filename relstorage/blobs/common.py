@@ -62,6 +62,11 @@ class BlobMode:
     def close(self):
         """The storage closes."""
 
+    def renew_locks(self):
+        """(relstorage/locks.py) Make the locks this mode shares between
+        the storage's instances again, if gevent patched the process since
+        they were made."""
+
     #: Whether blob-dir holds the only copy of the blobs (SharedBlobs).
     only_copy = False
 

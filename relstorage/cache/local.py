@@ -29,6 +29,8 @@ import threading
 import zlib
 from collections import OrderedDict
 
+from .. import locks
+
 #: Pickles shorter than this are never compressed (zlib would not win).
 COMPRESS_MIN = 64
 
@@ -70,7 +72,13 @@ class LocalStateCache:
         self._size = 0                  # both segments
         self._protected_size = 0
         self._lock = threading.Lock()
+        self._locks_made_with = locks.made_now()
         self.hits = self.misses = 0
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        if locks.stale(self):
+            self._lock = threading.Lock()
 
     def __len__(self):
         return len(self._probation) + len(self._protected)

@@ -7,6 +7,7 @@ import importlib
 import os
 import threading
 
+from .. import locks
 from ..options import redact_secrets
 from .shared import CONNECT_TIMEOUT
 from .shared import TIMEOUT
@@ -93,6 +94,11 @@ class _MemcachedServer(Server):
         self._client = make()
         # (A pylibmc client is not thread-safe; pymemcache's pool is.)
         self._lock = threading.Lock()
+        self._locks_made_with = locks.made_now()
+
+    def renew_locks(self):
+        if locks.stale(self):
+            self._lock = threading.Lock()
 
     @property
     def client(self):

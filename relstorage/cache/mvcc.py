@@ -41,6 +41,7 @@ from bisect import bisect_left
 from bisect import bisect_right
 from bisect import insort
 
+from .. import locks
 from ..adapters.packing import ALL_REVISIONS
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class ChangeIndex:
     def __init__(self, limit=100000):
         self.limit = max(10, int(limit))
         self._lock = threading.RLock()
+        self._locks_made_with = locks.made_now()
         self._poisoned = []          # (low, high]: snapshots of a history rolled back
         self.answered = self.unknown = 0
         self.polls = self.polls_free = 0
@@ -59,6 +61,11 @@ class ChangeIndex:
 
     # ------------------------------------------------------------------
     # State
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        if locks.stale(self):
+            self._lock = threading.RLock()
 
     def _reset_log(self):
         self._start = None           # None: no log at all

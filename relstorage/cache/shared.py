@@ -149,6 +149,11 @@ class Server:
     def close(self):
         pass
 
+    def renew_locks(self):
+        """(relstorage/locks.py) The clients' own locks are held only
+        while they take a connection of their pool; a server whose client
+        is not safe to share keeps a lock of its own (memcache.py)."""
+
     def is_connection_error(self, exc):
         return isinstance(exc, (OSError, EOFError))
 
@@ -192,6 +197,11 @@ class SharedStateCache:
         self.blob_hits = self.blob_misses = 0
 
     # ------------------------------------------------------------------
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        for server in self._servers:
+            server.renew_locks()
 
     def key(self, oid, tid):
         return '%s:s:%x:%x' % (self.prefix, oid, tid)

@@ -22,6 +22,7 @@ import re
 import threading
 import time
 
+from .. import locks
 from ..directories import ensure_directory
 from ..interfaces import RelStorageError
 from .local import LocalStateCache
@@ -94,6 +95,7 @@ class StorageCache:
         self._to_shared = {}        # states read from the database, sent in batches
         self._hints_to_shared = {}  # and which tid was current: {oid: (tid, as_of)}
         self._to_shared_lock = threading.Lock()
+        self._locks_made_with = locks.made_now()
         # The database's key (Adapter.database_key), for what outlives the
         # process: the shared cache's namespace and the cache file.
         self.database_key = None
@@ -517,6 +519,17 @@ class StorageCache:
         """The newest pack mark a snapshot of this process has shown
         (None before the first)."""
         return self._pack_mark
+
+    def renew_locks(self):
+        """(relstorage/locks.py)"""
+        if locks.stale(self):
+            self._to_shared_lock = threading.Lock()
+            self._mark_lock = threading.Lock()
+            self._own_lock = threading.Lock()
+        self.local.renew_locks()
+        self.index.renew_locks()
+        if self.shared is not None:
+            self.shared.renew_locks()
 
     def note_pack_mark(self, mark, snapshot, removals=None, zap_mark=None):
         """A snapshot ``snapshot`` saw pack mark ``mark`` (see

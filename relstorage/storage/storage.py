@@ -58,6 +58,7 @@ from ZODB.utils import oid_repr
 from ZODB.utils import p64
 from ZODB.utils import u64
 
+from .. import locks
 from ..blobs import make_blobs
 from ..cache.shared import missing_client
 from ..cache.storage_cache import StorageCache
@@ -267,6 +268,7 @@ class RelStorage(ConflictResolvingStorage):
         self._lock = threading.RLock()
         # _tpc_cond serializes two-phase commits on this instance.
         self._tpc_cond = threading.Condition()
+        self._locks_made_with = locks.made_now()
         self._load_conn = None          # from the snapshot's start to afterCompletion
         self._store_conn = None         # from vote to the end of the commit
         # A store session keeping a lost vote's row locks for the retry
@@ -336,7 +338,25 @@ class RelStorage(ConflictResolvingStorage):
     # Instances (IMVCCStorage)
 
     def new_instance(self):
+        self._follow_gevent()
         return self._wrapped(self._new_instance())
+
+    def _follow_gevent(self):
+        """On the way in, before any lock is taken: if gevent has patched
+        the process since this instance's locks were made (a storage opened
+        in gunicorn's master with --preload, used in a gevent worker), make
+        them again, and the shared parts' (relstorage/locks.py)."""
+        if self._locks_made_with is not threading.Lock:
+            self._renew_locks()
+
+    def _renew_locks(self):
+        if locks.stale(self):
+            self._lock = threading.RLock()
+            self._tpc_cond = threading.Condition()
+        self._adapter.renew_locks()
+        self._cache.renew_locks()
+        if self._blobs is not None:
+            self._blobs.renew_locks()
 
     def before_instance(self, before=None):
         instance = self._new_instance()
@@ -662,6 +682,7 @@ class RelStorage(ConflictResolvingStorage):
                     self._adapter.snapshot_ended(conn)
 
     def poll_invalidations(self):
+        self._follow_gevent()
         with self._lock:
             try:
                 return self._poll_invalidations()
@@ -1729,6 +1750,8 @@ class _Read:
 
     def __enter__(self):
         storage = self.storage
+        if storage._locks_made_with is not threading.Lock:
+            storage._renew_locks()
         storage._lock.acquire()
         storage._reads += 1
         try:

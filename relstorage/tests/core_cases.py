@@ -1788,6 +1788,57 @@ db.close()
 """
 
 
+# A database opened before gevent patched the process (gunicorn's master
+# with --preload), then used by greenlets of a child that patched itself
+# after it forked (a gevent worker), with
+# drivers that wait cooperatively from then on (psycopg2 through a wait
+# callback as psycogreen's, PyMySQL through the patched socket).
+GEVENT_AFTER_OPEN = r"""
+import faulthandler, os, sys, transaction, ZODB.config
+from persistent.mapping import PersistentMapping
+db = ZODB.config.databaseFromFile(open(sys.argv[1]))
+with db.transaction() as conn:
+    for i in range(10):
+        conn.root()['c%d' % i] = PersistentMapping()
+pid = os.fork()
+if pid:
+    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+from gevent import monkey
+monkey.patch_all()
+import gevent, gevent.socket
+import psycopg2, psycopg2.extensions
+
+def wait(conn, timeout=None):
+    while True:
+        state = conn.poll()
+        if state == psycopg2.extensions.POLL_OK:
+            return
+        if state == psycopg2.extensions.POLL_READ:
+            gevent.socket.wait_read(conn.fileno(), timeout=timeout)
+        elif state == psycopg2.extensions.POLL_WRITE:
+            gevent.socket.wait_write(conn.fileno(), timeout=timeout)
+        else:
+            raise psycopg2.OperationalError('poll() said %r' % state)
+psycopg2.extensions.set_wait_callback(wait)
+faulthandler.dump_traceback_later(60, exit=True)
+
+def work(i):
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    for j in range(10):
+        with tm:
+            conn.root()['c%d' % i][j] = PersistentMapping(
+                kids=[PersistentMapping() for _ in range(20)])
+    conn.close()
+gevent.joinall([gevent.spawn(work, i) for i in range(10)], raise_error=True)
+print('undo log', len(db.undoLog(0, 5)) if db.supportsUndo() else 'none')
+with db.transaction() as conn:
+    print('objects', sum(len(conn.root()['c%d' % i]) for i in range(10)))
+db.close()
+sys.stdout.flush()
+"""
+
+
 GEVENT_COMMITS = r"""
 from gevent import monkey
 monkey.patch_all()
@@ -1888,6 +1939,36 @@ class GeventTests(FactoryCase):
         self.assertEqual(lines[-1], 'values 1 2')
         self.assertIn(lines[0], ('driver psycopg', 'driver pymysql', 'driver sqlite3'))
         self.assertIn("driver %r is from an earlier release" % driver, proc.stderr)
+
+    def test_a_storage_opened_before_gevent_patched(self):
+        # A helper agent's check (gunicorn --preload: the master opens the
+        # storage, each gevent worker patches after it forks; psycopg2 with
+        # psycogreen's wait callback, or PyMySQL): a worker hung for good
+        # as soon as two requests created objects at once.  The storage's
+        # locks, made before the patching, were the operating system's: a
+        # greenlet waiting for the OID lock stopped the process, and the
+        # one holding it, waiting for the server, never ran again.
+        try:
+            import gevent  # noqa: F401 pylint:disable=unused-import
+        except ImportError:
+            self.skipTest('gevent is not installed')
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_gevent_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        config = os.path.join(tmp, 'zodb.conf')
+        with open(config, 'w') as f:
+            f.write('%%import relstorage\n<zodb>\n<relstorage>\n  keep-history %s\n'
+                    '  commit-lock-timeout 20\n%s</relstorage>\n</zodb>\n'
+                    % ('true' if self.keep_history else 'false',
+                       self.factory.zconfig_adapter()))
+        self.storage().close()      # the schema, made here
+        proc = subprocess.run([sys.executable, '-c', GEVENT_AFTER_OPEN, config],
+                              capture_output=True, text=True, timeout=180)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.splitlines()[-1], 'objects 100')
 
 
 class RootStorageTests(FactoryCase):

@@ -439,6 +439,7 @@ NOT_DRIVEN = {
     'check_can_write',          # no SQL here (MySQL: what its sessions' set-up saw)
     'forget_oids', 'forget_oid_floor',  # no SQL (a restored backup: the reserved OIDs go)
     'after_fork_in_child',      # no SQL (forgets the parent's OIDs)
+    'renew_locks',              # no SQL (locks made again once gevent patched the process)
     'socket_fd', 'set_aside_inherited',     # no SQL (a forked child's sockets)
     'pack_write_lock_target',   # no SQL
     'pair_pack_tables',         # no SQL where the pack's tables live with the data

@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 
+from ... import locks
 from ...directories import ensure_directory
 from ...interfaces import DatabaseFullError
 from ...interfaces import RelStorageError
@@ -544,6 +545,12 @@ class Sqlite3Adapter(Adapter):
     #: set_aside_inherited.
     _forked_in_a_write = False
     child_of_a_writer_may_write = False
+
+    def renew_locks(self):
+        stale = self._locks_made_with is not locks.made_now()
+        super().renew_locks()
+        if stale:
+            self._wal_keeper_lock = threading.Lock()
 
     def after_fork_in_child(self):
         super().after_fork_in_child()
