@@ -443,7 +443,8 @@ class IRelStorageAdapter(Interface):
         refuses to run meanwhile."""
 
     def set_copy_mark(conn, started):
-        """Record that a copy began at ``started``, or (None) that none is
+        """Record that a copy began at ``started`` unless an earlier one's
+        mark is there (returned, else None), or (None) that none is
         unfinished; the caller commits."""
 
     def acquire_pack_lock():

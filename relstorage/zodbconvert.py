@@ -521,7 +521,9 @@ class Converter:
             self.say('Nothing to copy: the destination is up to date (last transaction %s).'
                      % _tid(dest_last))
             marked = None if args.dry_run else copy.relstorage_under(dest)
-            if marked is not None:
+            # (Not a destination opened read-only, to verify it: a helper
+            # agent's check saw "ReadOnlyError" instead of the verification.)
+            if marked is not None and not marked.isReadOnly():
                 # (A copy killed after its last batch, before it said it
                 # had finished: packs wait for that.)
                 marked.mark_copy(None)

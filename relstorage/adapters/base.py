@@ -1024,11 +1024,17 @@ class Adapter(PackVerbs):
 
     def set_copy_mark(self, conn, started):
         """Record that a copy into this database began at ``started``
-        (seconds since the epoch), or, with None, that none is unfinished;
-        the caller commits."""
-        conn.execute(self.q(self.sql.CLEAR_COPY_MARK))
-        if started is not None:
+        (seconds since the epoch), unless the mark of an earlier copy not
+        finished is there (kept: the refusal says when the copy began, not
+        when it was last resumed); return that earlier mark, or None.  With
+        ``started`` None, remove the mark.  The caller commits."""
+        if started is None:
+            conn.execute(self.q(self.sql.CLEAR_COPY_MARK))
+            return None
+        earlier = conn.query_value(self.q(self.sql.GET_COPY_MARK))
+        if earlier is None:
             conn.execute(self.q(self.sql.INSERT_COPY_MARK), (int(started),))
+        return earlier
 
     def bump_pack_mark(self, conn):
         """Increment the pack mark, inside the pack's store transaction

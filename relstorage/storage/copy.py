@@ -894,8 +894,21 @@ def unfinished(dest, dry_run=False):
     if dest is None:
         yield
         return
-    dest.mark_copy(time.time())
-    yield
+    earlier = dest.mark_copy(time.time())
+    last = dest.lastTransaction()
+    try:
+        yield
+    except BaseException:
+        if earlier is None and dest.lastTransaction() == last:
+            # Nothing was written (a helper agent's check: a copy refused
+            # at its first batch, into a database already complete, left
+            # every pack of it refused).
+            try:
+                dest.mark_copy(None)
+            except Exception:  # pylint:disable=broad-except
+                log.warning("Could not remove the mark of a copy into %s that wrote "
+                            "nothing", dest.getName(), exc_info=True)
+        raise
     dest.mark_copy(None)
 
 

@@ -277,15 +277,20 @@ def _check_copy_finished(adapter, conn):
     started = adapter.copy_mark(conn)
     conn.rollback()
     if started is not None:
-        when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))
-        raise PackError(
-            "A copy into %s began at %s and has not finished (zodbconvert interrupted, "
-            "or still running): objects it copied may be referenced only by objects it "
-            "has not copied yet, which a pack with garbage collection would remove. "
-            "Nothing was removed. Finish the copy (zodbconvert --incremental) first; "
-            "pack-gc false packs history only. (If the copy is abandoned and the "
-            "database is to be used as it is, DELETE FROM commit_lock WHERE id = 6 "
-            "removes this mark.)" % (adapter.describe(), when))
+        raise _copy_not_finished(adapter, started, 'Nothing was removed.')
+
+
+def _copy_not_finished(adapter, started, what_was_done):
+    when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))
+    return PackError(
+        "A copy into %s began at %s and has not finished (zodbconvert interrupted, "
+        "or still running): objects it copied may be referenced only by objects it "
+        "has not copied yet, which a pack with garbage collection would remove. %s "
+        "Finish the copy (zodbconvert --incremental) first; pack-gc false packs history "
+        "only. (If the copy is abandoned and the database is to be used as it is, "
+        "DELETE FROM commit_lock WHERE id = 6 removes this mark; after a pack, the copy "
+        "can no longer be resumed: make it again with zodbconvert --clear.)"
+        % (adapter.describe(), when, what_was_done))
 
 
 def _check_root(adapter, conn):
@@ -971,6 +976,13 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     conn.commit()
                     checked = last
                     continue
+                started = adapter.copy_mark(conn) if gc else None
+                if started is not None:
+                    # A copy began since the pack did (a helper agent's
+                    # reading): checked under the commit lock, which its
+                    # writes take after its mark is in.
+                    raise _copy_not_finished(adapter, started,
+                                             'The pack stopped; this batch was undone.')
                 batch.log(adapter, conn)
                 adapter.set_pack_info(conn, checked_tid=last, deleted_upto=after_oid,
                                       **files_done)

@@ -1651,7 +1651,8 @@ class RelStorage(ConflictResolvingStorage):
     def mark_copy(self, started):
         """Record that a copy into this database began at ``started``
         (seconds since the epoch) and has not finished, or, with None,
-        that it has (copy.py: zodbconvert, copyTransactionsFrom).  Until
+        that it has (copy.py: zodbconvert, copyTransactionsFrom); returns
+        the mark of an earlier copy not finished, which stays (or None).  Until
         then a pack with garbage collection refuses to run: a copy cut
         short holds objects whose referrers it has not copied yet (from a
         history-free source, every object's current revision comes under
@@ -1662,8 +1663,9 @@ class RelStorage(ConflictResolvingStorage):
         self._check_open()
         conn = self._adapter.open_connection('store')
         try:
-            self._adapter.set_copy_mark(conn, started)
+            earlier = self._adapter.set_copy_mark(conn, started)
             conn.commit()
+            return earlier
         except BaseException:
             conn.rollback()
             raise

@@ -628,6 +628,35 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()
 
+    def test_a_copy_that_begins_during_the_pack_stops_it(self):
+        # A helper agent's reading: the mark was read once, before the
+        # analysis; a copy beginning after that went unseen.  Each batch
+        # reads it again under the commit lock.
+        from relstorage.storage.pack import PackError
+        db = self.db()
+        child_oid = self.populate(db)
+        other = self.storage()
+
+        class MarkWhenDeleting:
+            def __init__(self, label, total, unit):
+                if label == 'deleting':
+                    other.mark_copy(time.time())
+
+            def update(self, n=1):
+                pass
+
+            def close(self):
+                pass
+        with self.assertRaises(PackError) as cm:
+            db.storage.run_pack(time.time() + 1, referencesf, progress=MarkWhenDeleting)
+        self.assertIn('has not finished', str(cm.exception))
+        self.assertIn('The pack stopped', str(cm.exception))
+        self.assertTrue(self.exists(child_oid))
+        other.mark_copy(None)
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(child_oid))
+        self.assert_reachable_objects_load()
+
     def test_object_reachable_only_from_an_old_revision_is_collected(self):
         # 'child' was referenced by an older revision of 'keep' only.
         db = self.db()

@@ -175,6 +175,8 @@ class Recorder:
             return [] if self.pack_mark is None else [(self.pack_mark,)]
         if stmt == adapter.q(s.GET_DATABASE_KEY):
             return []           # a database without a key yet: one is written
+        if stmt == adapter.q(s.GET_COPY_MARK):
+            return []           # no copy unfinished: a new one's mark is written
         if stmt == adapter.q(s.PACK_DOM_HAS_ROOT):
             return []           # (else the incremental reachability stops at once)
         if stmt == adapter.q(s.PACK_INFO_GET) and self.pack_info is not None:

@@ -1412,6 +1412,46 @@ class TestInterrupted(ConvertTestCase):
         finally:
             db.close()
 
+    def test_a_copy_that_wrote_nothing_leaves_no_mark(self):
+        # A helper agent's check: a second copyTransactionsFrom into a
+        # complete database, refused at its first batch, left the mark,
+        # and every pack of the database was refused.
+        from relstorage.storage.pack import PackError
+        src = self.path('once.fs')
+        make_source(src, transactions=5)
+        source = FileStorage(src, read_only=True)
+        storage = self.open_rs(self.database())
+        try:
+            storage.copyTransactionsFrom(source)
+            with self.assertRaises(copy.CopyError):
+                storage.copyTransactionsFrom(source)
+            storage.pack(time.time() + 1, referencesf)
+            # The mark of a copy not finished stays as it was: the
+            # refusal says when the copy began, not its last resume.
+            self.assertIsNone(storage.mark_copy(1000))
+            self.assertEqual(storage.mark_copy(2000), 1000)
+            with self.assertRaises(PackError) as raised:
+                storage.pack(time.time() + 1, referencesf)
+            self.assertIn('began at 1970-01-01 00:16:40 UTC', str(raised.exception))
+        finally:
+            storage.close()
+            source.close()
+
+    def test_a_read_only_destination_up_to_date_is_verified(self):
+        # A helper agent's check: --incremental --verify with a destination
+        # opened read-only and nothing to copy failed with ReadOnlyError
+        # (the removal of a mark) instead of verifying.
+        src = self.path('ro.fs')
+        make_source(src, transactions=5)
+        db = self.database()
+        dest = rs_section('destination', db)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        read_only = dest.replace('keep-history', 'read-only true\n keep-history', 1)
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), read_only,
+                                                   '--incremental', '--verify'))
+        self.assertIn('Nothing to copy', out)
+        self.assertIn('identical', out)
+
     def test_a_copy_into_a_wrapped_relstorage_is_marked(self):
         # A helper agent's check: a copy into <zlibstorage> around
         # <relstorage> (a storage wrapping ours) set no mark; a pack of the
