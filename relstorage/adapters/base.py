@@ -20,6 +20,7 @@ from ..interfaces import IRelStorageAdapter
 from ..interfaces import NewObjectExistsError
 from ..interfaces import DatabaseFullError
 from .. import locks
+from . import drivers
 from ..interfaces import PermissionDeniedError
 from ..interfaces import RelStorageError
 from ..interfaces import EarlierSchemaError
@@ -882,6 +883,13 @@ class Adapter(PackVerbs):
         gevent patched the process since (see relstorage/locks.py)."""
         if locks.stale(self):
             self._oid_lock = threading.Lock()
+            # The driver was chosen before (gunicorn's master with
+            # --preload): if it waits without letting other greenlets run,
+            # say so now (a helper agent's check: a worker froze for
+            # commit-lock-timeout, silently).
+            label = getattr(getattr(self, 'driver', None), 'gevent_label', None)
+            if label is not None:
+                drivers.warn_if_blocking(self.driver, *label)
         for name in ('store_sessions', 'load_sessions', 'servers'):
             part = getattr(self, name, None)
             if part is not None:

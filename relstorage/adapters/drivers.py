@@ -45,6 +45,9 @@ def warn_if_blocking(driver, database, instead):
     """A warning when ``driver`` waits for the server without letting
     gevent run other greenlets (its class says ``blocks_gevent``) in a
     process gevent has patched; ``instead`` names the driver that would."""
+    # (Kept for the storage's first use after gevent patched the process,
+    # if that happens after the open: Adapter.renew_locks says it again.)
+    driver.gevent_label = (database, instead)
     # (gevent first: a driver may have to look before it can say.)
     if gevent_patched() and getattr(driver, 'blocks_gevent', False):
         advice = getattr(driver, 'gevent_advice', None) or 'install and use driver ' + instead

@@ -1969,6 +1969,11 @@ class GeventTests(FactoryCase):
                               capture_output=True, text=True, timeout=180)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertEqual(proc.stdout.splitlines()[-1], 'objects 100')
+        # A driver that waits in C (chosen before the patching): said at the
+        # first use after it (a worker froze silently before).
+        blocking = getattr(self.factory, 'driver', None) in ('psycopg', 'MySQLdb')
+        self.assertEqual('gevent has patched this process' in proc.stderr, blocking,
+                         proc.stderr[-3000:])
 
 
 class RootStorageTests(FactoryCase):
