@@ -19,8 +19,6 @@ import zope.interface
 from ..interfaces import IRelStorageAdapter
 from ..interfaces import NewObjectExistsError
 from ..interfaces import DatabaseFullError
-from .. import locks
-from . import drivers
 from ..interfaces import PermissionDeniedError
 from ..interfaces import RelStorageError
 from ..interfaces import EarlierSchemaError
@@ -39,6 +37,8 @@ from .packing import PackVerbs
 from .packing import TEMP_TABLE_PRIVILEGE
 from .sql import EarlierReleaseReads
 from .sql import Statements
+from .. import locks
+from . import drivers
 
 log = logging.getLogger(__name__)
 

@@ -1652,8 +1652,9 @@ class RelStorage(ConflictResolvingStorage):
         """Record that a copy into this database began at ``started``
         (seconds since the epoch) and has not finished, or, with None,
         that it has (copy.py: zodbconvert, copyTransactionsFrom); returns
-        the mark of an earlier copy not finished, which stays (or None).  Until
-        then a pack with garbage collection refuses to run: a copy cut
+        the mark of an earlier copy not finished, which stays (or None).
+        Until the copy has finished, a pack with garbage collection refuses
+        to run: a copy cut
         short holds objects whose referrers it has not copied yet (from a
         history-free source, every object's current revision comes under
         its own transaction), and a pack removed them for good (a helper
