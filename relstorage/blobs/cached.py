@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 from ZODB.blob import rename_or_copy_blob
 
@@ -91,6 +92,7 @@ class CachedBlobs(BlobMode):
         self._prune_again = False   # and a check came meanwhile
         self._to_forget = []        # (removed oids or None: all, kept revisions, mark)
         self._forgetting = False
+        _CACHES.add(self)
         # The pack mark up to which what packs removed is gone (or queued
         # to go) from the cache; None before catch_up.
         self.mark = None
@@ -100,6 +102,17 @@ class CachedBlobs(BlobMode):
         """(relstorage/locks.py)"""
         if locks.stale(self):
             self._lock = threading.Lock()
+
+    def after_fork_in_child(self):
+        """In a child process just forked (os.register_at_fork): the
+        parent's prune and forget threads are not here (a review finding:
+        a child forked while its parent pruned took the prune for running
+        for good, and its cache grew without bound), and the lock may have
+        been held by one of them.  What the parent queued to forget goes
+        with the next queue's thread."""
+        self._lock = threading.Lock()
+        self._pruning = self._prune_again = False
+        self._forgetting = False
 
     def check_database(self, adapter, key):
         """Refuse a blob-dir that holds blob files while the database holds
@@ -608,6 +621,21 @@ def _touch(path):
         pass
 
 
+#: The blob caches of this process, for the fork hook below.
+_CACHES = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for cache in list(_CACHES):
+        cache.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+#: How often (seconds) a prune that waits for another process's looks again.
+PRUNE_LOCK_POLL = 0.05
+
 #: How many times a prune that kept files for PRUNE_GRACE beyond the
 #: limit waits for it to pass and prunes again (in its thread, or the
 #: external process).
@@ -640,10 +668,18 @@ def _prune_once(blob_dir, limit, wait):
     PRUNE_GRACE beyond ``limit`` may go, or 0)."""
     lock_path = os.path.join(blob_dir, '.prune.lock')
     with open(lock_path, 'a') as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            return 0, 0         # another process is pruning right now
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not wait:
+                    return 0, 0         # another process is pruning right now
+                # Waited for in short sleeps, not in a blocking flock: in a
+                # process gevent has patched, the prune thread is a
+                # greenlet, and a blocking call stopped every other one for
+                # as long as another process pruned (a review finding: 4 s).
+                time.sleep(PRUNE_LOCK_POLL)
         try:
             files = []
             total = 0

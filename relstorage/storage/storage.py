@@ -345,7 +345,10 @@ class RelStorage(ConflictResolvingStorage):
         """On the way in, before any lock is taken: if gevent has patched
         the process since this instance's locks were made (a storage opened
         in gunicorn's master with --preload, used in a gevent worker), make
-        them again, and the shared parts' (relstorage/locks.py)."""
+        them again, and the shared parts' (relstorage/locks.py).  Called
+        by every entry point that takes a lock without a read or a poll
+        first (a review finding: new_oid on the storage made from the
+        configuration took the stale OID lock, and the process hung)."""
         if self._locks_made_with is not threading.Lock:
             self._renew_locks()
 
@@ -359,6 +362,7 @@ class RelStorage(ConflictResolvingStorage):
             self._blobs.renew_locks()
 
     def before_instance(self, before=None):
+        self._follow_gevent()
         instance = self._new_instance()
         instance._before = u64(before) if before is not None else None
         instance._is_read_only = True
@@ -441,6 +445,7 @@ class RelStorage(ConflictResolvingStorage):
         return references
 
     def release(self):
+        self._follow_gevent()
         with self._tpc_cond:
             pending = self._commit
         if pending is not None:
@@ -842,11 +847,13 @@ class RelStorage(ConflictResolvingStorage):
         return rows.garbage_oids()
 
     def sync(self, force=True):
+        self._follow_gevent()
         with self._lock:
             self._end_snapshot()
             self._forget_reads()
 
     def afterCompletion(self):
+        self._follow_gevent()
         # The end of a transaction, or the ZODB connection was closed: the
         # next snapshot (poll_invalidations) takes a session again.
         # ZODB calls it once every resource of the transaction has finished
@@ -1147,6 +1154,8 @@ class RelStorage(ConflictResolvingStorage):
         return self._commit.txn if self._commit is not None else None
 
     def tpc_begin(self, txn, tid=None, status=' '):
+        # (What a commit does next, under the locks, comes after this.)
+        self._follow_gevent()
         if self._is_read_only:
             if self._before is not None:
                 # A historical connection (db.open(at=...)), as ZODB's own
@@ -1422,6 +1431,7 @@ class RelStorage(ConflictResolvingStorage):
         """Commit ``copied`` (commit.CopiedTransaction, in tid order, each
         after the last committed one) in one database transaction, through
         the same steps as a commit.  zodbconvert's fast path."""
+        self._follow_gevent()
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         for c in copied:
@@ -1455,6 +1465,7 @@ class RelStorage(ConflictResolvingStorage):
         self._commit.add_blob(u64(oid), blobfilename)
 
     def loadBlob(self, oid, serial):
+        self._follow_gevent()
         self._check_blob_ids(oid, serial)
         return self._blobs.load(self._read_blob_chunks, u64(oid), u64(serial))
 
@@ -1467,6 +1478,7 @@ class RelStorage(ConflictResolvingStorage):
             raise POSException.POSKeyError(oid)
 
     def openCommittedBlobFile(self, oid, serial, blob=None):
+        self._follow_gevent()
         self._check_blob_ids(oid, serial)
         if blob is None:
             def opener(path):
@@ -1518,6 +1530,7 @@ class RelStorage(ConflictResolvingStorage):
                    for num in range(count))
 
     def new_oid(self):
+        self._follow_gevent()
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         self._check_open()
@@ -1609,6 +1622,7 @@ class RelStorage(ConflictResolvingStorage):
         mode asked for replaces both: zodbpack's --prepack and
         --use-prepack-state);
         ``progress`` makes a progress display per phase (zodbpack)."""
+        self._follow_gevent()
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         self._check_open()
@@ -1682,6 +1696,7 @@ class RelStorage(ConflictResolvingStorage):
         it cached with its next snapshot: the zap moves the pack mark on.
         ``kwargs`` are accepted for callers written for older versions.
         """
+        self._follow_gevent()
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         self._check_open()

@@ -21,6 +21,7 @@ from ZODB.utils import p64
 from ZODB.utils import u64
 from ZODB.utils import z64
 
+from relstorage.blobs import make_blobs
 from relstorage.interfaces import RelStorageError
 from relstorage.options import Options
 from relstorage.storage import faults
@@ -380,6 +381,58 @@ class BlobCacheTests(BlobCase):
             self.assertEqual(errors, [])
             with open(os.path.join(directory, ZODB.blob.LAYOUT_MARKER)) as f:
                 self.assertEqual(f.read(), 'bushy')
+
+    def test_a_prune_waits_for_another_without_blocking(self):
+        # A review finding: a prune waiting for another process's held a
+        # blocking flock; under gevent, where the prune thread is a
+        # greenlet, every greenlet of the process stopped meanwhile.  It
+        # now looks again after short sleeps (here the other process lets
+        # go at the first one).
+        import fcntl
+        from unittest import mock
+        from relstorage.blobs import cached
+        directory = os.path.join(self.tmp, 'waiting')
+        os.makedirs(directory)
+        with open(os.path.join(directory, '.prune.lock'), 'a') as other:
+            fcntl.flock(other, fcntl.LOCK_EX)
+            slept = []
+
+            def sleep(seconds):
+                slept.append(seconds)
+                fcntl.flock(other, fcntl.LOCK_UN)
+            clock = types.SimpleNamespace(time=time.time, sleep=sleep)
+            done = []
+            with mock.patch.object(cached, 'time', clock):
+                thread = threading.Thread(
+                    target=lambda: done.append(cached.prune(directory, 1000, wait=True)))
+                thread.daemon = True
+                thread.start()
+                thread.join(10)
+            fcntl.flock(other, fcntl.LOCK_UN)
+        self.assertEqual(done, [0])
+        self.assertEqual(slept, [cached.PRUNE_LOCK_POLL])
+
+    def test_a_child_forked_while_its_parent_pruned_prunes(self):
+        # A review finding: a child forked while its parent's prune thread
+        # ran took the prune for running for good (the thread is not in the
+        # child), and its cache grew without bound.
+        blobs = make_blobs(Options(blob_dir=os.path.join(self.tmp, 'forked'),
+                                   shared_blob_dir=False), None)
+        blobs._pruning = True       # as while the parent's prune thread runs
+        read, write = os.pipe()
+        pid = os.fork()
+        if not pid:
+            try:
+                os.write(write, b'%d' % blobs._pruning)
+            finally:
+                os._exit(0)
+        os.close(write)
+        try:
+            self.assertEqual(os.read(read, 10), b'0')
+        finally:
+            os.close(read)
+            os.waitpid(pid, 0)
+        self.assertTrue(blobs._pruning)
 
     def test_two_databases_binding_an_earlier_releases_cache_at_once(self):
         # A helper agent's reading: a cache an earlier release marked

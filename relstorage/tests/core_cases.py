@@ -1821,6 +1821,10 @@ def wait(conn, timeout=None):
             raise psycopg2.OperationalError('poll() said %r' % state)
 psycopg2.extensions.set_wait_callback(wait)
 faulthandler.dump_traceback_later(60, exit=True)
+# The storage made from the configuration, first, through an entry point
+# that is neither a read nor a poll (a review finding: new_oid took the
+# OID lock made before the patching, and the process hung).
+gevent.joinall([gevent.spawn(db.storage.new_oid) for _ in range(5)], raise_error=True)
 
 def work(i):
     tm = transaction.TransactionManager()
