@@ -148,7 +148,7 @@ OPTIONS = (
            valid=_NOT_NEGATIVE),
     Option('blob-cache-size-check', 10, 'integer',
            'Percentage of blob-cache-size written before checking the cache '
-           'size.', active=True, valid=_POSITIVE),
+           'size (also checked when the storage opens).', active=True, valid=_POSITIVE),
     Option('blob-cache-size-check-external', False, 'boolean',
            'Run the blob cache size check in a separate process.', active=True),
     Option('blob-chunk-size', 1048576, 'byte-size',

@@ -137,6 +137,12 @@ class CachedBlobs(BlobMode):
                     "old cache, empty it." % (self.blob_dir, found, adapter.describe()))
         self._bind(marker, key, adapter.describe())
         self.catch_up(adapter)
+        if self._check_every:
+            # Over its size already (left so by the processes before, or by
+            # a prune that gave up while files were in use): a process that
+            # only reads files the cache has adds none, and never pruned (a
+            # helper agent's check: 142 MB in a cache of 4 MB).
+            self._request_prune()
 
     def _bind(self, marker, key, database):
         """Refuse a cache of another database's blobs: files are named by
@@ -393,6 +399,12 @@ class CachedBlobs(BlobMode):
             if self._added < self._check_every:
                 return
             self._added = 0
+        self._request_prune()
+
+    def _request_prune(self):
+        """Prune in the background (or note that the prune running is to
+        look again when it is done)."""
+        with self._lock:
             if self._pruning:
                 self._prune_again = True
                 return

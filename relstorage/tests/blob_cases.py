@@ -382,6 +382,25 @@ class BlobCacheTests(BlobCase):
             with open(os.path.join(directory, ZODB.blob.LAYOUT_MARKER)) as f:
                 self.assertEqual(f.read(), 'bushy')
 
+    def test_a_cache_over_its_size_at_open_is_pruned(self):
+        # A helper agent's check: a cache left over its size (by earlier
+        # processes, or a prune that gave up while files were in use)
+        # stayed so in a process that only read files it had: it added
+        # none, and never pruned (142 MB in a cache of 4 MB).
+        db = ZODB.DB(self.blob_storage('big-then-small'))
+        with db.transaction() as conn:
+            for i in range(8):
+                conn.root()['b%d' % i] = Blob(b'%d' % i * (256 * 1024))
+        db.close()
+        directory = os.path.join(self.tmp, 'big-then-small')
+        self.assertGreaterEqual(cached_bytes(directory), 2 * MB)
+        storage = self.blob_storage('big-then-small', blob_cache_size=MB)
+        self.addCleanup(storage.close)
+        deadline = time.time() + 30
+        while cached_bytes(directory) > MB and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertLessEqual(cached_bytes(directory), MB)
+
     def test_a_prune_waits_for_another_without_blocking(self):
         # A review finding: a prune waiting for another process's held a
         # blocking flock; under gevent, where the prune thread is a
