@@ -1906,6 +1906,25 @@ class GeventTests(FactoryCase):
     LEGACY = {'<postgresql>': 'gevent psycopg2', '<mysql>': 'gevent MySQLdb',
               '<sqlite3>': 'gevent sqlite3'}
 
+    def run_script(self, script, section):
+        """``script`` run in a process of its own with the path of a
+        zope.conf-like file holding a ``<zodb>`` of this database (its
+        adapter section ``section``) as its argument."""
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_gevent_')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        config = os.path.join(tmp, 'zodb.conf')
+        with open(config, 'w') as f:
+            f.write('%%import relstorage\n<zodb>\n<relstorage>\n  keep-history %s\n'
+                    '  commit-lock-timeout 20\n%s</relstorage>\n</zodb>\n'
+                    % ('true' if self.keep_history else 'false', section))
+        self.storage().close()      # the schema, made here
+        return subprocess.run([sys.executable, '-c', script, config],
+                              capture_output=True, text=True, timeout=180)
+
     def test_a_commit_waits_for_the_commit_lock_cooperatively(self):
         # A helper agent's check: "gevent psycopg2" and "gevent MySQLdb"
         # became psycopg2 and MySQLdb, which wait for the server inside
@@ -1918,25 +1937,12 @@ class GeventTests(FactoryCase):
         except ImportError:
             self.skipTest('gevent is not installed')
         import re
-        import shutil
-        import subprocess
-        import sys
-        import tempfile
         section = self.factory.zconfig_adapter()
         opening = section.split(None, 1)[0]
         driver = self.LEGACY[opening]
         section = re.sub(r'(?m)^\s*driver .*\n', '', section)
         section = section.replace(opening, '%s\n  driver %s' % (opening, driver), 1)
-        tmp = tempfile.mkdtemp(prefix='relstoragetest_gevent_')
-        self.addCleanup(shutil.rmtree, tmp, True)
-        config = os.path.join(tmp, 'zodb.conf')
-        with open(config, 'w') as f:
-            f.write('%%import relstorage\n<zodb>\n<relstorage>\n  keep-history %s\n'
-                    '  commit-lock-timeout 20\n%s</relstorage>\n</zodb>\n'
-                    % ('true' if self.keep_history else 'false', section))
-        self.storage().close()      # the schema, made here
-        proc = subprocess.run([sys.executable, '-c', GEVENT_COMMITS, config],
-                              capture_output=True, text=True, timeout=120)
+        proc = self.run_script(GEVENT_COMMITS, section)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         lines = proc.stdout.splitlines()
         self.assertIn('other committed', lines)
@@ -1956,21 +1962,7 @@ class GeventTests(FactoryCase):
             import gevent  # noqa: F401 pylint:disable=unused-import
         except ImportError:
             self.skipTest('gevent is not installed')
-        import shutil
-        import subprocess
-        import sys
-        import tempfile
-        tmp = tempfile.mkdtemp(prefix='relstoragetest_gevent_')
-        self.addCleanup(shutil.rmtree, tmp, True)
-        config = os.path.join(tmp, 'zodb.conf')
-        with open(config, 'w') as f:
-            f.write('%%import relstorage\n<zodb>\n<relstorage>\n  keep-history %s\n'
-                    '  commit-lock-timeout 20\n%s</relstorage>\n</zodb>\n'
-                    % ('true' if self.keep_history else 'false',
-                       self.factory.zconfig_adapter()))
-        self.storage().close()      # the schema, made here
-        proc = subprocess.run([sys.executable, '-c', GEVENT_AFTER_OPEN, config],
-                              capture_output=True, text=True, timeout=180)
+        proc = self.run_script(GEVENT_AFTER_OPEN, self.factory.zconfig_adapter())
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertEqual(proc.stdout.splitlines()[-1], 'objects 100')
         # A driver that waits in C (chosen before the patching): said at the
