@@ -882,7 +882,7 @@ class Adapter(PackVerbs):
         """Make the locks shared by the storage's instances again, if
         gevent patched the process since (see relstorage/locks.py)."""
         if locks.stale(self):
-            self._oid_lock = threading.Lock()
+            self._make_locks()
             # The driver was chosen before (gunicorn's master with
             # --preload): if it waits without letting other greenlets run,
             # say so now (a helper agent's check: a worker froze for
@@ -895,6 +895,12 @@ class Adapter(PackVerbs):
             if part is not None:
                 part.renew_locks()
 
+    def _make_locks(self):
+        """The adapter's own locks, made again after a fork (one may have
+        been held by another thread of the parent) and once gevent has
+        patched the process (renew_locks)."""
+        self._oid_lock = threading.Lock()
+
     def after_fork_in_child(self):
         """In a child process just forked (os.register_at_fork): forget
         what is the parent's.  The OIDs the parent reserved
@@ -903,7 +909,7 @@ class Adapter(PackVerbs):
         one OID).  Its connections, the OID connection among them, are
         marked inherited by then (connections.py): replaced at their next
         use, never closed."""
-        self._oid_lock = threading.Lock()
+        self._make_locks()
         self._oid_block = []
         self._fresh_oids = set()
         for name in ('store_sessions', 'load_sessions'):

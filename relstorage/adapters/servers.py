@@ -25,8 +25,8 @@ import re
 import threading
 import time
 
-from ..interfaces import DisconnectedError
 from .. import locks
+from ..interfaces import DisconnectedError
 from ..interfaces import RelStorageError
 from ..messages import one_line
 from ..options import redact_secrets

@@ -46,8 +46,8 @@ import collections
 import threading
 import time
 
-from ..interfaces import SessionPoolExhaustedError
 from .. import locks
+from ..interfaces import SessionPoolExhaustedError
 
 #: Sessions idle for less than this (seconds) are handed out unchecked.
 CHECK_AFTER = 1.0

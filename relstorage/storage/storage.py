@@ -1768,6 +1768,7 @@ class _Read:
 
     def __enter__(self):
         storage = self.storage
+        # (_follow_gevent, inline: every read call passes here.)
         if storage._locks_made_with is not threading.Lock:
             storage._renew_locks()
         storage._lock.acquire()

@@ -334,12 +334,12 @@ class Psycopg2Driver(Driver):
         return conn
 
     def copy_in(self, cursor, stmt, rows):
-        if self.module.extensions.get_wait_callback() is not None:
+        if _psycopg2_has_wait_callback():
             return self._insert_rows(cursor, stmt, rows)
         cursor.copy_expert(stmt, _CopyTextReader(rows))
 
     def copy_new_objects(self, cursor, stmt, ints, rows):
-        if self.module.extensions.get_wait_callback() is not None:
+        if _psycopg2_has_wait_callback():
             return self._insert_rows(cursor, stmt, rows)
         cursor.copy_expert(stmt, _CopyTextReader(rows, _new_object_line))
 

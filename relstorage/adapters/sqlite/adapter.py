@@ -23,7 +23,6 @@ import threading
 import time
 import weakref
 
-from ... import locks
 from ...directories import ensure_directory
 from ...interfaces import DatabaseFullError
 from ...interfaces import RelStorageError
@@ -546,18 +545,15 @@ class Sqlite3Adapter(Adapter):
     _forked_in_a_write = False
     child_of_a_writer_may_write = False
 
-    def renew_locks(self):
-        stale = self._locks_made_with is not locks.made_now()
-        super().renew_locks()
-        if stale:
-            self._wal_keeper_lock = threading.Lock()
+    def _make_locks(self):
+        super()._make_locks()
+        self._wal_keeper_lock = threading.Lock()
 
     def after_fork_in_child(self):
         super().after_fork_in_child()
         # The parent's keeper thread is not in this process (a new one
-        # starts when needed), and its lock may have been held by another
-        # thread of the parent as it forked.
-        self._wal_keeper_lock = threading.Lock()
+        # starts when needed); its lock, made again, may have been held by
+        # another thread of the parent as it forked.
         self._wal_keeper = None
         # (Open file descriptions shared with the parent: a lock taken or
         # let go through one is the parent's too.)
