@@ -43,6 +43,7 @@ import argparse
 import os
 import re
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -261,6 +262,10 @@ def run_zodbpack(config):
                 'from relstorage import zodbpack; sys.exit(zodbpack.main(sys.argv[1:]))',
                 '-d', '0', config]
     # Files, not pipes: nothing reads the pipes until the pack ends.
+    prefix = os.environ.get('RS_PACK_LIVE_PREFIX')
+    if prefix:
+        # An experiment's wrapper, e.g. "nice -n 19" or "chrt --idle 0".
+        argv = shlex.split(prefix) + argv
     out_file = tempfile.TemporaryFile('w+')
     err_file = tempfile.TemporaryFile('w+')
     proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)

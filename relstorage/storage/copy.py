@@ -913,18 +913,25 @@ def unfinished(dest, dry_run=False):
 
 
 def relstorage_under(storage):
-    """The RelStorage ``storage`` is, or the one it wraps (zc.zlibstorage's
-    ``base``, zc.beforestorage's ``storage``, as many layers as there are),
-    else None (a helper agent's check: a copy into ``<zlibstorage>``
-    around ``<relstorage>`` was not marked, and a pack removed what it had
-    not linked yet)."""
+    """The RelStorage ``storage`` is, or the one it writes through
+    (zc.zlibstorage's ``base``, zc.beforestorage's ``storage``, a
+    DemoStorage's ``changes``, as many layers as there are), else None (a
+    helper agent's check: a copy into ``<zlibstorage>`` around
+    ``<relstorage>`` was not marked, and a pack removed what it had not
+    linked yet)."""
     for _ in range(10):
         if is_relstorage(storage):
             return storage
-        inner = getattr(storage, 'base', None)
-        if inner is None or not hasattr(inner, 'lastTransaction'):
-            inner = getattr(storage, 'storage', None)
-        if inner is None or inner is storage or not hasattr(inner, 'lastTransaction'):
+        inner = None
+        # (A DemoStorage writes into its changes, never its base: a review
+        # finding, a copy into one whose base was a read-only RelStorage
+        # failed with ReadOnlyError, marking the base.)
+        for name in ('changes', 'base', 'storage'):
+            inner = getattr(storage, name, None)
+            if inner is not None and hasattr(inner, 'lastTransaction'):
+                break
+            inner = None
+        if inner is None or inner is storage:
             return None
         storage = inner
     return None

@@ -284,9 +284,12 @@ def _copy_not_finished(adapter, started, what_was_done):
     when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))
     return PackError(
         "A copy into %s began at %s and has not finished (zodbconvert interrupted, "
-        "or still running): objects it copied may be referenced only by objects it "
-        "has not copied yet, which a pack with garbage collection would remove. %s "
-        "Finish the copy (zodbconvert --incremental) first; pack-gc false packs history "
+        "or still running; or a copy by ZODB's copyTransactionsFromTo, as a wrapping "
+        "storage's copyTransactionsFrom makes it, whose end is not seen here): objects "
+        "it copied may be referenced only by objects it has not copied yet, which a "
+        "pack with garbage collection would remove. %s "
+        "Finish the copy (zodbconvert --incremental, which also removes this mark when "
+        "it finds nothing left to copy) first; pack-gc false packs history "
         "only. (If the copy is abandoned and the database is to be used as it is, "
         "DELETE FROM commit_lock WHERE id = 6 removes this mark; after a pack, the copy "
         "can no longer be resumed: make it again with zodbconvert --clear.)"

@@ -401,6 +401,25 @@ class BlobCacheTests(BlobCase):
             time.sleep(0.1)
         self.assertLessEqual(cached_bytes(directory), MB)
 
+    def test_closing_a_reader_waits_for_no_prune(self):
+        # A review finding: with the prune at open, a storage that added
+        # nothing to its cache walked it twice at close (1.2 s for 100,000
+        # files), and waited without limit while another process pruned
+        # (its lock held here, as that process's prune holds it).
+        import fcntl
+        directory = os.path.join(self.tmp, 'reader')
+        db = ZODB.DB(self.blob_storage('reader'))
+        _committed_blob(db, 'b', b'x' * 1000)
+        db.close()
+        with open(os.path.join(directory, '.prune.lock'), 'a') as other:
+            fcntl.flock(other, fcntl.LOCK_EX)
+            storage = self.blob_storage('reader', blob_cache_size=100)
+            closing = threading.Thread(target=storage.close, daemon=True)
+            closing.start()
+            closing.join(30)
+            self.assertFalse(closing.is_alive(), 'close waited for the other prune')
+            fcntl.flock(other, fcntl.LOCK_UN)
+
     def test_a_prune_waits_for_another_without_blocking(self):
         # A review finding: a prune waiting for another process's held a
         # blocking flock; under gevent, where the prune thread is a

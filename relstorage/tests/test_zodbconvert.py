@@ -1488,6 +1488,55 @@ class TestInterrupted(ConvertTestCase):
         finally:
             storage.close()
 
+    def test_a_copy_by_zodbs_copy_function_is_marked(self):
+        # A review finding: zc.zlibstorage's own copyTransactionsFrom (and
+        # ZODB.blob.copyTransactionsFromTo, which it calls) restores
+        # through the wrapper, so none of our copy code ran: no mark, and a
+        # pack of such a copy cut short removed what it had not linked yet.
+        # Nothing says when such a copy ends: it stays marked until
+        # zodbconvert --incremental finds nothing left to copy.
+        import ZODB.config
+        src = self.path('zodb-copy.fs')
+        make_source(src, transactions=5)
+        db = self.database()
+        dest = ('%import zc.zlibstorage\n<zlibstorage destination>\n'
+                + rs_section('', db) + '</zlibstorage>\n')
+        source = FileStorage(src, read_only=True)
+        storage = ZODB.config.storageFromString('%import relstorage\n' + dest)
+        try:
+            storage.copyTransactionsFrom(source)
+            self.assertEqual(storage.lastTransaction(), source.lastTransaction())
+            self.assert_pack_refused(storage.base)
+        finally:
+            storage.close()
+            source.close()
+        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
+                                                   '--incremental'))
+        self.assertIn('Nothing to copy', out)
+        storage = ZODB.config.storageFromString('%import relstorage\n' + dest)
+        try:
+            storage.pack(time.time() + 1, referencesf)
+        finally:
+            storage.close()
+
+    def test_a_copy_into_a_demostorage_over_a_read_only_relstorage(self):
+        # A review finding: the copy's mark went to the DemoStorage's base,
+        # where nothing is written: read-only there, the copy failed with
+        # a bare ReadOnlyError (it worked before the mark existed).
+        src = self.path('to-demo.fs')
+        source = ZODB.DB(FileStorage(src))     # (a DemoStorage has no restore: no undo)
+        for i in range(3):
+            with source.transaction() as conn:
+                conn.root()['n%d' % i] = PersistentMapping(n=i)
+        source.close()
+        db = self.database()
+        self.open_rs(db).close()            # the schema, no transaction
+        base = rs_section('base', db).replace('keep-history', 'read-only true\n keep-history', 1)
+        dest = ('<demostorage destination>\n' + base
+                + fs_section('changes', self.path('changes.fs')) + '</demostorage>\n')
+        out, err = self.assertConverted(self.convert(fs_section('source', src), dest))
+        self.assertIn('Copied', out + err)
+
     def test_a_copy_killed_after_its_last_batch_is_finished_by_a_resume(self):
         # The mark of a copy whose last batch committed before it could
         # say it had finished: a resume with nothing to copy removes it.

@@ -85,6 +85,7 @@ class ZapAllTests(FactoryCase):
             storage.store(child_oid, z64, zodb_pickle(MinPO('child')), '', txn)
             storage.tpc_vote(txn)
             storage.tpc_finish(txn)
+            storage.mark_copy(None)     # (the copy of that history finished)
             storage.pack(time.time() + 1, referencesf)
             self.assertEqual(storage.load(child_oid)[1], old_tid)
         finally:
