@@ -442,10 +442,20 @@ class IRelStorageAdapter(Interface):
         that has not finished, or None: a pack with garbage collection
         refuses to run meanwhile."""
 
-    def set_copy_mark(conn, started):
+    def set_copy_mark(conn, started, copied_too=True):
         """Record that a copy began at ``started`` unless an earlier one's
         mark is there (returned, else None), or (None) that none is
-        unfinished; the caller commits."""
+        unfinished (which, ``copied_too``, also forgets the last copied
+        tid: unfinished_copy); the caller commits."""
+
+    def unfinished_copy(conn):
+        """``(began, copied)``: copy_mark, and the tid of the last
+        transaction committed with a tid of its own (a copy's) if no other
+        transaction committed after it, else None."""
+
+    def note_copied_tid(conn, tid):
+        """Record ``tid``, in the vote of a transaction begun with a tid of
+        its own, under the commit lock (unfinished_copy)."""
 
     def acquire_pack_lock():
         """A lock object (``close()`` releases it) held by a session of its

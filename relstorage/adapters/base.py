@@ -1036,14 +1036,37 @@ class Adapter(PackVerbs):
         that has not finished (set_copy_mark), or None."""
         return conn.query_value(self.q(self.sql.GET_COPY_MARK))
 
-    def set_copy_mark(self, conn, started):
+    def unfinished_copy(self, conn):
+        """``(began, copied)``: when a copy that has not finished began
+        (copy_mark), or None; and the tid of the last transaction
+        committed with a tid of its own (note_copied_tid) when none has
+        committed after it, or None.  One statement: the pack asks in each
+        of its batches."""
+        rows = dict(conn.query_all(self.q(self.sql.GET_COPY_STATE)))
+        copied = rows.get(7)
+        if copied is not None and copied < (rows.get(0) or 0):
+            copied = None
+        return rows.get(6), copied
+
+    def note_copied_tid(self, conn, tid):
+        """In the vote of a transaction begun with a tid of its own (a
+        copy's: ZODB's copyTransactionsFromTo, a ZEO client's copy), under
+        the commit lock: record ``tid`` as the last one copied
+        (unfinished_copy).  Removed with the copy mark (set_copy_mark)."""
+        conn.execute(self.q(self.sql.CLEAR_COPIED_TID))
+        conn.execute(self.q(self.sql.INSERT_COPIED_TID), (tid,))
+
+    def set_copy_mark(self, conn, started, copied_too=True):
         """Record that a copy into this database began at ``started``
         (seconds since the epoch), unless the mark of an earlier copy not
         finished is there (kept: the refusal says when the copy began, not
         when it was last resumed); return that earlier mark, or None.  With
-        ``started`` None, remove the mark.  The caller commits."""
+        ``started`` None, remove the mark, and with ``copied_too`` the tid
+        of the last transaction copied (note_copied_tid).  The caller
+        commits."""
         if started is None:
-            conn.execute(self.q(self.sql.CLEAR_COPY_MARK))
+            conn.execute(self.q(self.sql.CLEAR_COPY_MARK if copied_too
+                                else self.sql.CLEAR_COPY_BEGAN))
             return None
         earlier = conn.query_value(self.q(self.sql.GET_COPY_MARK))
         if earlier is None:

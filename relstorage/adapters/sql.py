@@ -20,7 +20,10 @@ Tables (both modes):
                      (written by zap_all): the pack mark zap_all moved
                      to (Adapter.zap_mark).  Row 6 (a copy into the
                      database has not finished): when it began
-                     (Adapter.copy_mark).  Row 2 is Oracle's pack lock.
+                     (Adapter.copy_mark).  Row 7: the tid of the last
+                     transaction committed with a tid of its own, a copy's
+                     (Adapter.note_copied_tid).  Row 2 is Oracle's pack
+                     lock.
 ``object_state``     pickles.  History-free: one row per object (``zoid``
                      primary key).  History-preserving: one row per revision
                      (``zoid``, ``tid``), plus ``current_object`` pointing at
@@ -193,7 +196,11 @@ class Statements:
     #: Row 6 (row 5 is a poll's witness, GET_SNAPSHOT_MARKS): when a copy
     #: into this database that has not finished began.
     GET_COPY_MARK = "SELECT tid FROM commit_lock WHERE id = 6"
-    CLEAR_COPY_MARK = "DELETE FROM commit_lock WHERE id = 6"
+    CLEAR_COPY_MARK = "DELETE FROM commit_lock WHERE id IN (6, 7)"
+    CLEAR_COPY_BEGAN = "DELETE FROM commit_lock WHERE id = 6"
+    GET_COPY_STATE = "SELECT id, tid FROM commit_lock WHERE id IN (0, 6, 7)"
+    CLEAR_COPIED_TID = "DELETE FROM commit_lock WHERE id = 7"
+    INSERT_COPIED_TID = "INSERT INTO commit_lock (id, tid) VALUES (7, %s)"
     INSERT_COPY_MARK = "INSERT INTO commit_lock (id, tid) VALUES (6, %s)"
 
     LOAD_CURRENT = """

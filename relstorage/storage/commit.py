@@ -336,6 +336,16 @@ class Commit:
                 "and the imported mapping's items put in its root)"
                 % (adapter.describe(), tid - 1, MAX_TID - 1))
         fault_point('vote.commit_locked')
+        if self.requested_tid is not None:
+            # A copy's transaction (restore, with its tid: ZODB's
+            # copyTransactionsFromTo, as zc.zlibstorage's copyTransactionsFrom
+            # and a ZEO client's copy make it), whose end nothing announces:
+            # while no other transaction has committed after it, a pack with
+            # garbage collection takes the copy for unfinished (a review
+            # finding: such a copy cut short, then a pack, lost objects it
+            # had not linked yet).  Same transaction: the mark is there if,
+            # and only if, what it marks is.
+            adapter.note_copied_tid(conn, self.tid)
         if self.undone_tids:
             self._check_not_packed(conn)
         if exact or check and mark != self.read_mark:

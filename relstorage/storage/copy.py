@@ -507,6 +507,16 @@ class StorageWriter:
     def _write_blob(self, meta, txn, oid, data, data_txn, temp_files):
         restore_blob = getattr(self.dest, 'restoreBlob', None)
         if restore_blob is None or not IBlobStorageRestoreable.providedBy(self.dest):
+            if IBlobStorage.providedBy(self.dest):
+                # (A review finding: through ZEO, whose client has a blob
+                # directory but no restoreBlob, the advice was to configure
+                # the blob directory it had.)
+                raise CopyError(
+                    "Object %s (transaction %s) is a blob, but the destination %s "
+                    "cannot copy blobs in (it has no restoreBlob: a ZEO client has "
+                    "none). Copy into the storage itself (the RelStorage behind the "
+                    "ZEO server, say) instead."
+                    % (oid_repr(oid), tid_repr(txn.tid), self.dest.getName()))
             raise CopyError(
                 "Object %s (transaction %s) is a blob, but the destination %s does "
                 "not support blobs; configure its blob directory."
@@ -902,9 +912,10 @@ def unfinished(dest, dry_run=False):
         if earlier is None and dest.lastTransaction() == last:
             # Nothing was written (a helper agent's check: a copy refused
             # at its first batch, into a database already complete, left
-            # every pack of it refused).
+            # every pack of it refused).  (Not what a copy through ZEO,
+            # say, left: copied_too.)
             try:
-                dest.mark_copy(None)
+                dest.mark_copy(None, copied_too=False)
             except Exception:  # pylint:disable=broad-except
                 log.warning("Could not remove the mark of a copy into %s that wrote "
                             "nothing", dest.getName(), exc_info=True)

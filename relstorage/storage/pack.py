@@ -274,25 +274,38 @@ def _check_copy_finished(adapter, conn):
     copied, a container of the root's was not, and a nightly pack removed
     168 of the 169 objects copied; the copy's resume then referred to
     missing objects)."""
-    started = adapter.copy_mark(conn)
+    began, copied = adapter.unfinished_copy(conn)
     conn.rollback()
-    if started is not None:
-        raise _copy_not_finished(adapter, started, 'Nothing was removed.')
+    if began is not None or copied is not None:
+        raise _copy_not_finished(adapter, began, copied, 'Nothing was removed.')
 
 
-def _copy_not_finished(adapter, started, what_was_done):
-    when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))
+def _copy_not_finished(adapter, began, copied, what_was_done):
+    """The refusal: ``began`` from zodbconvert's mark (copy.unfinished),
+    ``copied`` the tid of a copied transaction that is the last committed
+    (Adapter.unfinished_copy)."""
+    if began is None:
+        return PackError(
+            "The last transaction of %s (%016x) was copied into it with its own tid (a "
+            "copy by ZODB's copyTransactionsFromTo, as zc.zlibstorage's "
+            "copyTransactionsFrom makes it, or a copy through ZEO), and none has been "
+            "committed since: nothing tells whether the copy has finished, and objects it "
+            "copied may be referenced only by objects it has not copied yet, which a pack "
+            "with garbage collection would remove. %s If the copy has finished, the next "
+            "transaction committed to the database ends this (as does zodbconvert "
+            "--incremental with the same source, written directly into the database, "
+            "which finds nothing left to copy; or DELETE FROM commit_lock WHERE id = 7); "
+            "if not, finish it first. pack-gc false packs history only."
+            % (adapter.describe(), copied, what_was_done))
+    when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(began))
     return PackError(
         "A copy into %s began at %s and has not finished (zodbconvert interrupted, "
-        "or still running; or a copy by ZODB's copyTransactionsFromTo, as a wrapping "
-        "storage's copyTransactionsFrom makes it, whose end is not seen here): objects "
-        "it copied may be referenced only by objects it has not copied yet, which a "
-        "pack with garbage collection would remove. %s "
-        "Finish the copy (zodbconvert --incremental, which also removes this mark when "
-        "it finds nothing left to copy) first; pack-gc false packs history "
+        "or still running): objects it copied may be referenced only by objects it "
+        "has not copied yet, which a pack with garbage collection would remove. %s "
+        "Finish the copy (zodbconvert --incremental) first; pack-gc false packs history "
         "only. (If the copy is abandoned and the database is to be used as it is, "
-        "DELETE FROM commit_lock WHERE id = 6 removes this mark; after a pack, the copy "
-        "can no longer be resumed: make it again with zodbconvert --clear.)"
+        "DELETE FROM commit_lock WHERE id IN (6, 7) removes this mark; after a pack, the "
+        "copy can no longer be resumed: make it again with zodbconvert --clear.)"
         % (adapter.describe(), when, what_was_done))
 
 
@@ -979,12 +992,12 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     conn.commit()
                     checked = last
                     continue
-                started = adapter.copy_mark(conn) if gc else None
-                if started is not None:
+                began, copied = adapter.unfinished_copy(conn) if gc else (None, None)
+                if began is not None or copied is not None:
                     # A copy began since the pack did (a helper agent's
                     # reading): checked under the commit lock, which its
                     # writes take after its mark is in.
-                    raise _copy_not_finished(adapter, started,
+                    raise _copy_not_finished(adapter, began, copied,
                                              'The pack stopped; this batch was undone.')
                 batch.log(adapter, conn)
                 adapter.set_pack_info(conn, checked_tid=last, deleted_upto=after_oid,

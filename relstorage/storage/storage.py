@@ -34,7 +34,6 @@ import logging
 import os
 import struct
 import threading
-import time
 import types
 import weakref
 from operator import itemgetter
@@ -192,7 +191,6 @@ class RelStorage(ConflictResolvingStorage):
         # itself with this storage, see new_instance.
         self._wrapper = None
         self._records_ahead = None          # see record_iternext
-        self._copy_marked = False           # see mark_copy
 
         if _parent is None:
             # The one place every way of opening a storage goes through.
@@ -1170,15 +1168,6 @@ class RelStorage(ConflictResolvingStorage):
         meta = (_as_bytes(txn.user), _as_bytes(txn.description), ext, status)
         if tid is not None:
             _check_given_tid(u64(tid))
-            if not self._copy_marked:
-                # A transaction copied with its tid (restore) from a copy
-                # made by ZODB.blob.copyTransactionsFromTo, as zc.zlibstorage's
-                # copyTransactionsFrom and ZEO's server make it: nothing
-                # says when that copy ends, so it stays marked until a copy
-                # of ours (zodbconvert --incremental) finds nothing left to
-                # copy (a helper agent's check: a GC pack removed objects
-                # such a copy, cut short, had not linked yet).
-                self.mark_copy(time.time())
         self._begin_commit(txn, meta, u64(tid) if tid is not None else None)
 
     def _begin_commit(self, txn, meta=None, tid=None):
@@ -1673,7 +1662,7 @@ class RelStorage(ConflictResolvingStorage):
         self._check_open()
         self._adapter.refresh_statistics()
 
-    def mark_copy(self, started):
+    def mark_copy(self, started, copied_too=True):
         """Record that a copy into this database began at ``started``
         (seconds since the epoch) and has not finished, or, with None,
         that it has (copy.py: zodbconvert, copyTransactionsFrom); returns
@@ -1683,15 +1672,16 @@ class RelStorage(ConflictResolvingStorage):
         short holds objects whose referrers it has not copied yet (from a
         history-free source, every object's current revision comes under
         its own transaction), and a pack removed them for good (a helper
-        agent's check)."""
+        agent's check).  A copy's end also ends, ``copied_too``, what a
+        transaction committed with its own tid marks (commit.py: a copy
+        that does not say when it ends)."""
         if self._is_read_only:
             raise POSException.ReadOnlyError()
         self._check_open()
         conn = self._adapter.open_connection('store')
         try:
-            earlier = self._adapter.set_copy_mark(conn, started)
+            earlier = self._adapter.set_copy_mark(conn, started, copied_too)
             conn.commit()
-            self._copy_marked = started is not None or earlier is not None
             return earlier
         except BaseException:
             conn.rollback()
@@ -1716,7 +1706,6 @@ class RelStorage(ConflictResolvingStorage):
             self._end_snapshot()
             old_last, mark = self._adapter.zap_all()
             self._last_commit_tid = 0
-            self._copy_marked = False       # (the zap removed the mark)
         self._cache.zapped(mark, old_last)
         if self._blobs is not None:
             self._blobs.forget_all()

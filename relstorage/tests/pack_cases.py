@@ -657,6 +657,100 @@ class PackBehaviourTests(PackCase):
         self.assertFalse(self.exists(child_oid))
         self.assert_reachable_objects_load()
 
+    def copy_one(self, storage, tid=None):
+        """One transaction as a copy writes it (tpc_begin with its own tid,
+        restore): a new object, unreferenced (its referrer not copied yet);
+        returns its oid."""
+        oid = storage.new_oid()
+        tid = tid or newTid(storage.lastTransaction())
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, tid)
+        storage.restore(oid, tid, zodb_pickle(MinPO('copied')), '', None, txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        return oid
+
+    def assert_copy_refused(self, storage, **kw):
+        from relstorage.storage.pack import PackError
+        with self.assertRaises(PackError) as cm:
+            storage.run_pack(time.time() + 1, referencesf, **kw)
+        self.assertIn('was copied into it with its own tid', str(cm.exception))
+        return str(cm.exception)
+
+    def test_a_copy_that_does_not_say_when_it_ends_holds_gc_back(self):
+        # A review finding: a copy by ZODB's copyTransactionsFromTo (what
+        # zc.zlibstorage's copyTransactionsFrom and a ZEO client's copy do)
+        # never ran our copy code, so it set no mark, and a pack of such a
+        # copy cut short removed what it had not linked yet.  Such a copy
+        # does not say when it ends: while the last transaction committed
+        # is one it copied, a GC pack refuses; the next transaction of the
+        # live site ends that.
+        db = self.db()
+        child_oid = self.populate(db)
+        storage = db.storage
+        copied = self.copy_one(storage)
+        self.assert_copy_refused(storage)
+        self.assert_copy_refused(storage, prepack_only=True)
+        self.assertTrue(self.exists(copied))
+        self.assertTrue(self.exists(child_oid))
+        with db.transaction() as conn:
+            conn.root()['live'] = PersistentMapping()
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(copied))
+        self.assertFalse(self.exists(child_oid))
+        # Each copy marks again (a review finding on a first version, which
+        # marked once per storage instance: a second copy through the same
+        # ZEO server went unmarked), and its end, as zodbconvert
+        # --incremental with nothing left to copy says it, clears it.
+        copied = self.copy_one(storage)
+        message = self.assert_copy_refused(storage)
+        self.assertIn('DELETE FROM commit_lock WHERE id = 7', message)
+        storage.mark_copy(None)
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(copied))
+        self.assert_reachable_objects_load()
+
+    def test_a_copied_transaction_refused_marks_nothing(self):
+        # A review finding on a first version: a restore refused (its tid
+        # not after the last one: a copy pointed at the wrong database)
+        # marked the database all the same.
+        from ZODB.POSException import StorageTransactionError
+        db = self.db()
+        child_oid = self.populate(db)
+        storage = db.storage
+        txn = TransactionMetaData()
+        tid = p64(u64(storage.lastTransaction()) - 1)
+        storage.tpc_begin(txn, tid)
+        storage.restore(storage.new_oid(), tid, zodb_pickle(MinPO('copied')), '', None, txn)
+        with self.assertRaises(StorageTransactionError):
+            storage.tpc_vote(txn)
+        storage.tpc_abort(txn)
+        db.pack(time.time() + 1)
+        self.assertFalse(self.exists(child_oid))
+
+    def test_a_transaction_copied_during_the_pack_stops_it(self):
+        from relstorage.storage.pack import PackError
+        db = self.db()
+        child_oid = self.populate(db)
+        other = self.storage()
+        copied = []
+
+        class CopyWhenDeleting:
+            def __init__(me, label, total, unit):
+                if label == 'deleting':
+                    copied.append(self.copy_one(other))
+
+            def update(self, n=1):
+                pass
+
+            def close(self):
+                pass
+        with self.assertRaises(PackError) as cm:
+            db.storage.run_pack(time.time() + 1, referencesf, progress=CopyWhenDeleting)
+        self.assertIn('The pack stopped', str(cm.exception))
+        self.assertTrue(self.exists(child_oid))
+        self.assertTrue(self.exists(copied[0]))
+
     def test_object_reachable_only_from_an_old_revision_is_collected(self):
         # 'child' was referenced by an older revision of 'keep' only.
         db = self.db()

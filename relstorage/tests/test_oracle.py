@@ -177,6 +177,8 @@ class Recorder:
             return []           # a database without a key yet: one is written
         if stmt == adapter.q(s.GET_COPY_MARK):
             return []           # no copy unfinished: a new one's mark is written
+        if stmt == adapter.q(s.GET_COPY_STATE):
+            return [(0, 5), (7, 5)]     # the last transaction was copied
         if stmt == adapter.q(s.PACK_DOM_HAS_ROOT):
             return []           # (else the incremental reachability stops at once)
         if stmt == adapter.q(s.PACK_INFO_GET) and self.pack_info is not None:
@@ -353,6 +355,9 @@ def drive_every_verb(adapter, recorder):
     adapter.set_copy_mark(store, 1764590000)
     adapter.copy_mark(store)
     adapter.set_copy_mark(store, None)
+    adapter.set_copy_mark(store, None, copied_too=False)
+    adapter.note_copied_tid(store, 5)
+    assert adapter.unfinished_copy(store) == (None, 5)
     store.commit()
     store.close()
 

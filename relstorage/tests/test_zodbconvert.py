@@ -814,6 +814,28 @@ class TestZEOSource(ConvertTestCase):
                 stop()
                 gc.collect()            # the raw file goes in a later pass
 
+    def test_blobs_into_a_zeo_client_are_refused_with_the_way_out(self):
+        # A review finding: a ZEO client has a blob directory but no
+        # restoreBlob; the refusal advised configuring the blob directory
+        # it had.  (RelStorage 4.3 copied, and the blobs then failed to
+        # load: seen from outside.)
+        import ZEO
+        src = self.path('blob-source.fs')
+        make_source(src, blob_dir=self.path('blob-source'))
+        addr, stop = ZEO.server(path=self.path('zeo-dest.fs'),
+                                blob_dir=self.path('zeo-dest-blobs'), port=('127.0.0.1', 0))
+        try:
+            zeo = ('<zeoclient destination>\n server %s:%d\n blob-dir %s\n'
+                   ' shared-blob-dir false\n</zeoclient>\n'
+                   % (addr + (self.path('zeo-client-blobs'),)))
+            _, err = self.assertConverted(self.convert(
+                fs_section('source', src, self.path('blob-source')), zeo), rc=1)
+            self.assertIn('cannot copy blobs in', err)
+            self.assertIn('a ZEO client has none', err)
+            self.assertNotIn('configure its blob directory', err)
+        finally:
+            stop()
+
 
 class TestIncremental(ConvertTestCase):
 
@@ -1353,12 +1375,12 @@ class TestInterrupted(ConvertTestCase):
         finally:
             storage.close()
 
-    def assert_pack_refused(self, storage):
+    def assert_pack_refused(self, storage, why='has not finished'):
         from relstorage.storage.pack import PackError
         before = copy.current_tids(storage, u64(storage.lastTransaction()))
         with self.assertRaises(PackError) as raised:
             storage.pack(time.time() + 1, referencesf)
-        self.assertIn('has not finished', str(raised.exception))
+        self.assertIn(why, str(raised.exception))
         self.assertIn('Nothing was removed', str(raised.exception))
         self.assertEqual([list(part) for part in copy.current_tids(
             storage, u64(storage.lastTransaction()))], [list(part) for part in before])
@@ -1493,8 +1515,9 @@ class TestInterrupted(ConvertTestCase):
         # ZODB.blob.copyTransactionsFromTo, which it calls) restores
         # through the wrapper, so none of our copy code ran: no mark, and a
         # pack of such a copy cut short removed what it had not linked yet.
-        # Nothing says when such a copy ends: it stays marked until
-        # zodbconvert --incremental finds nothing left to copy.
+        # Nothing says when such a copy ends: a GC pack refuses while its
+        # last transaction is the last one, until zodbconvert --incremental
+        # finds nothing left to copy (or the site commits: pack_cases).
         import ZODB.config
         src = self.path('zodb-copy.fs')
         make_source(src, transactions=5)
@@ -1506,7 +1529,7 @@ class TestInterrupted(ConvertTestCase):
         try:
             storage.copyTransactionsFrom(source)
             self.assertEqual(storage.lastTransaction(), source.lastTransaction())
-            self.assert_pack_refused(storage.base)
+            self.assert_pack_refused(storage.base, 'was copied into it with its own tid')
         finally:
             storage.close()
             source.close()
