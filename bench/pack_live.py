@@ -113,9 +113,13 @@ def pg_section(dbname):
 
 
 def storage_config(keep_history, section):
+    # RS_PACK_LIVE_OPTIONS: an experiment's option lines, "pack-duty-cycle
+    # 0.25; pack-max-delay 1" (for both sides: the keys are 4.3's too).
+    extra = ''.join(' %s\n' % line.strip() for line in
+                    os.environ.get('RS_PACK_LIVE_OPTIONS', '').split(';') if line.strip())
     return ('%%import relstorage\n<relstorage>\n keep-history %s\n'
-            ' commit-lock-timeout 30\n%s\n</relstorage>\n'
-            % ('true' if keep_history else 'false', section))
+            ' commit-lock-timeout 30\n%s%s\n</relstorage>\n'
+            % ('true' if keep_history else 'false', extra, section))
 
 
 def open_db(keep_history, section):

@@ -61,6 +61,22 @@ def assert_reachable_objects_load(test, storage):
 
 
 
+def _when_deleting(action):
+    """A progress class (run_pack's ``progress``) that calls ``action``
+    when the deletion phase begins."""
+    class WhenDeleting:
+        def __init__(self, label, total, unit):
+            if label == 'deleting':
+                action()
+
+        def update(self, n=1):
+            pass
+
+        def close(self):
+            pass
+    return WhenDeleting
+
+
 def _copy_mark(storage):
     """The copy mark of ``storage``'s database (Adapter.copy_mark)."""
     adapter = storage._adapter
@@ -637,18 +653,9 @@ class PackBehaviourTests(PackCase):
         child_oid = self.populate(db)
         other = self.storage()
 
-        class MarkWhenDeleting:
-            def __init__(self, label, total, unit):
-                if label == 'deleting':
-                    other.mark_copy(time.time())
-
-            def update(self, n=1):
-                pass
-
-            def close(self):
-                pass
         with self.assertRaises(PackError) as cm:
-            db.storage.run_pack(time.time() + 1, referencesf, progress=MarkWhenDeleting)
+            db.storage.run_pack(time.time() + 1, referencesf,
+                                progress=_when_deleting(lambda: other.mark_copy(time.time())))
         self.assertIn('has not finished', str(cm.exception))
         self.assertIn('The pack stopped', str(cm.exception))
         self.assertTrue(self.exists(child_oid))
@@ -734,19 +741,9 @@ class PackBehaviourTests(PackCase):
         child_oid = self.populate(db)
         other = self.storage()
         copied = []
-
-        class CopyWhenDeleting:
-            def __init__(me, label, total, unit):
-                if label == 'deleting':
-                    copied.append(self.copy_one(other))
-
-            def update(self, n=1):
-                pass
-
-            def close(self):
-                pass
         with self.assertRaises(PackError) as cm:
-            db.storage.run_pack(time.time() + 1, referencesf, progress=CopyWhenDeleting)
+            db.storage.run_pack(time.time() + 1, referencesf, progress=_when_deleting(
+                lambda: copied.append(self.copy_one(other))))
         self.assertIn('The pack stopped', str(cm.exception))
         self.assertTrue(self.exists(child_oid))
         self.assertTrue(self.exists(copied[0]))

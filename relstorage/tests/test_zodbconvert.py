@@ -226,6 +226,12 @@ def fs_section(role, path, blob_dir=None):
     return text + '</filestorage>\n'
 
 
+def zlib_section(db):
+    """A destination: <zlibstorage> around <relstorage> on ``db``."""
+    return ('%import zc.zlibstorage\n<zlibstorage destination>\n'
+            + rs_section('', db) + '</zlibstorage>\n')
+
+
 def rs_section(role, db, keep_history=True, blob_dir=None):
     text = '<relstorage %s>\n keep-history %s\n' % (role, 'true' if keep_history else 'false')
     if blob_dir:
@@ -1375,6 +1381,15 @@ class TestInterrupted(ConvertTestCase):
         finally:
             storage.close()
 
+    def pack_config(self, section):
+        """A GC pack of the storage ``section`` configures."""
+        import ZODB.config
+        storage = ZODB.config.storageFromString('%import relstorage\n' + section)
+        try:
+            storage.pack(time.time() + 1, referencesf)
+        finally:
+            storage.close()
+
     def assert_pack_refused(self, storage, why='has not finished'):
         from relstorage.storage.pack import PackError
         before = copy.current_tids(storage, u64(storage.lastTransaction()))
@@ -1483,8 +1498,7 @@ class TestInterrupted(ConvertTestCase):
         src = self.path('wrapped.fs')
         make_source(src, transactions=20)
         db = self.database()
-        dest = ('%import zc.zlibstorage\n<zlibstorage destination>\n'
-                + rs_section('', db) + '</zlibstorage>\n')
+        dest = zlib_section(db)
         original = copy.StorageWriter.write
         written = []
 
@@ -1503,12 +1517,7 @@ class TestInterrupted(ConvertTestCase):
             storage.close()
         self.assertConverted(self.convert(fs_section('source', src), dest,
                                           '--incremental', '--verify'))
-        import ZODB.config
-        storage = ZODB.config.storageFromString('%import relstorage\n' + dest)
-        try:
-            storage.pack(time.time() + 1, referencesf)
-        finally:
-            storage.close()
+        self.pack_config(dest)
 
     def test_a_copy_by_zodbs_copy_function_is_marked(self):
         # A review finding: zc.zlibstorage's own copyTransactionsFrom (and
@@ -1522,8 +1531,7 @@ class TestInterrupted(ConvertTestCase):
         src = self.path('zodb-copy.fs')
         make_source(src, transactions=5)
         db = self.database()
-        dest = ('%import zc.zlibstorage\n<zlibstorage destination>\n'
-                + rs_section('', db) + '</zlibstorage>\n')
+        dest = zlib_section(db)
         source = FileStorage(src, read_only=True)
         storage = ZODB.config.storageFromString('%import relstorage\n' + dest)
         try:
@@ -1536,11 +1544,7 @@ class TestInterrupted(ConvertTestCase):
         out, _ = self.assertConverted(self.convert(fs_section('source', src), dest,
                                                    '--incremental'))
         self.assertIn('Nothing to copy', out)
-        storage = ZODB.config.storageFromString('%import relstorage\n' + dest)
-        try:
-            storage.pack(time.time() + 1, referencesf)
-        finally:
-            storage.close()
+        self.pack_config(dest)
 
     def test_a_copy_into_a_demostorage_over_a_read_only_relstorage(self):
         # A review finding: the copy's mark went to the DemoStorage's base,
