@@ -36,6 +36,10 @@ implementation runs it; the first line of its report says which
 it, so that A/B runs on a million objects do not rebuild it each time;
 ``--drop-template`` removes it afterwards.
 
+For experiments: ``RS_PACK_LIVE_PREFIX`` runs zodbpack under a wrapper
+("chrt --idle 0"), ``RS_PACK_LIVE_OPTIONS`` adds option lines to both
+sides' ``<relstorage>`` ("pack-duty-cycle 0.25; pack-max-delay 1").
+
 Server databases are created and dropped (``relstoragebench_pack_*``);
 SQLite data goes to a temporary directory.
 """
