@@ -45,7 +45,7 @@ def make_blobs(options, adapter, shared=None):
         from .shared import SharedBlobs
         return SharedBlobs(blob_dir, options)
     from .cached import CachedBlobs
-    return CachedBlobs(blob_dir, options, shared)
+    return CachedBlobs(blob_dir, options, shared, adapter=adapter)
 
 
 def _open_read_only(blob_dir, options):

@@ -75,11 +75,13 @@ class CachedBlobs(BlobMode):
 
     in_database = True
 
-    def __init__(self, blob_dir, options, shared=None):
+    def __init__(self, blob_dir, options, shared=None, adapter=None):
         super().__init__(blob_dir, options)
         self.shared = shared
-        self.chunk_size = blob_chunk_bytes(options)
-        self._warned_chunk_max = False
+        # (Warned about at open, the database's limit included.)
+        self.chunk_size = blob_chunk_bytes(
+            options, limit=getattr(adapter, 'blob_chunk_max', None),
+            database=adapter.describe() if adapter is not None else None)
         self.cache_size = options.blob_cache_size
         check = options.blob_cache_size_check or 10
         # (At least a byte: a small size made it 0, which meant "never
@@ -251,11 +253,8 @@ class CachedBlobs(BlobMode):
 
     def vote(self, adapter, conn, btxn, tstore):
         # (commit.vote has emptied temp_blob_chunk if a commit left rows.)
+        # (Within the database's limit since the open, which warned.)
         size = min(self.chunk_size, adapter.blob_chunk_max)
-        if size < self.chunk_size and not self._warned_chunk_max:
-            self._warned_chunk_max = True
-            log.warning("blob-chunk-size %d is more than %s carries in one value: "
-                        "using %d", self.chunk_size, adapter.describe(), size)
         for oid_int, path in sorted(btxn.pending.items()):
             with open(path, 'rb') as f:
                 chunk_num = 0
