@@ -174,8 +174,13 @@ class SqliteConfigTests(unittest.TestCase):
         with db.transaction() as conn:
             conn.root()['kept'] = PersistentMapping(v='kept')
         db.close()
-        pages = sqlite3.connect(os.path.join(data_dir, 'main.sqlite3')).execute(
-            'PRAGMA page_count').fetchone()[0]
+        # (Closed: Python 3.13 warns of a connection dropped open, which
+        # the leak check counts: a helper agent's run on 3.13.)
+        raw = sqlite3.connect(os.path.join(data_dir, 'main.sqlite3'))
+        try:
+            pages = raw.execute('PRAGMA page_count').fetchone()[0]
+        finally:
+            raw.close()
         db = ZODB.config.databaseFromString(zconfig(
             data_dir, '', '<pragmas>\n max_page_count %d\n</pragmas>' % (pages + 5)))
         try:
