@@ -1068,7 +1068,7 @@ class Adapter(PackVerbs):
             conn.execute(self.q(self.sql.CLEAR_COPY_MARK if copied_too
                                 else self.sql.CLEAR_COPY_BEGAN))
             return None
-        earlier = conn.query_value(self.q(self.sql.GET_COPY_MARK))
+        earlier = self.copy_mark(conn)
         if earlier is None:
             conn.execute(self.q(self.sql.INSERT_COPY_MARK), (int(started),))
         return earlier

@@ -686,17 +686,21 @@ def prune(blob_dir, limit, wait=False, again=0, stop=None):
         removed += count
         # (Not after the last: it slept for nothing, and a storage's close
         # waited for its prune thread to wake up.)
-        if not retry_after or attempt == again or (stop is not None and stop()):
-            break
-        if stop is None:
-            time.sleep(retry_after)
-            continue
-        until = time.time() + retry_after
-        while not stop() and time.time() < until:
-            time.sleep(min(PRUNE_LOCK_POLL, max(0, until - time.time())))
-        if stop():
+        if not retry_after or attempt == again or not _slept(retry_after, stop):
             break
     return removed
+
+
+def _slept(seconds, stop):
+    """Sleep ``seconds``, in short steps when ``stop`` (a function) may end
+    the sleep first; False when it did, or says so at the end."""
+    if stop is None:
+        time.sleep(seconds)
+        return True
+    until = time.time() + seconds
+    while not stop() and time.time() < until:
+        time.sleep(min(PRUNE_LOCK_POLL, max(0, until - time.time())))
+    return not stop()
 
 
 def _prune_once(blob_dir, limit, wait, stop=None):

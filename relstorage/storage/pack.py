@@ -274,10 +274,18 @@ def _check_copy_finished(adapter, conn):
     copied, a container of the root's was not, and a nightly pack removed
     168 of the 169 objects copied; the copy's resume then referred to
     missing objects)."""
+    try:
+        _refuse_unfinished_copy(adapter, conn, 'Nothing was removed.')
+    finally:
+        conn.rollback()
+
+
+def _refuse_unfinished_copy(adapter, conn, what_was_done):
+    """Raise the refusal (_copy_not_finished) while a copy may not have
+    finished (Adapter.unfinished_copy)."""
     began, copied = adapter.unfinished_copy(conn)
-    conn.rollback()
     if began is not None or copied is not None:
-        raise _copy_not_finished(adapter, began, copied, 'Nothing was removed.')
+        raise _copy_not_finished(adapter, began, copied, what_was_done)
 
 
 def _copy_not_finished(adapter, began, copied, what_was_done):
@@ -992,13 +1000,12 @@ def _delete(adapter, conn, options, referencesf, blobs, report, progress):
                     conn.commit()
                     checked = last
                     continue
-                began, copied = adapter.unfinished_copy(conn) if gc else (None, None)
-                if began is not None or copied is not None:
+                if gc:
                     # A copy began since the pack did (a helper agent's
                     # reading): checked under the commit lock, which its
                     # writes take after its mark is in.
-                    raise _copy_not_finished(adapter, began, copied,
-                                             'The pack stopped; this batch was undone.')
+                    _refuse_unfinished_copy(adapter, conn,
+                                            'The pack stopped; this batch was undone.')
                 batch.log(adapter, conn)
                 adapter.set_pack_info(conn, checked_tid=last, deleted_upto=after_oid,
                                       **files_done)
