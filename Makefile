@@ -34,10 +34,14 @@ export RS_PG_BIG_BLOB
 
 # The second run: the level-2 tests (the deep crash-point sweep, ten runs
 # per fault point, and the 200,000-object transaction) on SQLite only.
+# --ignore_dir build: "pip install ." in the checkout leaves a copy of the
+# package in build/lib, which the runner would otherwise try to import as
+# build.lib.relstorage and report as an import failure.
+TESTRUNNER_ARGS = --test-path=. --ignore_dir build
 test: $(VENV)/.installed-test $(VENV)/.installed-bench
 	$(VPY) -m relstorage.tests.servers
-	$(VENV)/bin/zope-testrunner --test-path=. -v
-	$(VENV)/bin/zope-testrunner --test-path=. -v -m test_sqlite --only-level 2
+	$(VENV)/bin/zope-testrunner $(TESTRUNNER_ARGS) -v
+	$(VENV)/bin/zope-testrunner $(TESTRUNNER_ARGS) -v -m test_sqlite --only-level 2
 
 # Benchmarks (see docs/benchmarks.md). BENCH_ARGS is passed to
 # "python -m bench", e.g. BENCH_ARGS="--targets sqlite,pg-psycopg2 -p 2".

@@ -42,5 +42,43 @@ class SdistTests(unittest.TestCase):
             self.assertIn('relstorage/component.xml', zf.namelist())
 
 
+@unittest.skipUnless(os.path.exists(os.path.join(HERE, 'Makefile')),
+                     'not run from a source tree')
+class TestCommandTests(unittest.TestCase):
+
+    def test_a_build_directory_in_the_checkout_is_not_collected(self):
+        # A helper agent's check: after "pip install ." in the checkout,
+        # setuptools leaves build/lib/relstorage, and the suite's runner
+        # reported "ModuleNotFoundError: No module named 'build'" for every
+        # test module there.  The Makefile's runner arguments, on a tree
+        # of one package and its copy under build/lib:
+        with open(os.path.join(HERE, 'Makefile')) as f:
+            (line,) = [line for line in f if line.startswith('TESTRUNNER_ARGS =')]
+        args = line.split('=', 1)[1].split()
+        tmp = tempfile.mkdtemp(prefix='relstoragetest_build_')
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        for top in (tmp, os.path.join(tmp, 'build', 'lib')):
+            tests = os.path.join(top, 'rstestpkg', 'tests')
+            os.makedirs(tests)
+            for path, text in ((os.path.join(top, 'rstestpkg', '__init__.py'), ''),
+                               (os.path.join(tests, '__init__.py'), ''),
+                               (os.path.join(tests, 'test_one.py'),
+                                'import unittest\n'
+                                'class T(unittest.TestCase):\n'
+                                '    def test_it(self):\n'
+                                '        pass\n')):
+                with open(path, 'w') as f:
+                    f.write(text)
+        runner = os.path.join(os.path.dirname(sys.executable), 'zope-testrunner')
+        # (--test-path does not put the tree on sys.path; relstorage is
+        # installed in the venv, this package is not.)
+        result = subprocess.run([runner] + args + ['--list-tests'], cwd=tmp,
+                                capture_output=True, text=True,
+                                env=dict(os.environ, PYTHONPATH=tmp))
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertNotIn('import', (result.stdout + result.stderr).lower())
+        self.assertEqual(result.stdout.count('test_it ('), 1, result.stdout)
+
+
 def test_suite():
     return unittest.defaultTestLoader.loadTestsFromName(__name__)
