@@ -54,6 +54,8 @@ class ChangeIndex:
         self._lock = threading.RLock()
         self._locks_made_with = locks.made_now()
         self._poisoned = []          # (low, high]: snapshots of a history rolled back
+        # No knowledge from a snapshot below this (see fence).
+        self._floor = 0
         self.answered = self.unknown = 0
         self.polls = self.polls_free = 0
         self._reset_log()
@@ -98,10 +100,29 @@ class ChangeIndex:
     def log_size(self):
         return self._count
 
-    def clear(self):
+    def clear(self, floor=0):
+        """Forget everything; ``fence(floor)`` first, under the same lock."""
         with self._lock:
+            self._fence(floor)
             self._reset_log()
             self._known.clear()
+
+    def fence(self, floor):
+        """From now on, ignore what a snapshot before ``floor`` says
+        (record, record_many): after a pack, an instance still in a
+        snapshot from before it may read an object the pack removed, and
+        must not tell later snapshots it is current.  The check is made
+        under the lock that record takes, so that a recording cannot pass
+        it just before the fence and land just after the forget that
+        follows (a helper agent's check: a connection in a snapshot after
+        the pack then loaded the removed object, and a reference to it was
+        committed)."""
+        with self._lock:
+            self._fence(floor)
+
+    def _fence(self, floor):
+        if floor > self._floor:
+            self._floor = floor
 
     def among(self, oids):
         """Those of ``oids`` this index says anything about (set
@@ -111,13 +132,15 @@ class ChangeIndex:
         with self._lock:
             return (self._known.keys() & oids) | (self._changes.keys() & oids)
 
-    def forget(self, removed, garbage=()):
+    def forget(self, removed, garbage=(), floor=0):
         """A pack removed, for each (oid, below) of ``removed``, the
         revisions of oid older than tid ``below``, and every revision of
         the objects ``garbage`` lists: forget what says one of them is
-        current.  Returns the (oid, tid) pairs forgotten."""
+        current.  ``fence(floor)`` first, under the same lock.  Returns
+        the (oid, tid) pairs forgotten."""
         gone = []
         with self._lock:
+            self._fence(floor)
             known = self._known
             changes = self._changes
             # (Under the same lock: an instance in an older snapshot may
@@ -242,7 +265,7 @@ class ChangeIndex:
     def record(self, oid, tid, snapshot):
         """The database said ``tid`` is oid's current revision in ``snapshot``."""
         with self._lock:
-            if self._poisoned and self._is_poisoned(snapshot):
+            if snapshot < self._floor or (self._poisoned and self._is_poisoned(snapshot)):
                 return
             self._record(oid, tid, snapshot)
             if len(self._known) > self.limit:
@@ -251,7 +274,7 @@ class ChangeIndex:
     def record_many(self, pairs, snapshot):
         """``record`` for each (oid, tid) of ``pairs``, under one lock."""
         with self._lock:
-            if self._poisoned and self._is_poisoned(snapshot):
+            if snapshot < self._floor or (self._poisoned and self._is_poisoned(snapshot)):
                 return
             known = self._known
             for oid, tid in pairs:

@@ -120,8 +120,6 @@ class StorageCache:
         # (pack_removals).
         self._removals_memo = {}
         self._hints_from = 0        # no hint as of an earlier snapshot (pack)
-        # No index entry from a snapshot that may predate the last pack.
-        self._records_from = 0
         self.warmed = 0             # states copied from the shared cache at start
         self._hot_published = time.monotonic()
         self._backfilled = False
@@ -187,11 +185,10 @@ class StorageCache:
             self.index_mismatches += 1
             log.error("Cache index said oid %x is at %x in snapshot %x but the database "
                       "says %x; using the database's answer.", oid, tid, snapshot, found)
-        if snapshot >= self._records_from:
-            # (An instance still in a snapshot from before a pack may
-            # read a removed object again: that must not tell later
-            # snapshots it is current.  A review finding.)
-            self.index.record(oid, found, snapshot)
+        # (An instance still in a snapshot from before a pack may read a
+        # removed object again: the index's fence keeps that from telling
+        # later snapshots it is current.  A review finding.)
+        self.index.record(oid, found, snapshot)
         if state is not None:
             self.local.put(oid, found, state)
             if self.shared is not None:
@@ -281,8 +278,7 @@ class StorageCache:
         rows = adapter.load_current_many(conn, missing)
         self.db_loads += len(rows)
         fresh = [(oid, tid, state) for oid, (state, tid) in rows.items()]
-        if snapshot >= self._records_from:
-            self.index.record_many([(oid, tid) for oid, tid, _ in fresh], snapshot)
+        self.index.record_many([(oid, tid) for oid, tid, _ in fresh], snapshot)
         if len(fresh) != len(missing) or any(state is None for _, _, state in fresh):
             # Deleted objects (state None) are known to the index, not
             # kept; missing ones were not there at all.
@@ -509,10 +505,11 @@ class StorageCache:
             self._send(fresh, hints, wait=True)
         self._note_own_commit(tid, oids)
 
-    def clear(self):
-        """After pack: revisions may be gone, forget what we knew."""
+    def clear(self, floor=0):
+        """After pack: revisions may be gone, forget what we knew (and
+        from then on what a snapshot before ``floor`` says)."""
+        self.index.clear(floor)
         self.local.clear()
-        self.index.clear()
         self._forget_own_commits()
 
     def newest_pack_mark(self):
@@ -582,8 +579,9 @@ class StorageCache:
                     # objects a pack removed, in new transactions, from
                     # the hints of other processes, and committed a
                     # reference to one.)
-                    self.forget_removed(removed)
-                    self._hints_from = self._records_from = max(snapshot, newest) + 1
+                    floor = max(snapshot, newest) + 1
+                    self._hints_from = floor
+                    self.forget_removed(removed, floor)
                     if self.shared is not None:
                         self.shared.hint_prefix = '%s:h%x' % (self.shared.prefix, mark)
                     return
@@ -596,15 +594,14 @@ class StorageCache:
             # change it) or a greater one (zap_all resets it), hence
             # beyond the newest snapshot seen so far.
             self._hints_from = max(snapshot, newest + 1)
+            with self._to_shared_lock:
+                self._to_shared.clear()
+                self._hints_to_shared.clear()
             # No index entry from a snapshot of this tid or before (an
             # instance still before the pack, with the same tid, may read
             # a removed object after the clear: a review finding); above
             # it, up to the newest, rolled_back fences them off.
-            self._records_from = snapshot + 1
-            with self._to_shared_lock:
-                self._to_shared.clear()
-                self._hints_to_shared.clear()
-            self.clear()
+            self.clear(floor=snapshot + 1)
             if snapshot < newest:
                 # zap_all: the last tid went back.  What instances still in
                 # a snapshot from before learn must never be taken for the
@@ -646,12 +643,14 @@ class StorageCache:
         memo[key] = rows
         return rows
 
-    def forget_removed(self, removed):
+    def forget_removed(self, removed, floor=0):
         """``removed`` (adapters/packing.py PackRemovals): the objects a
         pack removed, and the revisions older than a tid it removed of
         others: the index no longer says they are current, and the local
-        cache drops their states."""
-        for oid, tid in self.index.forget(removed.trimmed_pairs(), removed.garbage_ints()):
+        cache drops their states.  From then on the index ignores what a
+        snapshot before ``floor`` says (ChangeIndex.fence)."""
+        for oid, tid in self.index.forget(removed.trimmed_pairs(), removed.garbage_ints(),
+                                          floor):
             self.local.discard(oid, tid)
 
     def zapped(self, mark, old_last):

@@ -980,6 +980,54 @@ class PackVisibilityTests(FactoryCase):
             db1.close()
             db2.close()
 
+    def test_a_removed_object_read_in_an_old_snapshot_as_the_pack_is_learned(self):
+        # A helper agent's check: a connection still in a snapshot from
+        # before a pack loads an object the pack removed while another
+        # connection of the process learns of the pack.  Its answer passed
+        # the cache's pack fence before the fence moved and was recorded
+        # after the removed objects were forgotten: connections in later
+        # snapshots loaded the removed object, and a reference to it was
+        # committed.  The recording is held here at that moment.
+        from relstorage.cache import mvcc
+        db1 = ZODB.DB(self.storage())
+        db = ZODB.DB(self.storage())
+        try:
+            with db1.transaction() as conn:
+                conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
+            oid_int = u64(doomed._p_oid)
+            with db1.transaction() as conn:
+                del conn.root()['doomed']
+            tm_old = transaction.TransactionManager()
+            old = db.open(tm_old)
+            old.root()                  # its snapshot: before the pack
+            db1.pack(time.time() + 1)
+            at_record, go_on = threading.Event(), threading.Event()
+            record = mvcc.ChangeIndex.record
+
+            def held_record(index, oid, tid, snapshot):
+                if oid == oid_int and threading.current_thread().name == 'old-reader':
+                    at_record.set()
+                    go_on.wait(30)
+                return record(index, oid, tid, snapshot)
+            mvcc.ChangeIndex.record = held_record
+            self.addCleanup(setattr, mvcc.ChangeIndex, 'record', record)
+            read = []
+            reader = threading.Thread(target=lambda: read.append(old.get(doomed._p_oid)['v']),
+                                      name='old-reader')
+            reader.start()
+            self.assertTrue(at_record.wait(30))
+            with db.transaction():          # learns of the pack
+                pass
+            go_on.set()
+            reader.join(30)
+            self.assertEqual(read, ['doomed'])      # (its snapshot had it)
+            tm_old.abort()
+            old.close()
+            with db.transaction() as conn:
+                self.assertRaises(POSKeyError, lambda: conn.get(doomed._p_oid)['v'])
+        finally:
+            db1.close()
+            db.close()
 
     def test_the_commit_lock_reads_the_mark_a_batch_committed_while_it_waited(self):
         # A commit checks what it stores against the pack batches committed
