@@ -271,6 +271,30 @@ class ChangeIndex:
             if len(self._known) > self.limit:
                 self._shrink_known()
 
+    def record_hint(self, oid, tid, as_of):
+        """``record`` for what another process said (a shared cache's hint
+        or hot list: ``tid`` was oid's current revision as of snapshot
+        ``as_of``), unless the change log contradicts it: it covers
+        ``tid`` and holds no change of oid there.  Such a hint comes from
+        a history the database left (a backup restored, then committed to
+        past it: a helper agent's check found a fresh process serving the
+        abandoned history's states), or names a revision older than the
+        newest of the log, which is not current anyway.  Returns whether
+        it was recorded."""
+        with self._lock:
+            start = self._start
+            if start is not None and start < tid <= self._end:
+                tids = self._changes.get(oid, ())
+                i = bisect_left(tids, tid)
+                if i == len(tids) or tids[i] != tid:
+                    return False
+            if as_of < self._floor or (self._poisoned and self._is_poisoned(as_of)):
+                return False
+            self._record(oid, tid, as_of)
+            if len(self._known) > self.limit:
+                self._shrink_known()
+            return True
+
     def record_many(self, pairs, snapshot):
         """``record`` for each (oid, tid) of ``pairs``, under one lock."""
         with self._lock:

@@ -46,7 +46,10 @@ import logging
 import os
 import struct
 import tempfile
+import time
 import zlib
+
+from ZODB.TimeStamp import TimeStamp
 
 try:
     import fcntl
@@ -72,6 +75,10 @@ class CacheFileError(Exception):
 
 #: What read_file returns: ``entries`` is [(oid, tid, state), ...].
 CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key pack_mark version')
+
+
+def _tid_of_time(t):
+    return int.from_bytes(TimeStamp(*time.gmtime(t)[:5] + (t % 60,)).raw(), 'big')
 
 
 def cache_path(directory, prefix):
@@ -263,7 +270,11 @@ def load_validated(path, adapter, put, record, key=None):
     (Adapter.zap_mark) are the database's as the entries were checked.
     """
     try:
+        # (Before the read: a file written meanwhile is newer still.)
+        written = _tid_of_time(os.stat(path).st_mtime)
         content = read_file(path)
+    except FileNotFoundError:
+        return None, 0, 0, None, None
     except (CacheFileError, OSError) as exc:
         log.warning("Ignoring cache file %s: %s", path, exc)
         return None, 0, 0, None, None
@@ -301,7 +312,15 @@ def load_validated(path, adapter, put, record, key=None):
             batch = entries[i:i + VALIDATE_BATCH]
             current = adapter.current_tids(conn, [oid for oid, _, _ in batch])
             for oid, tid, state in batch:
-                if current.get(oid) == tid:
+                # A revision whose tid is later than the file's writing
+                # time was committed while the database's last tid was
+                # ahead of the clock (each commit then takes the last tid
+                # plus one): after a backup restored, the next commits may
+                # take the same tids again, with other states, and the
+                # database's tid alone cannot tell them apart (a helper
+                # agent's check: a process started after such a restore
+                # served a state of the lost history).
+                if tid <= written and current.get(oid) == tid:
                     put(oid, tid, state)
                     record(oid, tid, snapshot)
                     loaded += 1

@@ -202,9 +202,8 @@ class StorageCache:
         result = {}
         hints_from = self._hints_from
         for oid, (tid, as_of) in self.shared.get_hints(oids).items():
-            if as_of < hints_from:
+            if as_of < hints_from or not index.record_hint(oid, tid, as_of):
                 continue
-            index.record(oid, tid, as_of)
             tid = index.tid_at(oid, snapshot)
             if tid is not None:
                 result[oid] = tid
@@ -377,7 +376,8 @@ class StorageCache:
             return          # (a list that may predate the last pack)
         index = self.index
         for oid, tid in pairs:
-            index.record(oid, tid, as_of)
+            if not index.record_hint(oid, tid, as_of):
+                continue
             current = index.peek(oid, snapshot)
             if current is not None:
                 yield oid, current

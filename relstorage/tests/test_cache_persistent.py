@@ -10,6 +10,8 @@ import unittest
 import transaction
 import ZODB
 from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
+from ZODB.utils import z64
 
 from relstorage.adapters.sqlite.adapter import Sqlite3Adapter
 from relstorage.cache import persistent
@@ -247,6 +249,51 @@ class PersistentCacheTests(unittest.TestCase):
         self.assertGreaterEqual(stats['persistent_dropped'], 20)
         self.assertEqual(self.read_all(db), ['after restore'] + ['old'] * 19)
         db.close()
+
+    def test_restored_backup_whose_next_commit_took_a_lost_tid(self):
+        # A helper agent's check: a database whose last tid is ahead of the
+        # clock (copied from a source written by a clock ten days fast)
+        # gives each commit the last tid plus one.  After a restore, the
+        # next commit took the tid of a lost one, with another state, and
+        # a process started afterwards served the lost state from its
+        # file (the tids matched).  Revisions committed after the file's
+        # writing time are not taken from it.
+        from ZODB.TimeStamp import TimeStamp
+        ahead = time.time() + 10 * 86400
+        future = TimeStamp(*time.gmtime(ahead)[:5] + (ahead % 60,)).raw()
+        db = self.open_db(cache=False)
+        with db.transaction() as conn:
+            conn.root()['x'] = PersistentMapping(v='original')
+        storage = db.storage
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn, future)      # (a copy of the fast source)
+        storage.restore(z64, future, storage.load(z64)[0], '', None, txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
+        db.close()
+        backup = os.path.join(self.tmp, 'backup')
+        shutil.copytree(self.data, backup)
+        db = self.open_db()
+        with db.transaction() as conn:
+            conn.root()['x']['v'] = 'lost'
+        self.assertEqual(self.read_all_x(db), 'lost')
+        lost = db.storage.lastTransaction()
+        db.close()                          # the file holds 'lost'
+        shutil.rmtree(self.data)
+        shutil.copytree(backup, self.data)
+        other = self.open_db(cache=False)
+        with other.transaction() as conn:
+            conn.root()['x']['v'] = 'after the restore'
+        self.assertEqual(other.storage.lastTransaction(), lost)     # the same tid
+        other.close()
+        db = self.open_db()
+        self.assertEqual(self.read_all_x(db), 'after the restore')
+        db.close()
+
+    def read_all_x(self, db):
+        with db.transaction() as conn:
+            conn.cacheMinimize()
+            return conn.root()['x']['v']
 
     def test_database_made_again_with_the_same_tids(self):
         # A helper agent's check: a database emptied and filled again by
