@@ -4,6 +4,7 @@
 selects the client: ``pymemcache`` (the default) or ``pylibmc``.
 """
 import importlib
+import logging
 import os
 import threading
 
@@ -12,6 +13,8 @@ from ..options import redact_secrets
 from .shared import CONNECT_TIMEOUT
 from .shared import TIMEOUT
 from .shared import Server
+
+log = logging.getLogger(__name__)
 
 
 def parse_servers(items):
@@ -144,6 +147,19 @@ class PymemcacheServer(_MemcachedServer):
     def set_many(self, values, wait):
         # Without noreply pymemcache reads the replies (the keys not stored).
         self.client.set_many(values, noreply=not wait)
+
+    def failed(self, exc):
+        _MemcachedServer.failed(self, exc)
+        # The pool's other connections were most likely cut by the same
+        # restart: dropped now, rather than each failing in turn and
+        # keeping the server unused RETRY_AFTER longer (a helper agent's
+        # check: one restart of memcached, three warnings and as many
+        # pauses).  The pool opens new ones when asked.
+        try:
+            self.client.close()
+        except Exception:  # pylint:disable=broad-except
+            log.debug("Could not close the connections to memcached at %s", self.label,
+                      exc_info=True)
 
     def _close_client(self, client):
         client.close()

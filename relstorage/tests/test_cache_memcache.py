@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import unittest
 
+from ZODB.utils import u64
+
 from relstorage.cache.memcache import parse_servers
 from relstorage.cache.shared import open_shared_cache
 from relstorage.tests.shared_cache import SharedCacheTests
@@ -20,6 +22,9 @@ class MemcachedServer:
 
     def __init__(self):
         self.port = free_port()
+        self.start()
+
+    def start(self):
         args = [MEMCACHED, '-l', '127.0.0.1', '-p', str(self.port), '-U', '0', '-m', '16']
         if os.geteuid() == 0:
             args += ['-u', 'root']
@@ -52,6 +57,33 @@ class MemcacheTests(SharedCacheTests):
 
     def dead_servers(self):
         return '127.0.0.1:%d' % free_port()
+
+    def test_a_restart_fails_one_request_not_one_per_pooled_connection(self):
+        # A helper agent's check: after memcached restarted, each
+        # connection of the client's pool failed in turn, each time
+        # leaving the server unused for RETRY_AFTER (and, between requests
+        # of other threads that worked, warning again).
+        from relstorage.cache import shared
+        self.addCleanup(setattr, shared, 'RETRY_AFTER', shared.RETRY_AFTER)
+        shared.RETRY_AFTER = 0
+        server = self.private_server()
+        storage = self.storage(cache_servers=server.address)
+        oid = storage.new_oid()
+        tid = self.commit(storage, {oid: 'shared'})
+        cache = storage._cache.shared
+        # Three connections in the pool, as three threads would leave.
+        pool = cache._servers[0].client.client_pool
+        held = [pool.get() for _ in range(3)]
+        for client in held:
+            client.version()
+        for client in held:
+            pool.release(client)
+        server.stop()
+        server.start()                  # the same port, empty
+        errors = cache.errors
+        for _ in range(4):
+            self.assertIsNone(cache.get(u64(oid), u64(tid)))
+        self.assertEqual(cache.errors - errors, 1)
 
     def test_parse_servers(self):
         self.assertEqual(parse_servers('a:1 b:2 [::1]:3 c'),
