@@ -198,6 +198,19 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                 raise PackError(
                     "No pre-pack analysis of %s to use: run zodbpack --prepack "
                     "(or pack-prepack-only) first." % adapter.describe())
+            made_with = info.get('prepared_gc')
+            if made_with is not None and bool(made_with) != bool(gc):
+                # (A helper agent's check: the deletion followed the
+                # analysis's setting, and collected garbage under a
+                # configuration that had turned it off, as sites do for
+                # references from other databases.)
+                raise PackError(
+                    "The pre-pack analysis of %s was made with pack-gc %s, and this "
+                    "configuration has pack-gc %s: nothing was removed. Run zodbpack "
+                    "--prepack again with this configuration, or use the one the "
+                    "analysis was made with." % (adapter.describe(),
+                                                 'true' if made_with else 'false',
+                                                 'true' if gc else 'false'))
             report.pack_tid = info['pack_tid']
         elif not prepack_only and _up_to_date(adapter, conn, gc):
             report.up_to_date = True

@@ -422,6 +422,25 @@ class PrepackTests(PackCase):
         with self.connection('pack') as conn:
             self.assertEqual(conn.query_value('SELECT COUNT(*) FROM pack_object'), 0)
 
+    def test_use_prepack_state_under_another_pack_gc_fails(self):
+        # A helper agent's check: an analysis made with garbage collection,
+        # used by a configuration with pack-gc false, collected garbage.
+        self.populate(self.db())
+        self.assertEqual(self.zodbpack('--prepack', self.write_config())[0], 0)
+        before = self.row_counts()
+        no_gc = self.write_config('pack-gc false')
+        status, _out, err = self.zodbpack('--use-prepack-state', no_gc)
+        self.assertEqual(status, 1)
+        self.assertIn('was made with pack-gc true, and this configuration has '
+                      'pack-gc false: nothing was removed', err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertEqual(self.row_counts(), before)
+        # An analysis made with the configuration is used as it says.
+        self.assertEqual(self.zodbpack('--prepack', no_gc)[0], 0)
+        status, _out, err = self.zodbpack('--use-prepack-state', no_gc)
+        self.assertEqual(status, 0, err)
+        self.assert_reachable_objects_load()
+
     def test_use_prepack_state_without_analysis_fails(self):
         self.populate(self.db())
         status, _out, err = self.zodbpack('--use-prepack-state', self.write_config())
