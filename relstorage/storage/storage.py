@@ -446,9 +446,14 @@ class RelStorage(ConflictResolvingStorage):
 
     def release(self):
         self._follow_gevent()
-        with self._tpc_cond:
+        # Both locks, in _end_tpc's order: the commit found here is the one
+        # whose session is given back below (a helper agent's check: read
+        # first under _tpc_cond alone, a commit that began and voted in
+        # another thread before the give-back lost its voted session to the
+        # pool, which rolled it back, and its tpc_finish returned a tid
+        # with nothing committed).
+        with self._tpc_cond, self._lock:
             pending = self._commit
-        if pending is not None:
             # A commit in progress cannot go on without its session (a
             # helper agent's check: ZODB's DB.close(), which releases the
             # instances of connections in the middle of a transaction, made
@@ -456,25 +461,23 @@ class RelStorage(ConflictResolvingStorage):
             # committed, as its session had been rolled back and given
             # back).  Aborted, unless its COMMIT went through; its
             # tpc_finish then says so.
-            with self._lock:
-                abandoned = not pending.committed
-                if abandoned:
-                    pending.abort()
-                    # Said under the lock: a vote or finish of this commit
-                    # that was waiting for it refuses (_check_not_released).
-                    self._released_txn = pending.txn
+            abandoned = pending is not None and not pending.committed
             if abandoned:
-                log.warning("%s was released (or closed) while a transaction was "
-                            "committing: the transaction was aborted", self.getName())
-                with self._tpc_cond:
-                    current = self._commit is pending
-                if current:
-                    self._end_tpc()
-        with self._lock:
+                pending.abort()
+                # Said under the lock: a vote or finish of this commit
+                # that was waiting for it refuses (_check_not_released).
+                self._released_txn = pending.txn
             self._snapshot_open = False
             self._give_back_load_conn()
             self._give_back_store_conn()
             self._close_held_conn()
+        if abandoned:
+            log.warning("%s was released (or closed) while a transaction was "
+                        "committing: the transaction was aborted", self.getName())
+            with self._tpc_cond:
+                current = self._commit is pending
+            if current:
+                self._end_tpc()
 
     def close(self):
         if self._closed:

@@ -1721,6 +1721,42 @@ class LifecycleTests(FactoryCase):
                 tid = self.commit(fresh, oid, tid, 'after ' + step)
                 self.assertEqual(self.storage().load(oid)[1], tid)
 
+    def test_a_commit_that_begins_while_release_is_under_way(self):
+        # A helper agent's check: release() looked for a commit in progress
+        # (none), then took the instance's lock to give its sessions back;
+        # a commit that began and voted in another thread meanwhile lost
+        # its voted session to the pool (rolled back), and its tpc_finish
+        # returned a tid with nothing committed (ZODB's DB.close() while
+        # request threads commit).  The window is made wide here: the
+        # releasing thread's first take of the lock waits (at most 2 s)
+        # for the commit's vote.  Now release() finds the commit, or the
+        # commit begins after it.
+        storage = self.storage()
+        (oid,), tid = make_objects(storage, 1)
+        instance = storage.new_instance()
+        arrived, voted = threading.Event(), threading.Event()
+        instance._lock = _GatedLock(instance._lock, arrived, voted, wait=2)
+        releaser = threading.Thread(target=instance.release)
+        releaser.start()
+        self.assertTrue(arrived.wait(30))
+        txn = TransactionMetaData()
+
+        def begin_and_vote():
+            instance.tpc_begin(txn)
+            instance.store(oid, tid, zodb_pickle(MinPO('kept')), '', txn)
+            instance.tpc_vote(txn)
+            voted.set()
+        committer = threading.Thread(target=begin_and_vote)
+        committer.start()
+        committer.join(30)
+        releaser.join(30)
+        self.assertTrue(voted.is_set())
+        new_tid = instance.tpc_finish(txn)
+        instance.release()
+        fresh = self.storage()
+        self.assertEqual(fresh.load(oid)[1], new_tid)
+        self.assertEqual(zodb_unpickle(fresh.load(oid)[0]).value, 'kept')
+
     def test_adapter_provides_the_contract(self):
         from zope.interface.verify import verifyObject
         from relstorage.interfaces import IRelStorageAdapter
@@ -1797,16 +1833,18 @@ def _committing_instance(storage, oid, tid, voted):
 
 class _GatedLock:
     """A lock whose first acquisition from another thread than the one
-    that made it signals ``arrived`` and waits for ``go`` first."""
+    that made it signals ``arrived`` and waits for ``go`` first (at most
+    ``wait`` seconds)."""
 
-    def __init__(self, lock, arrived, go):
+    def __init__(self, lock, arrived, go, wait=30):
         self._inner, self._arrived, self._go = lock, arrived, go
         self._maker = threading.get_ident()
+        self._wait = wait
 
     def acquire(self, *args, **kw):
         if threading.get_ident() != self._maker and not self._arrived.is_set():
             self._arrived.set()
-            self._go.wait(30)
+            self._go.wait(self._wait)
         return self._inner.acquire(*args, **kw)
 
     def release(self):
