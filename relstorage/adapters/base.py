@@ -601,12 +601,17 @@ class Adapter(PackVerbs):
         # (Else, created in the caller's transaction, which may roll them
         # back: the next begin_store_checked makes sure again.)
 
+    def server_moved(self, conn):
+        """Whether the server chosen now is not the one ``conn`` is on (a
+        failover elsewhere, a replica file edited, replica-timeout over)."""
+        servers = self.servers
+        return servers is not None and servers.configured and not servers.current(conn)
+
     def follow_server(self, conn):
         """Between transactions: move ``conn`` to the server chosen now if
-        that changed since it connected (a failover elsewhere, a replica
-        file edited, replica-timeout over).  Nothing is in flight on it."""
-        servers = self.servers
-        if servers is None or not servers.configured or servers.current(conn):
+        that changed since it connected (``server_moved``).  Nothing is in
+        flight on it."""
+        if not self.server_moved(conn):
             return
         if conn.purpose == 'store':
             fresh = self.open_store()

@@ -256,6 +256,18 @@ class Commit:
         adapter, tstore = self.adapter, self.tstore
         writes_data = len(tstore) > 0 or bool(self.btxn)
         blobs = self.blobs is not None and self.blobs.in_database
+        if conn.holding_locks and adapter.server_moved(conn):
+            # The site moved to another server since the lost vote
+            # (replica-conf edited, a failover): the held transaction is on
+            # the one it left.  Rolled back there; the retry begins on the
+            # one chosen now (a helper agent's check: it committed on the
+            # server the site had left).
+            try:
+                adapter.end_hold(conn)
+            except Exception:  # pylint:disable=broad-except
+                log.debug("Could not end the hold of row locks", exc_info=True)
+            conn.rollback()
+            conn.holding_locks = False
         if conn.holding_locks:
             # Our previous attempt's transaction, with its row locks (and
             # the session may be one that never wrote: a readCurrent-only

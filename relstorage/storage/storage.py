@@ -541,9 +541,11 @@ class RelStorage(ConflictResolvingStorage):
                 break
             except DisconnectedError:
                 # The server restarted or dropped us since the last
-                # transaction: nothing was in flight, so reconnect once.
+                # transaction: nothing was in flight, so reconnect once,
+                # on a new session (the idle ones went with this one).
                 conn.rollback()
                 self._give_back_load_conn()
+                self._adapter.load_sessions.drop_idle()
                 if attempt == 2:
                     raise
             except BaseException:
@@ -1126,6 +1128,9 @@ class RelStorage(ConflictResolvingStorage):
         pool = self._adapter.store_sessions
         conn = pool.take()
         try:
+            # (On the server chosen now: a helper agent's check found
+            # deleteObject asking a server replica-conf no longer named.)
+            self._adapter.follow_server(conn)
             yield conn
         finally:
             conn.rollback()
@@ -1356,6 +1361,7 @@ class RelStorage(ConflictResolvingStorage):
                 if attempt == 2 or pending.tid is not None:
                     raise
                 self._give_back_store_conn()    # broken: the pool closes it
+                self._adapter.store_sessions.drop_idle()
             finally:
                 self._resolving = None
 

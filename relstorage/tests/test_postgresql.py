@@ -520,6 +520,28 @@ class ServerDisconnectTests(PGCase):
             self.assertEqual(conn2.root()['a']['n'], 2)
             self.assertEqual(conn2.root()['b']['n'], 3)
 
+    def test_every_idle_session_ended_at_once(self):
+        # A helper agent's check: after a server restart, which ends every
+        # session, the first snapshot's retry took the next idle session,
+        # dead too: with 20 idle load sessions three transactions in a row
+        # failed.  A session found dead empties the pool of idle ones.
+        db = self.db()
+        with db.transaction() as conn:
+            conn.root()['a'] = PersistentMapping(n=1)
+        managers = [transaction.TransactionManager() for _ in range(6)]
+        conns = [db.open(tm) for tm in managers]
+        for conn in conns:
+            self.assertEqual(conn.root()['a']['n'], 1)
+        for tm, conn in zip(managers, conns):
+            tm.abort()
+            conn.close()            # six idle load sessions
+        self.kill_sessions()
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['a']['n'], 1)
+            conn.root()['a']['n'] = 2
+        with db.transaction() as conn:
+            self.assertEqual(conn.root()['a']['n'], 2)
+
     def test_sessions_ended_by_idle_session_timeout(self):
         # A helper agent's check: psycopg 3 reports the server's
         # idle_session_timeout (PostgreSQL 14+) as SQLSTATE 57P05, which was

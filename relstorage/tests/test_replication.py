@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import unittest
 
@@ -19,6 +20,8 @@ import transaction
 import transaction.interfaces
 import ZODB
 from persistent.mapping import PersistentMapping
+from ZODB.Connection import TransactionMetaData
+from ZODB.POSException import ConflictError
 from ZODB.utils import p64
 from ZODB.utils import u64
 
@@ -588,6 +591,68 @@ class _ReplicaCase(_PrivateCase):
         old = self.db(_PrivateCase.storage(self, server=self.primary_server()))
         with old.transaction() as conn:
             self.assertIn(conn.root().get('a', {}).get('n', 1), (1,))
+
+    def test_every_store_session_follows_an_edit_of_replica_conf(self):
+        # A helper agent's check: after replica-conf was edited to name
+        # another server, two kinds of store session stayed on the one
+        # left: the session a lost vote kept with its row locks
+        # (keep-locks-on-conflict), whose retry committed there, and the
+        # pooled sessions deleteObject's check borrows, which did not find
+        # an object of the new server.  (The other server here: the
+        # replica, promoted while the primary still runs.)
+        self.addCleanup(self.layer.rebuild)
+        path = self.server_file('replicas.conf', self.address('primary'))
+        storage = self.storage(replica_conf=path, keep_locks_on_conflict=30)
+        (x, z), tid0 = self.make_objects(storage, 2)
+        other = self.storage(replica_conf=path)
+        txn = self.begin_store(other, x, tid0, 'meanwhile')
+        other.tpc_vote(txn)
+        tid1 = other.tpc_finish(txn)
+        instance = storage.new_instance()
+        txn = self.begin_store(instance, x, tid0, 'lost')
+        with self.assertRaises(ConflictError):
+            instance.tpc_vote(txn)
+        instance.tpc_abort(txn)             # its session keeps the row lock
+        # A commit voted on the primary before the edit, finished after it
+        # (on the primary): its session goes back to the pool last.  (In a
+        # thread of its own: one thread votes in one instance of a
+        # database at a time.)
+        voted, finish = threading.Event(), threading.Event()
+
+        def before_the_edit():
+            before = storage.new_instance()
+            txn = self.begin_store(before, z, tid0, 'before the edit')
+            before.tpc_vote(txn)
+            voted.set()
+            finish.wait(60)
+            before.tpc_finish(txn)
+            before.release()
+        committer = threading.Thread(target=before_the_edit)
+        committer.start()
+        self.assertTrue(voted.wait(60))
+        self.pair.wait_caught_up()
+        self.pair.promote(self.replica)
+        self.server_file('replicas.conf', self.address(self.replica))
+        instance.poll_invalidations()
+        txn = self.begin_store(instance, x, tid1, 'retried')
+        instance.tpc_vote(txn)
+        retried = instance.tpc_finish(txn)
+        instance.release()
+        finish.set()
+        committer.join(60)
+        promoted = _PrivateCase.storage(self, server=self.replica)
+        self.assertEqual(promoted.load(x)[1], retried)
+        left = _PrivateCase.storage(self, server=self.primary_server())
+        self.assertEqual(left.load(x)[1], tid1)
+        # An object only the promoted server has: deleteObject checks it
+        # there (on the session the pool hands out first, the primary's).
+        (y,), tid_y = self.make_objects(promoted, 1)
+        storage.poll_invalidations()
+        txn = TransactionMetaData()
+        storage.tpc_begin(txn)
+        storage.deleteObject(y, tid_y, txn)
+        storage.tpc_vote(txn)
+        storage.tpc_finish(txn)
 
     def test_failover_to_promoted_replica(self):
         self.addCleanup(self.layer.rebuild)
