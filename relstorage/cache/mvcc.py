@@ -109,7 +109,8 @@ class ChangeIndex:
 
     def fence(self, floor):
         """From now on, ignore what a snapshot before ``floor`` says
-        (record, record_many): after a pack, an instance still in a
+        (record, record_many, record_hint, and a poll's rows for the change
+        log): after a pack, an instance still in a
         snapshot from before it may read an object the pack removed, and
         must not tell later snapshots it is current.  The check is made
         under the lock that record takes, so that a recording cannot pass
@@ -340,7 +341,8 @@ class ChangeIndex:
         as a hint that says which tid was current in a snapshot in that
         window (shared.py)."""
         with self._lock:
-            if self._start is not None or self._is_poisoned(snapshot) or after > snapshot:
+            if (self._start is not None or self._is_poisoned(snapshot) or after > snapshot
+                    or snapshot < self._floor):
                 return False
             self._merge(after, snapshot, rows)
             return True
@@ -376,7 +378,7 @@ class ChangeIndex:
             return []
         rows = [(oid, tid) for oid, tid in query(after, snapshot)]
         with self._lock:
-            self._merge(after, snapshot, rows)
+            self._merge_above_floor(after, snapshot, rows)
         if prev is None:
             return []
         if after <= prev:
@@ -384,11 +386,22 @@ class ChangeIndex:
         with self._lock:
             if self._covers(prev, snapshot):
                 return self._derive(prev, snapshot)
-        # Lost a race with a restart of the log: ask for exactly what we need.
+        # Lost a race with a restart of the log (or fenced off): ask for
+        # exactly what we need.
         rows = list(query(prev, snapshot))
         with self._lock:
-            self._merge(prev, snapshot, rows)
+            self._merge_above_floor(prev, snapshot, rows)
         return rows
+
+    def _merge_above_floor(self, after, snapshot, rows):
+        # (Lock held.)  A poll in a snapshot below the fence, begun before
+        # a pack that another thread has learned of since, may list a
+        # change of an object the pack removed: in the log, it would tell
+        # later snapshots that object is current (a review finding: they
+        # loaded it, and a reference to it was committed).  Its changes
+        # still go to its caller, for invalidation.
+        if snapshot >= self._floor:
+            self._merge(after, snapshot, rows)
 
     def _covers(self, prev, snapshot):
         """Whether the log can list the changes in (prev, snapshot] (or,

@@ -208,7 +208,10 @@ def save(path, last_tid, entries, limit_bytes, key=None, mark=0, replace=False):
     with _Locked(path):
         _remove_leftovers(path)
         try:
+            written = _tid_of_time(os.stat(path).st_mtime)
             existing = read_file(path)
+        except FileNotFoundError:
+            existing = None
         except CacheFileError as exc:
             log.warning("Replacing damaged cache file %s (%s)", path, exc)
             existing = None
@@ -237,7 +240,12 @@ def save(path, last_tid, entries, limit_bytes, key=None, mark=0, replace=False):
             existing = None
         if existing is not None:
             last_tid = max(last_tid, existing.last_tid)
-            sources.append(reversed(existing.entries))
+            # Not those committed after the file was written: this save
+            # would make them look older than the file (see
+            # load_validated; a review finding: another process's save
+            # carried them over, and a process started after it took them).
+            sources.append(entry for entry in reversed(existing.entries)
+                           if entry[1] <= written)
         for source in sources:
             for oid, tid, state in source:
                 old = combined.get(oid)

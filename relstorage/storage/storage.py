@@ -712,6 +712,14 @@ class RelStorage(ConflictResolvingStorage):
                             "tries again.",
                             self._adapter.describe(), exc)
                 return None
+            except StorageClosedError:
+                # Closed by another thread (ZODB's DB.close()) between this
+                # thread's tpc_finish and the poll after it: raising here
+                # reported a committed transaction as failed (a review
+                # finding).  The next load says the storage is closed.
+                self._end_snapshot()
+                self._give_back_load_conn()
+                return None
 
     def _poll_invalidations(self):
         self._autorefresh = False

@@ -1029,6 +1029,60 @@ class PackVisibilityTests(FactoryCase):
             db1.close()
             db.close()
 
+    def test_a_poll_in_an_old_snapshot_as_the_pack_is_learned(self):
+        # A review finding (the test above, for a poll): a connection whose
+        # snapshot began before a pack polls just as another connection of
+        # the process learns of the pack.  Its poll's rows (the removed
+        # object's last change among them) went into the change log after
+        # the removed objects were forgotten; its own read of the object
+        # put the state in the cache: connections in later snapshots loaded
+        # the removed object.  The poll's query is held here at that
+        # moment.
+        from relstorage.adapters.base import Adapter
+        db1 = ZODB.DB(self.storage())
+        db = ZODB.DB(self.storage())
+        try:
+            tm_old = transaction.TransactionManager()
+            old = db.open(tm_old)
+            old.root()                  # polled before the object exists
+            tm_old.abort()
+            with db1.transaction() as conn:
+                conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
+            with db1.transaction() as conn:
+                del conn.root()['doomed']
+            at_poll, go_on = threading.Event(), threading.Event()
+            poll_changes = Adapter.poll_changes
+
+            def held_poll(adapter, *args, **kw):
+                if threading.current_thread().name == 'old-reader' and not at_poll.is_set():
+                    at_poll.set()
+                    go_on.wait(30)
+                return poll_changes(adapter, *args, **kw)
+            Adapter.poll_changes = held_poll
+            self.addCleanup(setattr, Adapter, 'poll_changes', poll_changes)
+            read = []
+
+            def old_reader():
+                tm_old.begin()          # its snapshot: before the pack
+                read.append(old.get(doomed._p_oid)['v'])
+            reader = threading.Thread(target=old_reader, name='old-reader')
+            reader.start()
+            self.assertTrue(at_poll.wait(30))
+            db1.pack(time.time() + 1)
+            # The process learns of the pack in a snapshot that extends no
+            # change log (the storage's own, for its length).
+            len(db.storage)
+            go_on.set()
+            reader.join(30)
+            self.assertEqual(read, ['doomed'])      # (its snapshot had it)
+            tm_old.abort()
+            old.close()
+            with db.transaction() as conn:
+                self.assertRaises(POSKeyError, lambda: conn.get(doomed._p_oid)['v'])
+        finally:
+            db1.close()
+            db.close()
+
     def test_the_commit_lock_reads_the_mark_a_batch_committed_while_it_waited(self):
         # A commit checks what it stores against the pack batches committed
         # since its transaction began (the pack mark, read as the commit
@@ -1757,6 +1811,31 @@ class LifecycleTests(FactoryCase):
         self.assertEqual(fresh.load(oid)[1], new_tid)
         self.assertEqual(zodb_unpickle(fresh.load(oid)[0]).value, 'kept')
 
+    def test_a_commit_finished_as_another_thread_closes_the_storage(self):
+        # A review finding: ZODB polls after every commit
+        # (Connection.afterCompletion); the storage closed meanwhile by
+        # another thread (DB.close()), the poll raised StorageClosedError
+        # and tm.commit() reported a committed transaction as failed.
+        from relstorage.interfaces import StorageClosedError
+        db = ZODB.DB(self.storage())
+        tm = transaction.TransactionManager()
+        conn = db.open(tm)
+        with tm:
+            conn.root()['n'] = 1
+        conn.root()['n'] = 2
+        tm.get().join(_ClosesInTpcFinish(db.storage.close))
+        tm.commit()                     # no error: it was committed
+        conn.cacheMinimize()
+        with self.assertRaises(StorageClosedError):
+            conn.root()['n']            # (the next load says why)
+        tm.abort()
+        conn.close()
+        db.close()
+        check = ZODB.DB(self.storage())
+        with check.transaction() as conn:
+            self.assertEqual(conn.root()['n'], 2)
+        check.close()
+
     def test_adapter_provides_the_contract(self):
         from zope.interface.verify import verifyObject
         from relstorage.interfaces import IRelStorageAdapter
@@ -1829,6 +1908,24 @@ def _committing_instance(storage, oid, tid, voted):
     if voted:
         instance.tpc_vote(txn)
     return instance, txn
+
+
+class _ClosesInTpcFinish:
+    """A data manager that finishes last, calling ``close`` then."""
+
+    def __init__(self, close):
+        self.close = close
+
+    def abort(self, txn):
+        pass
+
+    tpc_begin = commit = tpc_vote = tpc_abort = abort
+
+    def tpc_finish(self, txn):
+        self.close()
+
+    def sortKey(self):
+        return '~~~ after every storage'
 
 
 class _GatedLock:
