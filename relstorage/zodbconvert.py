@@ -362,13 +362,13 @@ class Converter:
             _check_blob_dirs_apart(source, dest_factory)
             if args.dry_run:
                 dest = self._open_dest_read_only(dest_factory)
-                self._check_strategy(dest)
+                self._check_strategy(source, dest)
             elif args.verify and not (args.clear or args.incremental):
                 # --verify alone: a filled destination is only compared.
                 dest = self._open_filled_read_only(dest_factory)
             if dest is None and not args.dry_run:
                 dest = open_storage(dest_factory, 'destination')
-                self._check_strategy(dest)
+                self._check_strategy(source, dest)
                 _check_not_same(source, dest)
                 if args.clear:
                     dest = self._clear(dest_factory, dest)
@@ -396,13 +396,21 @@ class Converter:
             return False, None
         return True, adapter.adapter_class()
 
-    def _check_strategy(self, dest):
-        # Before --clear empties anything.
-        if self.args.strategy == copy.CURRENT and not self._history_free(dest)[0]:
+    def _check_strategy(self, source, dest):
+        # Before --clear empties anything (a helper agent's check: a source
+        # that cannot list its current records was refused once the
+        # destination had been emptied).
+        if self.args.strategy != copy.CURRENT:
+            return
+        if not self._history_free(dest)[0]:
             raise UsageError('--strategy current needs a history-free RelStorage '
                              'destination; %s is not one' % (
                                  _name(dest) if dest is not None
                                  else 'the destination (which does not exist yet)'))
+        try:
+            copy.choose_strategy(source, None, copy.CURRENT)
+        except copy.CopyError as exc:
+            raise UsageError(str(exc)) from exc
 
     def _open_filled_read_only(self, factory):
         """The destination opened read-only if it holds something, else None

@@ -1549,19 +1549,26 @@ class Adapter(PackVerbs):
         return _bytes(conn.query_value(self.q(self.sql.LOAD_BLOB_CHUNK), (oid, tid, chunk_num)))
 
     def stream_blob_chunk(self, conn, oid, tid, chunk_num, write):
-        """Write blob chunk ``chunk_num`` to ``write``; return its size.
-        Where one chunk may be too large to read as one value (the large
-        objects of earlier releases on PostgreSQL, which hold a whole blob:
+        """Write blob chunk ``chunk_num`` to ``write``; return its size,
+        or None when there is no such chunk (a read outside a snapshot
+        may find the revision replaced since it counted the chunks: a
+        helper agent's check saw a bare TypeError).  Where one chunk may
+        be too large to read as one value (the large objects of earlier
+        releases on PostgreSQL, which hold a whole blob:
         ``sql.LOAD_BLOB_CHUNK_PART``), it is read in parts of BLOB_PART."""
         part_sql = self.sql.LOAD_BLOB_CHUNK_PART
         if part_sql is None:
             data = self.load_blob_chunk(conn, oid, tid, chunk_num)
+            if data is None:
+                return None
             write(data)
             return len(data)
         size = 0
         while True:
-            data = _bytes(conn.query_value(self.q(part_sql),
-                                           (size, BLOB_PART, oid, tid, chunk_num)))
+            value = conn.query_value(self.q(part_sql), (size, BLOB_PART, oid, tid, chunk_num))
+            if value is None:
+                return None
+            data = _bytes(value)
             write(data)
             size += len(data)
             if len(data) < BLOB_PART:

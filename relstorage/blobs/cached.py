@@ -347,8 +347,10 @@ class CachedBlobs(BlobMode):
                 f.flush()
                 os.fsync(f.fileno())
             # Read-only before it gets its final name: once renamed, a
-            # concurrent prune may remove it at any moment.
-            os.chmod(temp, 0o444)
+            # concurrent prune may remove it at any moment.  Its owner's
+            # only, as ZODB leaves a committed file (0o444 gave everyone
+            # what the umask was meant to keep: a helper agent's check).
+            os.chmod(temp, 0o400)
             if opener is not None:
                 opened = opener(temp)
                 _rename(opened, path)
@@ -419,11 +421,20 @@ class CachedBlobs(BlobMode):
         # that added the file: the next one tries again.)
         try:
             if self.options.blob_cache_size_check_external:
-                with self._lock:
-                    self._pruning = False
-                subprocess.Popen([sys.executable, '-m', 'relstorage.blobs.cached',
-                                  self.blob_dir, str(self.cache_size)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                # One child at a time, waited for by a thread (not by
+                # close: the child goes on alone), which says why it
+                # failed.  (A helper agent's check: a child started at
+                # every check, up to 21 at once; and one that could not
+                # import relstorage, found through a sys.path set in the
+                # application's script as buildout's are, failed unseen.)
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                    [path for path in sys.path if path]))
+                child = subprocess.Popen([sys.executable, '-m', 'relstorage.blobs.cached',
+                                          self.blob_dir, str(self.cache_size)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         env=env)
+                threading.Thread(target=self._wait_for_external_prune, args=(child,),
+                                 name='relstorage-blob-prune', daemon=True).start()
             else:
                 thread = threading.Thread(target=self._prune_until_done,
                                           name='relstorage-blob-prune', daemon=True)
@@ -434,6 +445,18 @@ class CachedBlobs(BlobMode):
             with self._lock:
                 self._pruning = False
             log.warning("Could not start pruning the blob cache %s: %s", self.blob_dir, exc)
+
+    def _wait_for_external_prune(self, child):
+        _, err = child.communicate()
+        if child.returncode:
+            lines = err.decode('utf-8', 'replace').strip().splitlines()
+            log.warning("The process pruning the blob cache %s failed (exit status %s): %s",
+                        self.blob_dir, child.returncode, lines[-1] if lines else '')
+        with self._lock:
+            again = self._prune_again and not self._closed
+            self._pruning = self._prune_again = False
+        if again:
+            self._request_prune()
 
     def _prune_until_done(self):
         try:

@@ -2,7 +2,8 @@
 
 Files reach their final names by rename in ``finish``, after the tid is
 chosen and before the database commits: a crash between the two leaves an
-unreferenced file (harmless, removed by pack), never a committed row
+unreferenced file (harmless: a pack removes it where its object exists,
+and lists it, leaving it, where it does not), never a committed row
 pointing at a missing file, and a rename never exposes half a file.
 """
 import errno

@@ -652,8 +652,27 @@ def reads_relstorage(storage):
 
 
 def is_history_free(storage):
-    """True for a history-free RelStorage (the only kind we can tell)."""
-    return reads_relstorage(storage) and not storage.adapter.keep_history
+    """True for a history-free RelStorage (the only kind we can tell), or
+    a wrapper that reads and writes through one and keeps no records of
+    its own (zc.zlibstorage's ``base``, zc.beforestorage's ``storage``; a
+    helper agent's check: a copy from a live ``<zlibstorage>`` around a
+    history-free RelStorage was taken for one from a history-preserving
+    source, and missed the objects changed while it began; into one, its
+    --verify compared transactions a history-free database does not
+    keep).  Not a DemoStorage: its changes keep records of their own."""
+    for _ in range(10):
+        if reads_relstorage(storage):
+            return not storage.adapter.keep_history
+        if hasattr(storage, 'changes'):
+            return False
+        for name in ('base', 'storage'):
+            inner = getattr(storage, name, None)
+            if inner is not None and hasattr(inner, 'lastTransaction'):
+                storage = inner
+                break
+        else:
+            return False
+    return False
 
 
 # ----------------------------------------------------------------------

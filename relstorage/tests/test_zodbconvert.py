@@ -226,10 +226,10 @@ def fs_section(role, path, blob_dir=None):
     return text + '</filestorage>\n'
 
 
-def zlib_section(db):
-    """A destination: <zlibstorage> around <relstorage> on ``db``."""
-    return ('%import zc.zlibstorage\n<zlibstorage destination>\n'
-            + rs_section('', db) + '</zlibstorage>\n')
+def zlib_section(db, keep_history=True, role='destination'):
+    """A destination (or ``role``): <zlibstorage> around <relstorage> on ``db``."""
+    return ('%%import zc.zlibstorage\n<zlibstorage %s>\n' % role
+            + rs_section('', db, keep_history) + '</zlibstorage>\n')
 
 
 def rs_section(role, db, keep_history=True, blob_dir=None):
@@ -1519,6 +1519,33 @@ class TestInterrupted(ConvertTestCase):
                                           '--incremental', '--verify'))
         self.pack_config(dest)
 
+    def test_a_zlibstorage_around_a_history_free_relstorage(self):
+        # A helper agent's check: such a wrapper was taken for a
+        # history-preserving storage.  Into it, --verify compared the
+        # transactions, which a history-free database does not keep, and
+        # failed a correct copy; from it, --incremental refused once the
+        # site had changed the objects of the copy's last transaction (and
+        # a copy from a live one missed objects changed as it began).
+        src = self.path('hf.fs')
+        make_source(src)
+        db = self.database()
+        self.assertConverted(self.convert(fs_section('source', src),
+                                          zlib_section(db, False), '--verify'))
+        copy_db = self.database()
+        wrapped = zlib_section(db, False, role='source')
+        into = rs_section('destination', copy_db, False)
+        self.assertConverted(self.convert(wrapped, into))
+        import ZODB.config
+        storage = ZODB.config.storageFromString('%import relstorage\n' + wrapped)
+        live = ZODB.DB(storage)
+        try:
+            with live.transaction() as conn:
+                for key in list(conn.root()):
+                    conn.root()[key] = 'changed'
+        finally:
+            live.close()
+        self.assertConverted(self.convert(wrapped, into, '--incremental', '--verify'))
+
     def test_a_copy_by_zodbs_copy_function_is_marked(self):
         # A review finding: zc.zlibstorage's own copyTransactionsFrom (and
         # ZODB.blob.copyTransactionsFromTo, which it calls) restores
@@ -1667,6 +1694,27 @@ class TestInterrupted(ConvertTestCase):
 
 
 class TestRefusals(ConvertTestCase):
+
+    def test_strategy_current_refused_before_clear(self):
+        # A helper agent's check: --clear --strategy current from a source
+        # that cannot list its current records (a DemoStorage) emptied the
+        # destination, then refused the strategy (exit 2).  The docs say
+        # refused before anything is written or cleared.
+        src = self.path('s.fs')
+        make_source(src)
+        db = self.database()
+        dest = rs_section('destination', db, False)
+        self.assertConverted(self.convert(fs_section('source', src), dest))
+        storage = self.open_rs(db, False)
+        last = storage.lastTransaction()
+        storage.close()
+        demo = ('<demostorage source>\n' + fs_section('', src) + '</demostorage>\n')
+        _, err = self.assertConverted(
+            self.convert(demo, dest, '--clear', '--strategy', 'current'), rc=2)
+        self.assertIn('cannot list its current records', err)
+        storage = self.open_rs(db, False)
+        self.assertEqual(storage.lastTransaction(), last)
+        storage.close()
 
     def test_dry_run_with_clear(self):
         src = self.path('s.fs')
@@ -2043,6 +2091,43 @@ class TestBlobs(ConvertTestCase):
         finally:
             writer.close()
             reader.close()
+
+    def test_a_back_pointer_to_an_undone_creation_beside_a_blob(self):
+        # A helper agent's check: a transaction holding a blob and an undo
+        # of the undo of an undone creation goes through restore(), which
+        # read the record pointed back to with loadSerial: that record has
+        # no state, and the copy failed with POSKeyError, every time
+        # (RelStorage 4.3 copies it).
+        src, blobs = self.path('undo4.fs'), self.path('undo4-blobs')
+        db = ZODB.DB(FileStorage(src, blob_dir=blobs))
+        try:
+            conn = db.open()
+            root = conn.root()
+            root['b'] = Blob(b'v1')
+            root['keep'] = PersistentMapping()
+            transaction.commit()
+            root['keep']['d'] = PersistentMapping(x=1)
+            with root['b'].open('w') as f:
+                f.write(b'v2')
+            transaction.commit()
+            for _ in range(4):
+                db.undo(db.undoLog(0, 1)[0]['id'])
+                transaction.commit()
+                conn.sync()
+            root['after'] = 1
+            transaction.commit()
+            conn.close()
+        finally:
+            db.close()
+        for db_class in configured():
+            for keep_history in (True, False):
+                with self.subTest(db_class.name, keep_history=keep_history):
+                    dest = self.database(db_class)
+                    cache = self.path('cache4-%s-%s' % (db_class.name, keep_history))
+                    self.assertConverted(self.convert(
+                        fs_section('source', src, blobs),
+                        rs_section('destination', dest, keep_history, blob_dir=cache),
+                        '--verify'))
 
     def test_undone_creation_beside_a_blob_history_free(self):
         # A helper agent's check: a transaction undoing a creation and
