@@ -530,6 +530,21 @@ class _ReplicaCase(_PrivateCase):
         with self.db(primary).transaction() as conn:
             self.assertEqual(conn.root()['keep']['n'], 1)
 
+    def test_a_server_that_takes_no_writes_is_passed_over_for_commits(self):
+        # A helper agent's check: on MariaDB, a read-only replica listed in
+        # replica-conf (here first; there in use after a short outage of
+        # the primary) answered store connections, and every commit failed
+        # there until replica-timeout.  It counts as not answering for
+        # writes, as PostgreSQL's standby does.
+        path = self.server_file('replicas.conf', self.address(self.replica),
+                                self.address('primary'))
+        db = self.db(self.storage(replica_conf=path))
+        self.commit_value(db, 'a', 1)
+        self.commit_value(db, 'a', 2)
+        self.assertEqual(self.read_value(db, 'a'), 2)
+        primary = self.db(_PrivateCase.storage(self, server=self.primary_server()))
+        self.assertEqual(self.read_value(primary, 'a'), 2)
+
     def test_standby_not_yet_promoted_is_a_transient_error(self):
         # Helper agents' checks: with replica-conf listing the primary
         # and its standby, the primary gone and the standby not yet

@@ -220,7 +220,18 @@ class MySQLAdapter(Adapter):
                 raise RelStorageError(message) from exc
             raise DisconnectedError(message) from exc
         try:
-            self._setup_session(raw, purpose)
+            read_only = self._setup_session(raw, purpose)
+            if read_only and server is not None and purpose != 'load':
+                # With replica-conf: a server that takes no writes (a
+                # replica not promoted, or the old primary set read-only)
+                # does not answer for writes; the next of the list is
+                # tried.  (A helper agent's check: once in use after a
+                # short outage of the first server, it refused every
+                # commit until replica-timeout.  PostgreSQL's standby
+                # refuses the store session's read-write begin.)
+                raise DisconnectedError(
+                    "%s is read-only (read_only is set: a replica not promoted yet?)"
+                    % self.describe(server))
         except BaseException as exc:
             try:
                 raw.close()
@@ -256,8 +267,9 @@ class MySQLAdapter(Adapter):
         cur = raw.cursor()
         try:
             cur.execute(settings)
-            cur.execute("SELECT @@session.max_allowed_packet, @@log_bin, @@session.binlog_format")
-            packet, log_bin, binlog_format = cur.fetchone()
+            cur.execute("SELECT @@session.max_allowed_packet, @@log_bin, "
+                        "@@session.binlog_format, @@global.read_only")
+            packet, log_bin, binlog_format, read_only = cur.fetchone()
         finally:
             cur.close()
         self._note_max_allowed_packet(int(packet))
@@ -268,6 +280,7 @@ class MySQLAdapter(Adapter):
             self._oid_values_max = self._consecutive_values(raw)
         raw.autocommit(purpose == 'oid')
         raw.commit()
+        return str(read_only) in ('1', 'ON')
 
     @staticmethod
     def _consecutive_values(raw):
