@@ -311,10 +311,20 @@ class CachedBlobs(BlobMode):
         ``read_chunks(oid, tid, write)`` (which returns the size, or None
         when the blob does not exist) when it is not there."""
         path = self.filename(oid_int, tid_int)
-        if os.path.exists(path):
-            _touch(path)
+        try:
+            # Touched, not only found: a prune spares what was used in the
+            # last PRUNE_GRACE seconds, and one that removed it between a
+            # look and the touch gave the caller a path to nothing (a
+            # helper agent's check).
+            os.utime(path)
             return path
-        return self.download(read_chunks, oid_int, tid_int)
+        except FileNotFoundError:
+            return self.download(read_chunks, oid_int, tid_int)
+        except OSError:
+            # (Not ours to touch, on a read-only medium: still readable.)
+            if os.path.exists(path):
+                return path
+            return self.download(read_chunks, oid_int, tid_int)
 
     def open_file(self, read_chunks, oid_int, tid_int, opener):
         """``opener(path)`` of blob (oid, tid) in the cache, downloaded

@@ -118,6 +118,31 @@ class BlobCacheTests(BlobCase):
         instance.release()
         self.assertNotEqual(serial0, serial1)
 
+    def test_a_file_pruned_as_it_is_found_is_read_again(self):
+        # A helper agent's check: loadBlob found the file, a prune removed
+        # it before its touch (which failed quietly), and the caller got a
+        # path to nothing.  The prune comes at that moment here.
+        from unittest import mock
+        from relstorage.blobs import cached
+        db = ZODB.DB(self.blob_storage('cache'))
+        self.addCleanup(db.close)
+        oid, serial = _committed_blob(db, 'b', b'kept')
+        path = db.storage.loadBlob(oid, serial)
+        utime = os.utime
+        pruned = []
+
+        def pruned_first(target, *args, **kw):
+            if target == path and not pruned:
+                pruned.append(target)
+                os.chmod(target, 0o600)
+                os.remove(target)
+            return utime(target, *args, **kw)
+        with mock.patch.object(cached.os, 'utime', pruned_first):
+            again = db.storage.loadBlob(oid, serial)
+        self.assertTrue(pruned)
+        with open(again, 'rb') as f:
+            self.assertEqual(f.read(), b'kept')
+
     def test_a_downloaded_file_is_its_owner_s_only(self):
         # A helper agent's check: a blob file downloaded into the cache was
         # made readable by everyone (0o444), whatever the umask; ZODB
