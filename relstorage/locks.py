@@ -18,11 +18,19 @@ the storage sees, on its way in and before it takes any of them, that the
 process makes locks otherwise now.  At that moment nobody holds them: the
 process has just been patched, and nothing used the storage since.
 """
+import os
 import threading
+import weakref
+
+#: Every part that made locks (made_now), for the fork hook below.
+_OWNERS = weakref.WeakSet()
 
 
-def made_now():
-    """What the parts remember: what makes a lock in this process now."""
+def made_now(owner=None):
+    """What the parts remember: what makes a lock in this process now.
+    ``owner``, the part asking, is remembered for a fork."""
+    if owner is not None:
+        _OWNERS.add(owner)
     return threading.Lock
 
 
@@ -34,3 +42,17 @@ def stale(owner):
         return False
     owner._locks_made_with = threading.Lock
     return True
+
+
+def _after_fork_in_child():
+    """In a child process just forked: any of the locks may have been held
+    by another thread of the parent, which does not exist here and would
+    never let go (a helper agent's check: a child hung in ``db.open()`` on
+    the server chooser's lock, or on the root storage's, taken by a thread
+    of the parent for a query as it forked).  Every part makes its locks
+    again on its next way in, as once gevent patched the process."""
+    for owner in list(_OWNERS):
+        owner._locks_made_with = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -227,7 +227,7 @@ class Adapter(PackVerbs):
         self.keep_history = self.options.keep_history
         self.sql = self.statements_class(self.keep_history)
         self._q_cache = {}
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self._oid_lock = threading.Lock()
         self._oid_conn = None
         self._oid_block = []          # preallocated, descending (pop() gives lowest)

@@ -262,7 +262,7 @@ class ServerChooser:
     def __init__(self, options, describe_default, clock=time.monotonic, host_port=True):
         self._clock = clock
         self._lock = threading.Lock()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self._describe_default = describe_default
         timeout = float(getattr(options, 'replica_timeout', 600.0) or 0)
         path = getattr(options, 'replica_conf', None)

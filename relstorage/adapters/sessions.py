@@ -75,7 +75,7 @@ class SessionPool:
         # (A plain lock: a ZODB connection gives its load session back and
         # takes one again at every transaction boundary.)
         self._cond = threading.Condition(threading.Lock())
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self._idle = collections.deque()       # (conn, given back at), newest last
         self._out = 0                           # handed out, not given back
         self._closed = False

@@ -90,7 +90,7 @@ class CachedBlobs(BlobMode):
         self._added = 0
         self._grew = False          # this process added files since it opened
         self._lock = threading.Lock()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self._pruning = False       # this process's prune is running
         self._prune_again = False   # and a check came meanwhile
         self._prune_thread = None

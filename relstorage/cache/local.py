@@ -72,7 +72,7 @@ class LocalStateCache:
         self._size = 0                  # both segments
         self._protected_size = 0
         self._lock = threading.Lock()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self.hits = self.misses = 0
 
     def renew_locks(self):

@@ -97,7 +97,7 @@ class _MemcachedServer(Server):
         self._client = make()
         # (A pylibmc client is not thread-safe; pymemcache's pool is.)
         self._lock = threading.Lock()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
 
     def renew_locks(self):
         if locks.stale(self):

@@ -52,7 +52,7 @@ class ChangeIndex:
     def __init__(self, limit=100000):
         self.limit = max(10, int(limit))
         self._lock = threading.RLock()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self._poisoned = []          # (low, high]: snapshots of a history rolled back
         # No knowledge from a snapshot below this (see fence).
         self._floor = 0

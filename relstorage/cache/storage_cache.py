@@ -95,7 +95,7 @@ class StorageCache:
         self._to_shared = {}        # states read from the database, sent in batches
         self._hints_to_shared = {}  # and which tid was current: {oid: (tid, as_of)}
         self._to_shared_lock = threading.Lock()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         # The database's key (Adapter.database_key), for what outlives the
         # process: the shared cache's namespace and the cache file.
         self.database_key = None

@@ -268,7 +268,7 @@ class RelStorage(ConflictResolvingStorage):
         self._lock = threading.RLock()
         # _tpc_cond serializes two-phase commits on this instance.
         self._tpc_cond = threading.Condition()
-        self._locks_made_with = locks.made_now()
+        self._locks_made_with = locks.made_now(self)
         self._load_conn = None          # from the snapshot's start to afterCompletion
         self._store_conn = None         # from vote to the end of the commit
         # A store session keeping a lost vote's row locks for the retry

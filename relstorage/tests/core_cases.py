@@ -2269,6 +2269,42 @@ class RootStorageTests(FactoryCase):
         self.addCleanup(db.close)
         return db
 
+    def test_a_fork_while_another_thread_holds_a_lock(self):
+        # A helper agent's check: a process forked while another of its
+        # threads held a lock of the storage (here the storage's own, as a
+        # query holds it) had that lock taken for good: the child hung at
+        # its first use.  (Killed after 30 s if it does.)
+        import signal
+        db = ZODB.DB(self.storage())
+        self.addCleanup(db.close)
+        with db.transaction() as conn:
+            conn.root()['n'] = 1
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with db.storage._lock:
+                held.set()
+                release.wait(60)
+        holder = threading.Thread(target=hold)
+        holder.start()
+        self.assertTrue(held.wait(30))
+        try:
+            def in_child():
+                last = db.storage.lastTransaction()
+                with db.transaction() as conn:
+                    conn.root()['n'] += 1
+                    n = conn.root()['n']
+                return b'%d %d' % (db.storage.lastTransaction() > last, n)
+            child = ForkedChild(in_child)
+            killer = threading.Timer(30, os.kill, (child.pid, signal.SIGKILL))
+            killer.start()
+            status, said = child.result()
+            killer.cancel()
+        finally:
+            release.set()
+            holder.join(30)
+        self.assertEqual((status, said), (0, b'1 2'))
+
     def test_a_worker_that_exits_leaves_its_parents_sessions_alone(self):
         # A helper agent's check: a forked worker's normal exit (the
         # interpreter freeing what it inherited: mysqlclient then said
