@@ -769,6 +769,29 @@ class ForkedChild:
         return status, said
 
 
+def check_every_idle_session_ended(test, db, end_sessions):
+    """A helper agent's check: after a server restart, which ends every
+    session, the first snapshot's retry took the next idle session, dead
+    too: with 20 idle load sessions three transactions in a row failed.  A
+    session found dead empties the pool of idle ones.  Six idle load
+    sessions of ``db``, ``end_sessions()``, then transactions at once."""
+    with db.transaction() as conn:
+        conn.root()['a'] = PersistentMapping(n=1)
+    managers = [transaction.TransactionManager() for _ in range(6)]
+    conns = [db.open(tm) for tm in managers]
+    for conn in conns:
+        test.assertEqual(conn.root()['a']['n'], 1)
+    for tm, conn in zip(managers, conns):
+        tm.abort()
+        conn.close()
+    end_sessions()
+    with db.transaction() as conn:
+        test.assertEqual(conn.root()['a']['n'], 1)
+        conn.root()['a']['n'] = 2
+    with db.transaction() as conn:
+        test.assertEqual(conn.root()['a']['n'], 2)
+
+
 def refused_commit(test, db, change, error):
     """Commit ``change(root)`` on a new connection of ``db``; assert that
     it raises ``error``, abort, and return the error's text."""
@@ -980,6 +1003,41 @@ class PackVisibilityTests(FactoryCase):
             db1.close()
             db2.close()
 
+    def doomed_object(self, db):
+        """The OID of an object committed, then made unreachable."""
+        with db.transaction() as conn:
+            conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
+        with db.transaction() as conn:
+            del conn.root()['doomed']
+        return doomed._p_oid
+
+    def hold_in_old_reader(self, owner, name, applies=lambda *args: True):
+        """From now on, the first call of ``owner.name`` in the thread
+        named 'old-reader' for which ``applies(*args)`` waits to be let go
+        on; returns the events (arrived, let_go)."""
+        arrived, let_go = threading.Event(), threading.Event()
+        original = getattr(owner, name)
+
+        def held(*args, **kw):
+            if (threading.current_thread().name == 'old-reader'
+                    and not arrived.is_set() and applies(*args)):
+                arrived.set()
+                let_go.wait(30)
+            return original(*args, **kw)
+        setattr(owner, name, held)
+        self.addCleanup(setattr, owner, name, original)
+        return arrived, let_go
+
+    def assert_not_served_after(self, db, reader, read, old, oid):
+        """``reader`` (done), in ``old``'s snapshot from before the pack,
+        read the removed object ``oid``; a later snapshot must not."""
+        reader.join(30)
+        self.assertEqual(read, ['doomed'])      # (its snapshot had it)
+        old.transaction_manager.abort()
+        old.close()
+        with db.transaction() as conn:
+            self.assertRaises(POSKeyError, lambda: conn.get(oid)['v'])
+
     def test_a_removed_object_read_in_an_old_snapshot_as_the_pack_is_learned(self):
         # A helper agent's check: a connection still in a snapshot from
         # before a pack loads an object the pack removed while another
@@ -992,39 +1050,21 @@ class PackVisibilityTests(FactoryCase):
         db1 = ZODB.DB(self.storage())
         db = ZODB.DB(self.storage())
         try:
-            with db1.transaction() as conn:
-                conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
-            oid_int = u64(doomed._p_oid)
-            with db1.transaction() as conn:
-                del conn.root()['doomed']
-            tm_old = transaction.TransactionManager()
-            old = db.open(tm_old)
+            oid = self.doomed_object(db1)
+            old = db.open(transaction.TransactionManager())
             old.root()                  # its snapshot: before the pack
             db1.pack(time.time() + 1)
-            at_record, go_on = threading.Event(), threading.Event()
-            record = mvcc.ChangeIndex.record
-
-            def held_record(index, oid, tid, snapshot):
-                if oid == oid_int and threading.current_thread().name == 'old-reader':
-                    at_record.set()
-                    go_on.wait(30)
-                return record(index, oid, tid, snapshot)
-            mvcc.ChangeIndex.record = held_record
-            self.addCleanup(setattr, mvcc.ChangeIndex, 'record', record)
+            at_record, let_go = self.hold_in_old_reader(
+                mvcc.ChangeIndex, 'record', lambda index, oid_int, *_: oid_int == u64(oid))
             read = []
-            reader = threading.Thread(target=lambda: read.append(old.get(doomed._p_oid)['v']),
+            reader = threading.Thread(target=lambda: read.append(old.get(oid)['v']),
                                       name='old-reader')
             reader.start()
             self.assertTrue(at_record.wait(30))
             with db.transaction():          # learns of the pack
                 pass
-            go_on.set()
-            reader.join(30)
-            self.assertEqual(read, ['doomed'])      # (its snapshot had it)
-            tm_old.abort()
-            old.close()
-            with db.transaction() as conn:
-                self.assertRaises(POSKeyError, lambda: conn.get(doomed._p_oid)['v'])
+            let_go.set()
+            self.assert_not_served_after(db, reader, read, old, oid)
         finally:
             db1.close()
             db.close()
@@ -1046,25 +1086,13 @@ class PackVisibilityTests(FactoryCase):
             old = db.open(tm_old)
             old.root()                  # polled before the object exists
             tm_old.abort()
-            with db1.transaction() as conn:
-                conn.root()['doomed'] = doomed = PersistentMapping(v='doomed')
-            with db1.transaction() as conn:
-                del conn.root()['doomed']
-            at_poll, go_on = threading.Event(), threading.Event()
-            poll_changes = Adapter.poll_changes
-
-            def held_poll(adapter, *args, **kw):
-                if threading.current_thread().name == 'old-reader' and not at_poll.is_set():
-                    at_poll.set()
-                    go_on.wait(30)
-                return poll_changes(adapter, *args, **kw)
-            Adapter.poll_changes = held_poll
-            self.addCleanup(setattr, Adapter, 'poll_changes', poll_changes)
+            oid = self.doomed_object(db1)
+            at_poll, let_go = self.hold_in_old_reader(Adapter, 'poll_changes')
             read = []
 
             def old_reader():
                 tm_old.begin()          # its snapshot: before the pack
-                read.append(old.get(doomed._p_oid)['v'])
+                read.append(old.get(oid)['v'])
             reader = threading.Thread(target=old_reader, name='old-reader')
             reader.start()
             self.assertTrue(at_poll.wait(30))
@@ -1072,13 +1100,8 @@ class PackVisibilityTests(FactoryCase):
             # The process learns of the pack in a snapshot that extends no
             # change log (the storage's own, for its length).
             len(db.storage)
-            go_on.set()
-            reader.join(30)
-            self.assertEqual(read, ['doomed'])      # (its snapshot had it)
-            tm_old.abort()
-            old.close()
-            with db.transaction() as conn:
-                self.assertRaises(POSKeyError, lambda: conn.get(doomed._p_oid)['v'])
+            let_go.set()
+            self.assert_not_served_after(db, reader, read, old, oid)
         finally:
             db1.close()
             db.close()
@@ -1823,7 +1846,7 @@ class LifecycleTests(FactoryCase):
         with tm:
             conn.root()['n'] = 1
         conn.root()['n'] = 2
-        tm.get().join(_ClosesInTpcFinish(db.storage.close))
+        tm.get().join(FinishesLast(db.storage.close))
         tm.commit()                     # no error: it was committed
         conn.cacheMinimize()
         with self.assertRaises(StorageClosedError):
@@ -1910,11 +1933,11 @@ def _committing_instance(storage, oid, tid, voted):
     return instance, txn
 
 
-class _ClosesInTpcFinish:
-    """A data manager that finishes last, calling ``close`` then."""
+class FinishesLast:
+    """A data manager that finishes last, calling ``then()`` there."""
 
-    def __init__(self, close):
-        self.close = close
+    def __init__(self, then):
+        self.then = then
 
     def abort(self, txn):
         pass
@@ -1922,7 +1945,7 @@ class _ClosesInTpcFinish:
     tpc_begin = commit = tpc_vote = tpc_abort = abort
 
     def tpc_finish(self, txn):
-        self.close()
+        self.then()
 
     def sortKey(self):
         return '~~~ after every storage'

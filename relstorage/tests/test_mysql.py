@@ -50,6 +50,7 @@ from relstorage.options import Options
 from relstorage.storage import RelStorage
 
 from . import suite
+from .core_cases import check_every_idle_session_ended
 from .core_cases import record_calls
 from .core_cases import refused_commit
 from .core_cases import vote_behind
@@ -561,26 +562,7 @@ class DisconnectTests(MySQLTestCase):
             self.assertEqual(conn2.root()['counter'].value, 2)
 
     def test_every_idle_session_ended_at_once(self):
-        # A helper agent's check: after a server restart, which ends every
-        # session, the first snapshot's retry took the next idle session,
-        # dead too: with 20 idle load sessions three transactions in a row
-        # failed.  A session found dead empties the pool of idle ones.
-        db = self.make_db()
-        with db.transaction() as conn:
-            conn.root()['a'] = PersistentMapping(n=1)
-        managers = [transaction.TransactionManager() for _ in range(6)]
-        conns = [db.open(tm) for tm in managers]
-        for conn in conns:
-            self.assertEqual(conn.root()['a']['n'], 1)
-        for tm, conn in zip(managers, conns):
-            tm.abort()
-            conn.close()            # six idle load sessions
-        self.assertGreater(self.factory.kill_sessions(), 0)
-        with db.transaction() as conn:
-            self.assertEqual(conn.root()['a']['n'], 1)
-            conn.root()['a']['n'] = 2
-        with db.transaction() as conn:
-            self.assertEqual(conn.root()['a']['n'], 2)
+        check_every_idle_session_ended(self, self.make_db(), lambda: self.assertGreater(self.factory.kill_sessions(), 0))
 
     def test_killed_load_connection_in_flight(self):
         (x, _), (oid, _) = self.create_objects(self.make_storage(), 2)

@@ -50,6 +50,7 @@ from .blob_cases import MB
 from .blob_cases import BlobCase
 from .core_cases import FactoryCase
 from .core_cases import begin_store
+from .core_cases import check_every_idle_session_ended
 from .core_cases import make_objects
 from .core_cases import refused_commit
 from .core_cases import vote_behind
@@ -521,26 +522,7 @@ class ServerDisconnectTests(PGCase):
             self.assertEqual(conn2.root()['b']['n'], 3)
 
     def test_every_idle_session_ended_at_once(self):
-        # A helper agent's check: after a server restart, which ends every
-        # session, the first snapshot's retry took the next idle session,
-        # dead too: with 20 idle load sessions three transactions in a row
-        # failed.  A session found dead empties the pool of idle ones.
-        db = self.db()
-        with db.transaction() as conn:
-            conn.root()['a'] = PersistentMapping(n=1)
-        managers = [transaction.TransactionManager() for _ in range(6)]
-        conns = [db.open(tm) for tm in managers]
-        for conn in conns:
-            self.assertEqual(conn.root()['a']['n'], 1)
-        for tm, conn in zip(managers, conns):
-            tm.abort()
-            conn.close()            # six idle load sessions
-        self.kill_sessions()
-        with db.transaction() as conn:
-            self.assertEqual(conn.root()['a']['n'], 1)
-            conn.root()['a']['n'] = 2
-        with db.transaction() as conn:
-            self.assertEqual(conn.root()['a']['n'], 2)
+        check_every_idle_session_ended(self, self.db(), self.kill_sessions)
 
     def test_sessions_ended_by_idle_session_timeout(self):
         # A helper agent's check: psycopg 3 reports the server's

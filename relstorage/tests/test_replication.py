@@ -32,6 +32,7 @@ from relstorage.options import Options
 from relstorage.storage import RelStorage
 
 from . import private_servers
+from .core_cases import FinishesLast
 from .core_cases import begin_store
 from .core_cases import make_objects
 from .private_servers import MariaDBReplicationLayer
@@ -126,7 +127,7 @@ class _PrivateCase(unittest.TestCase):
         pair = self.pair
         with tm:
             conn.root()['n'] = 1
-            tm.get().join(_StopsServerInTpcFinish(lambda: pair.stop_server('primary')))
+            tm.get().join(FinishesLast(lambda: pair.stop_server('primary')))
         try:
             # The server is down: a new transaction begins and aborts
             # without an error; reading raises one a retry may follow.
@@ -142,24 +143,6 @@ class _PrivateCase(unittest.TestCase):
         conn.close()
         with db.transaction() as conn2:
             self.assertEqual(conn2.root()['n'], 2)
-
-
-class _StopsServerInTpcFinish:
-    """A data manager that finishes last, stopping the server then."""
-
-    def __init__(self, stop):
-        self.stop = stop
-
-    def abort(self, txn):
-        pass
-
-    tpc_begin = commit = tpc_vote = tpc_abort = abort
-
-    def tpc_finish(self, txn):
-        self.stop()
-
-    def sortKey(self):
-        return '~~~ after every storage'
 
 
 class _ReplicaCase(_PrivateCase):
