@@ -54,8 +54,10 @@ class ChangeIndex:
         self._lock = threading.RLock()
         self._locks_made_with = locks.made_now(self)
         self._poisoned = []          # (low, high]: snapshots of a history rolled back
-        # No knowledge from a snapshot below this (see fence).
+        # No knowledge from a snapshot below this tid that saw a pack mark
+        # below this one (see fence).
         self._floor = 0
+        self._floor_mark = 0
         self.answered = self.unknown = 0
         self.polls = self.polls_free = 0
         self._reset_log()
@@ -100,30 +102,45 @@ class ChangeIndex:
     def log_size(self):
         return self._count
 
-    def clear(self, floor=0):
-        """Forget everything; ``fence(floor)`` first, under the same lock."""
+    def clear(self, floor=0, mark=0):
+        """Forget everything; ``fence(floor, mark)`` first, under the same
+        lock."""
         with self._lock:
-            self._fence(floor)
+            self._fence(floor, mark)
             self._reset_log()
             self._known.clear()
 
-    def fence(self, floor):
-        """From now on, ignore what a snapshot before ``floor`` says
-        (record, record_many, record_hint, and a poll's rows for the change
-        log): after a pack, an instance still in a
-        snapshot from before it may read an object the pack removed, and
-        must not tell later snapshots it is current.  The check is made
-        under the lock that record takes, so that a recording cannot pass
-        it just before the fence and land just after the forget that
-        follows (a helper agent's check: a connection in a snapshot after
-        the pack then loaded the removed object, and a reference to it was
-        committed)."""
+    def fence(self, floor, mark=0):
+        """From now on, ignore what a snapshot before ``floor`` that saw a
+        pack mark below ``mark`` says (record, record_many, record_hint,
+        and a poll's rows for the change log): after a pack, an instance
+        still in a snapshot from before it may read an object the pack
+        removed, and must not tell later snapshots it is current.  (A pack
+        makes no tid: a snapshot after it may have the tid of one before,
+        and is told apart by its mark; knowledge that comes without one,
+        a hint, goes by the tid alone.  A review finding: fenced by the
+        tid alone, a process learned nothing until the next commit after
+        a pack, and loaded every object from the database meanwhile.)  The
+        check is made under the lock that record takes, so that a
+        recording cannot pass it just before the fence and land just after
+        the forget that follows (a helper agent's check: a connection in a
+        snapshot after the pack then loaded the removed object, and a
+        reference to it was committed)."""
         with self._lock:
-            self._fence(floor)
+            self._fence(floor, mark)
 
-    def _fence(self, floor):
+    def _fence(self, floor, mark):
         if floor > self._floor:
             self._floor = floor
+        if mark > self._floor_mark:
+            self._floor_mark = mark
+
+    def _fenced(self, snapshot, mark):
+        """(Lock held.)  Whether what a snapshot (its tid, and the pack
+        mark it saw, None if unknown) says is to be ignored."""
+        if snapshot >= self._floor:
+            return False
+        return mark is None or mark < self._floor_mark
 
     def among(self, oids):
         """Those of ``oids`` this index says anything about (set
@@ -133,15 +150,15 @@ class ChangeIndex:
         with self._lock:
             return (self._known.keys() & oids) | (self._changes.keys() & oids)
 
-    def forget(self, removed, garbage=(), floor=0):
+    def forget(self, removed, garbage=(), floor=0, mark=0):
         """A pack removed, for each (oid, below) of ``removed``, the
         revisions of oid older than tid ``below``, and every revision of
         the objects ``garbage`` lists: forget what says one of them is
-        current.  ``fence(floor)`` first, under the same lock.  Returns
+        current.  ``fence(floor, mark)`` first, under the same lock.  Returns
         the (oid, tid) pairs forgotten."""
         gone = []
         with self._lock:
-            self._fence(floor)
+            self._fence(floor, mark)
             known = self._known
             changes = self._changes
             # (Under the same lock: an instance in an older snapshot may
@@ -263,10 +280,12 @@ class ChangeIndex:
     # ------------------------------------------------------------------
     # What the database said
 
-    def record(self, oid, tid, snapshot):
-        """The database said ``tid`` is oid's current revision in ``snapshot``."""
+    def record(self, oid, tid, snapshot, mark=None):
+        """The database said ``tid`` is oid's current revision in ``snapshot``
+        (which saw pack mark ``mark``: see fence)."""
         with self._lock:
-            if snapshot < self._floor or (self._poisoned and self._is_poisoned(snapshot)):
+            if self._fenced(snapshot, mark) or (
+                    self._poisoned and self._is_poisoned(snapshot)):
                 return
             self._record(oid, tid, snapshot)
             if len(self._known) > self.limit:
@@ -289,17 +308,18 @@ class ChangeIndex:
                 i = bisect_left(tids, tid)
                 if i == len(tids) or tids[i] != tid:
                     return False
-            if as_of < self._floor or (self._poisoned and self._is_poisoned(as_of)):
+            if self._fenced(as_of, None) or (self._poisoned and self._is_poisoned(as_of)):
                 return False
             self._record(oid, tid, as_of)
             if len(self._known) > self.limit:
                 self._shrink_known()
             return True
 
-    def record_many(self, pairs, snapshot):
+    def record_many(self, pairs, snapshot, mark=None):
         """``record`` for each (oid, tid) of ``pairs``, under one lock."""
         with self._lock:
-            if snapshot < self._floor or (self._poisoned and self._is_poisoned(snapshot)):
+            if self._fenced(snapshot, mark) or (
+                    self._poisoned and self._is_poisoned(snapshot)):
                 return
             known = self._known
             for oid, tid in pairs:
@@ -333,7 +353,7 @@ class ChangeIndex:
             if self._start is None and not self._is_poisoned(snapshot):
                 self._start_log_at(snapshot)
 
-    def backfill(self, after, snapshot, rows):
+    def backfill(self, after, snapshot, rows, mark=None):
         """Start the change log at ``after`` rather than at ``snapshot``:
         ``rows`` are the newest change of every object changed in
         ``(after, snapshot]``, as read in ``snapshot``.  Only when there is
@@ -342,7 +362,7 @@ class ChangeIndex:
         window (shared.py)."""
         with self._lock:
             if (self._start is not None or self._is_poisoned(snapshot) or after > snapshot
-                    or snapshot < self._floor):
+                    or self._fenced(snapshot, mark)):
                 return False
             self._merge(after, snapshot, rows)
             return True
@@ -355,7 +375,7 @@ class ChangeIndex:
     # ------------------------------------------------------------------
     # Polls
 
-    def poll(self, prev, snapshot, query):
+    def poll(self, prev, snapshot, query, mark=None):
         """The (oid, tid) changes in ``(prev, snapshot]`` and keep the log.
 
         ``prev`` None means "the caller has nothing to invalidate" (its
@@ -363,7 +383,8 @@ class ChangeIndex:
         tid may lie after the snapshot when the log cannot tell whether the
         object also changed before it; such over-reporting only costs the
         caller a reload.  ``query(after, snapshot)`` returns the newest
-        change of every object changed in ``(after, snapshot]``.
+        change of every object changed in ``(after, snapshot]``.  ``mark``:
+        the pack mark the snapshot saw (see fence).
         """
         with self._lock:
             self.polls += 1
@@ -378,7 +399,7 @@ class ChangeIndex:
             return []
         rows = [(oid, tid) for oid, tid in query(after, snapshot)]
         with self._lock:
-            self._merge_above_floor(after, snapshot, rows)
+            self._merge_above_floor(after, snapshot, rows, mark)
         if prev is None:
             return []
         if after <= prev:
@@ -390,17 +411,17 @@ class ChangeIndex:
         # exactly what we need.
         rows = list(query(prev, snapshot))
         with self._lock:
-            self._merge_above_floor(prev, snapshot, rows)
+            self._merge_above_floor(prev, snapshot, rows, mark)
         return rows
 
-    def _merge_above_floor(self, after, snapshot, rows):
+    def _merge_above_floor(self, after, snapshot, rows, mark):
         # (Lock held.)  A poll in a snapshot below the fence, begun before
         # a pack that another thread has learned of since, may list a
         # change of an object the pack removed: in the log, it would tell
         # later snapshots that object is current (a review finding: they
         # loaded it, and a reference to it was committed).  Its changes
         # still go to its caller, for invalidation.
-        if snapshot >= self._floor:
+        if not self._fenced(snapshot, mark):
             self._merge(after, snapshot, rows)
 
     def _covers(self, prev, snapshot):

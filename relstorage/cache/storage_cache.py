@@ -158,10 +158,10 @@ class StorageCache:
     # ------------------------------------------------------------------
     # The read path
 
-    def load(self, adapter, conn, oid, snapshot):
+    def load(self, adapter, conn, oid, snapshot, mark=None):
         """(state, tid) of oid's revision current in ``snapshot``; None when
         the object does not exist there.  ``conn`` is the snapshot's
-        connection."""
+        connection, ``mark`` the pack mark it saw (ChangeIndex.fence)."""
         # A tid the index does not know costs one query, which also gives
         # the state: asking the shared cache for a hint first would only add a
         # round trip (hints are used in batches: prefetch, warm start).
@@ -188,7 +188,7 @@ class StorageCache:
         # (An instance still in a snapshot from before a pack may read a
         # removed object again: the index's fence keeps that from telling
         # later snapshots it is current.  A review finding.)
-        self.index.record(oid, found, snapshot)
+        self.index.record(oid, found, snapshot, mark)
         if state is not None:
             self.local.put(oid, found, state)
             if self.shared is not None:
@@ -243,7 +243,7 @@ class StorageCache:
         if batch or hints:
             self._send(batch, hints)
 
-    def prefetch(self, adapter, conn, oids, snapshot):
+    def prefetch(self, adapter, conn, oids, snapshot, mark=None):
         """Make the current states of ``oids`` in ``snapshot`` cached, with
         one database query for those not found in a cache.  Returns
         {oid: (state, tid)} of the existing objects read from the database
@@ -277,7 +277,7 @@ class StorageCache:
         rows = adapter.load_current_many(conn, missing)
         self.db_loads += len(rows)
         fresh = [(oid, tid, state) for oid, (state, tid) in rows.items()]
-        self.index.record_many([(oid, tid) for oid, tid, _ in fresh], snapshot)
+        self.index.record_many([(oid, tid) for oid, tid, _ in fresh], snapshot, mark)
         if len(fresh) != len(missing) or any(state is None for _, _, state in fresh):
             # Deleted objects (state None) are known to the index, not
             # kept; missing ones were not there at all.
@@ -289,17 +289,18 @@ class StorageCache:
                        {oid: (tid, snapshot) for oid, tid, _ in fresh})
         return rows
 
-    def poll(self, adapter, conn, prev, snapshot):
+    def poll(self, adapter, conn, prev, snapshot, mark=None):
         """The (oid, tid) changes in (prev, snapshot], keeping the index's
         change log; ``prev`` None on an instance's first poll."""
         self.flush()
         fresh = prev is None and self.shared is not None and not self._backfilled
         if fresh:
-            self._backfill(adapter, conn, snapshot)
+            self._backfill(adapter, conn, snapshot, mark)
         with self._own_lock:
             own = dict(self._own_commits)
         changes = self.index.poll(
-            prev, snapshot, lambda after, upto: adapter.poll_changes(conn, after, upto, own))
+            prev, snapshot, lambda after, upto: adapter.poll_changes(conn, after, upto, own),
+            mark)
         now = time.monotonic()
         if fresh:
             self._warm_from_shared(snapshot)
@@ -310,7 +311,7 @@ class StorageCache:
             self.log_stats()
         return changes
 
-    def _backfill(self, adapter, conn, snapshot):
+    def _backfill(self, adapter, conn, snapshot, mark=None):
         """A fresh process starts its change log with the newest changes
         (up to half of cache-delta-size-limit) instead of empty at its first
         snapshot, so that shared-cache hints written by other processes in
@@ -327,7 +328,7 @@ class StorageCache:
             rows = [(oid, tid) for oid, tid in rows if tid > after]
         else:
             after = 0
-        if self.index.backfill(after, snapshot, rows):
+        if self.index.backfill(after, snapshot, rows, mark):
             log.debug("Change log started at %x with %d changes up to %x",
                       after, len(rows), snapshot)
 
@@ -505,10 +506,10 @@ class StorageCache:
             self._send(fresh, hints, wait=True)
         self._note_own_commit(tid, oids)
 
-    def clear(self, floor=0):
+    def clear(self, floor=0, mark=0):
         """After pack: revisions may be gone, forget what we knew (and
         from then on what a snapshot before ``floor`` says)."""
-        self.index.clear(floor)
+        self.index.clear(floor, mark)
         self.local.clear()
         self._forget_own_commits()
 
@@ -581,7 +582,7 @@ class StorageCache:
                     # reference to one.)
                     floor = max(snapshot, newest) + 1
                     self._hints_from = floor
-                    self.forget_removed(removed, floor)
+                    self.forget_removed(removed, floor, mark)
                     if self.shared is not None:
                         self.shared.hint_prefix = '%s:h%x' % (self.shared.prefix, mark)
                     return
@@ -601,7 +602,7 @@ class StorageCache:
             # instance still before the pack, with the same tid, may read
             # a removed object after the clear: a review finding); above
             # it, up to the newest, rolled_back fences them off.
-            self.clear(floor=snapshot + 1)
+            self.clear(floor=snapshot + 1, mark=mark)
             if snapshot < newest:
                 # zap_all: the last tid went back.  What instances still in
                 # a snapshot from before learn must never be taken for the
@@ -643,14 +644,14 @@ class StorageCache:
         memo[key] = rows
         return rows
 
-    def forget_removed(self, removed, floor=0):
+    def forget_removed(self, removed, floor=0, mark=0):
         """``removed`` (adapters/packing.py PackRemovals): the objects a
         pack removed, and the revisions older than a tid it removed of
         others: the index no longer says they are current, and the local
         cache drops their states.  From then on the index ignores what a
         snapshot before ``floor`` says (ChangeIndex.fence)."""
         for oid, tid in self.index.forget(removed.trimmed_pairs(), removed.garbage_ints(),
-                                          floor):
+                                          floor, mark):
             self.local.discard(oid, tid)
 
     def zapped(self, mark, old_last):

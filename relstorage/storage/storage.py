@@ -778,13 +778,14 @@ class RelStorage(ConflictResolvingStorage):
             self._forget_history()
             # After zap_all our commits are history that is gone.
             self._last_commit_tid = 0
-            self._cache.poll(self._adapter, conn, None, current)
+            self._cache.poll(self._adapter, conn, None, current, self._snapshot_pack_mark)
             return None
         if previous is None or current == previous:
             self._own_tids = set()
             # Nothing to invalidate, but keep the shared change log
             # up to this snapshot.
-            self._cache.poll(self._adapter, conn, previous, current)
+            self._cache.poll(self._adapter, conn, previous, current,
+                             self._snapshot_pack_mark)
             return removed
         if current < previous:
             # The database went back in time (restored from a backup):
@@ -808,7 +809,8 @@ class RelStorage(ConflictResolvingStorage):
             return None
         # One query at most, often none: the change log shared by all
         # instances may already hold (previous, current].
-        changes = self._cache.poll(self._adapter, conn, previous, current)
+        changes = self._cache.poll(self._adapter, conn, previous, current,
+                                   self._snapshot_pack_mark)
         if changes:
             # (The newest change; its object is checked by the next polls.)
             newest = max(changes, key=itemgetter(1)) + (self._snapshot_pack_mark,)
@@ -915,7 +917,8 @@ class RelStorage(ConflictResolvingStorage):
         if result is None:
             # The revision current in our snapshot: from the caches when
             # the shared index knows its tid, else from the database.
-            result = self._cache.load(self._adapter, conn, oid_int, snapshot)
+            result = self._cache.load(self._adapter, conn, oid_int, snapshot,
+                                      self._snapshot_pack_mark)
             if result is None or result[0] is None:
                 raise POSException.POSKeyError(oid)
         answer = result[0], p64(result[1])
@@ -961,7 +964,7 @@ class RelStorage(ConflictResolvingStorage):
                     del prefetched[passed]
             prefetched.update(self._cache.prefetch(
                 self._adapter, conn, range(oid_int, min(oid_int + READ_AHEAD, MAX_OID + 1)),
-                self._snapshot_tid))
+                self._snapshot_tid, self._snapshot_pack_mark))
 
     def _forget_reads(self):
         """The reading transaction ended: what the next one reads starts
@@ -1046,7 +1049,8 @@ class RelStorage(ConflictResolvingStorage):
         if not oid_ints or self._before is not None:
             return
         with self._read() as conn:
-            fetched = self._cache.prefetch(self._adapter, conn, oid_ints, self._snapshot_tid)
+            fetched = self._cache.prefetch(self._adapter, conn, oid_ints, self._snapshot_tid,
+                                           self._snapshot_pack_mark)
             if not self._autorefresh:
                 # Kept for this snapshot's loads (see load); the root
                 # storage's snapshot ends with this call.

@@ -9,6 +9,7 @@ import unittest
 
 import transaction
 import ZODB
+from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import ConflictError
@@ -927,10 +928,10 @@ class ReadAheadTests(FactoryCase):
             bulk = []
             original = reader._cache.prefetch
 
-            def counting(adapter, conn_, oids, snapshot):
+            def counting(adapter, conn_, oids, *args):
                 oids = list(oids)
                 bulk.append(oids)
-                return original(adapter, conn_, oids, snapshot)
+                return original(adapter, conn_, oids, *args)
             reader._cache.prefetch = counting
             conn.prefetch(first)
             self.assertEqual([obj['v'] for obj in first], list(range(100)))
@@ -1104,6 +1105,38 @@ class PackVisibilityTests(FactoryCase):
             self.assert_not_served_after(db, reader, read, old, oid)
         finally:
             db1.close()
+            db.close()
+
+    def test_after_a_pack_another_process_goes_on_using_its_cache(self):
+        # A review finding: the fence of the two tests above, by tid alone,
+        # kept every snapshot after a pack from extending the change log
+        # (a pack makes no tid) until the next commit: a process that read
+        # its objects before a nightly pack loaded each of them from the
+        # database again afterwards (200 times the loads).  The snapshots
+        # after the pack saw its mark, and are not fenced.
+        packer = ZODB.DB(self.storage())
+        db = ZODB.DB(self.storage())
+        try:
+            with packer.transaction() as conn:
+                conn.root()['kept'] = PersistentList(
+                    [PersistentMapping(v=i) for i in range(50)])
+            self.doomed_object(packer)
+
+            def read_all():
+                with db.transaction() as conn:
+                    conn.cacheMinimize()
+                    return sum(item['v'] for item in conn.root()['kept'])
+            self.assertEqual(read_all(), sum(range(50)))
+            with packer.transaction() as conn:
+                conn.root()['other'] = 1
+            packer.pack(time.time() + 1)
+            self.assertEqual(read_all(), sum(range(50)))     # learns of the pack
+            loads = db.storage.cache_stats()['db_loads']
+            for _ in range(3):
+                self.assertEqual(read_all(), sum(range(50)))
+            self.assertLessEqual(db.storage.cache_stats()['db_loads'] - loads, 2)
+        finally:
+            packer.close()
             db.close()
 
     def test_the_commit_lock_reads_the_mark_a_batch_committed_while_it_waited(self):
@@ -2001,6 +2034,7 @@ db.close()
 # callback as psycogreen's, PyMySQL through the patched socket).
 GEVENT_AFTER_OPEN = r"""
 import faulthandler, os, sys, transaction, ZODB.config
+from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 db = ZODB.config.databaseFromFile(open(sys.argv[1]))
 with db.transaction() as conn:
@@ -2053,6 +2087,7 @@ GEVENT_COMMITS = r"""
 from gevent import monkey
 monkey.patch_all()
 import sys, gevent, transaction, ZODB.config
+from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
 class SlowVoter:
