@@ -988,6 +988,19 @@ class PostgreSQLReplicaTests(_PostgreSQL, _ReplicaCase):
 class MariaDBReplicaTests(_MariaDB, _ReplicaCase):
     """A private MariaDB primary and its read-only replica."""
 
+    def test_a_read_only_storage_on_a_read_only_server(self):
+        # A review finding: once a server with read_only set counted as not
+        # answering store connections, a read-only storage whose
+        # replica-conf named only a replica was refused at open (its
+        # schema check and identity use a store session).  It writes
+        # nothing: the server's read_only does not matter to it.
+        db = self.db()
+        self.commit_value(db, 'a', 1)
+        self.pair.wait_caught_up()
+        path = self.server_file('replicas.conf', self.address(self.replica))
+        reader = self.db(self.storage(replica_conf=path, read_only=True))
+        self.assertEqual(self.read_value(reader, 'a'), 1)
+
 
 class ReplicaConfigTests(unittest.TestCase):
     """Bad server lists fail at open, naming the file (no server needed)."""

@@ -221,14 +221,18 @@ class MySQLAdapter(Adapter):
             raise DisconnectedError(message) from exc
         try:
             read_only = self._setup_session(raw, purpose)
-            if read_only and server is not None and purpose != 'load':
+            if (read_only and server is not None and purpose != 'load'
+                    and not self.options.read_only):
                 # With replica-conf: a server that takes no writes (a
                 # replica not promoted, or the old primary set read-only)
                 # does not answer for writes; the next of the list is
                 # tried.  (A helper agent's check: once in use after a
                 # short outage of the first server, it refused every
                 # commit until replica-timeout.  PostgreSQL's standby
-                # refuses the store session's read-write begin.)
+                # refuses the store session's read-write begin.)  Not for
+                # a read-only storage, which writes nothing (a review
+                # finding: one whose replica-conf named a replica was
+                # refused at open).
                 raise DisconnectedError(
                     "%s is read-only (read_only is set: a replica not promoted yet?)"
                     % self.describe(server))
@@ -280,7 +284,10 @@ class MySQLAdapter(Adapter):
             self._oid_values_max = self._consecutive_values(raw)
         raw.autocommit(purpose == 'oid')
         raw.commit()
-        return str(read_only) in ('1', 'ON')
+        # (Later MariaDB releases spell some read-only levels out.)
+        if isinstance(read_only, bytes):
+            read_only = read_only.decode('ascii', 'replace')
+        return str(read_only).upper() not in ('0', 'OFF', 'NONE', '')
 
     @staticmethod
     def _consecutive_values(raw):
