@@ -390,8 +390,19 @@ class Converter:
             if copy.is_history_free(dest):
                 return True, type(dest.adapter)
             return False, None
-        options = getattr(self.dest_factory, 'options', None)
-        adapter = getattr(getattr(self.dest_factory, 'config', None), 'adapter', None)
+        factory = self.dest_factory
+        for _ in range(10):
+            options = getattr(factory, 'options', None)
+            section = getattr(factory, 'config', None)
+            adapter = getattr(section, 'adapter', None)
+            if options is not None and adapter is not None:
+                break
+            # A wrapper's section (<zlibstorage>, <before>): the storage in
+            # it (a review finding: a dry run into <zlibstorage> around a
+            # history-free RelStorage not made yet planned a replay).
+            factory = getattr(section, 'base', None)
+            if factory is None or not hasattr(factory, 'open'):
+                return False, None
         if options is None or adapter is None or options.keep_history:
             return False, None
         return True, adapter.adapter_class()

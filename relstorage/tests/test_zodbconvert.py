@@ -1762,18 +1762,21 @@ class TestRefusals(ConvertTestCase):
         # yet for a history-preserving one: it planned a replay of every
         # transaction and refused --strategy current; the run then copied
         # the current records.
+        # (A review finding: the same into <zlibstorage> around it.)
         src = self.path('s.fs')
         make_source(src)
-        db = self.database()
-        dest = rs_section('destination', db, keep_history=False)
-        for extra in ((), ('--strategy', 'current')):
-            with self.subTest(extra=extra):
-                out, _ = self.assertConverted(self.convert(
-                    fs_section('source', src), dest, '--dry-run', *extra))
-                self.assertIn('Would copy the current objects', out)
-        self.assertEqual(os.listdir(db.dir), [])
-        out, _ = self.assertConverted(self.convert(fs_section('source', src), dest))
-        self.assertIn('Copying the current objects', out)
+        for wrapped in (False, True):
+            db = self.database()
+            dest = (zlib_section(db, False) if wrapped
+                    else rs_section('destination', db, keep_history=False))
+            for extra in ((), ('--strategy', 'current')):
+                with self.subTest(extra=extra, wrapped=wrapped):
+                    out, _ = self.assertConverted(self.convert(
+                        fs_section('source', src), dest, '--dry-run', *extra))
+                    self.assertIn('Would copy the current objects', out)
+            self.assertEqual(os.listdir(db.dir), [])
+            out, _ = self.assertConverted(self.convert(fs_section('source', src), dest))
+            self.assertIn('Copying the current objects', out)
 
     def test_non_empty_destination_refused_then_clear(self):
         src = self.path('s.fs')
