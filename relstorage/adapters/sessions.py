@@ -219,10 +219,7 @@ class SessionPool:
         """Close the idle sessions; sessions given back later are closed."""
         with self._cond:
             self._closed = True
-            idle = [conn for conn, _ in self._idle]
-            self._idle.clear()
-        for conn in idle:
-            conn.close()
+        self.drop_idle()
 
     def _where(self):
         return self._describe() if self._describe is not None else 'the database'

@@ -284,12 +284,7 @@ class ChangeIndex:
         """The database said ``tid`` is oid's current revision in ``snapshot``
         (which saw pack mark ``mark``: see fence)."""
         with self._lock:
-            if self._fenced(snapshot, mark) or (
-                    self._poisoned and self._is_poisoned(snapshot)):
-                return
-            self._record(oid, tid, snapshot)
-            if len(self._known) > self.limit:
-                self._shrink_known()
+            self._record_heard(oid, tid, snapshot, mark)
 
     def record_hint(self, oid, tid, as_of):
         """``record`` for what another process said (a shared cache's hint
@@ -308,18 +303,28 @@ class ChangeIndex:
                 i = bisect_left(tids, tid)
                 if i == len(tids) or tids[i] != tid:
                     return False
-            if self._fenced(as_of, None) or (self._poisoned and self._is_poisoned(as_of)):
-                return False
-            self._record(oid, tid, as_of)
-            if len(self._known) > self.limit:
-                self._shrink_known()
-            return True
+            return self._record_heard(oid, tid, as_of, None)
+
+    def _record_heard(self, oid, tid, snapshot, mark):
+        """(Lock held.)  ``record``'s work; False when what ``snapshot``
+        says is not heard (``_unheard``)."""
+        if self._unheard(snapshot, mark):
+            return False
+        self._record(oid, tid, snapshot)
+        if len(self._known) > self.limit:
+            self._shrink_known()
+        return True
+
+    def _unheard(self, snapshot, mark):
+        """(Lock held.)  Whether what a snapshot says is ignored: fenced
+        off by a pack, or of a history the database left."""
+        return self._fenced(snapshot, mark) or (
+            self._poisoned and self._is_poisoned(snapshot))
 
     def record_many(self, pairs, snapshot, mark=None):
         """``record`` for each (oid, tid) of ``pairs``, under one lock."""
         with self._lock:
-            if self._fenced(snapshot, mark) or (
-                    self._poisoned and self._is_poisoned(snapshot)):
+            if self._unheard(snapshot, mark):
                 return
             known = self._known
             for oid, tid in pairs:
@@ -361,8 +366,7 @@ class ChangeIndex:
         as a hint that says which tid was current in a snapshot in that
         window (shared.py)."""
         with self._lock:
-            if (self._start is not None or self._is_poisoned(snapshot) or after > snapshot
-                    or self._fenced(snapshot, mark)):
+            if self._start is not None or after > snapshot or self._unheard(snapshot, mark):
                 return False
             self._merge(after, snapshot, rows)
             return True

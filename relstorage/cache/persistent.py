@@ -46,10 +46,9 @@ import logging
 import os
 import struct
 import tempfile
-import time
 import zlib
 
-from ZODB.TimeStamp import TimeStamp
+from ..tids import tid_of_time
 
 try:
     import fcntl
@@ -75,10 +74,6 @@ class CacheFileError(Exception):
 
 #: What read_file returns: ``entries`` is [(oid, tid, state), ...].
 CacheFile = collections.namedtuple('CacheFile', 'last_tid entries database_key pack_mark version')
-
-
-def _tid_of_time(t):
-    return int.from_bytes(TimeStamp(*time.gmtime(t)[:5] + (t % 60,)).raw(), 'big')
 
 
 def cache_path(directory, prefix):
@@ -208,7 +203,7 @@ def save(path, last_tid, entries, limit_bytes, key=None, mark=0, replace=False):
     with _Locked(path):
         _remove_leftovers(path)
         try:
-            written = _tid_of_time(os.stat(path).st_mtime)
+            written = tid_of_time(os.stat(path).st_mtime)
             existing = read_file(path)
         except FileNotFoundError:
             existing = None
@@ -279,7 +274,7 @@ def load_validated(path, adapter, put, record, key=None):
     """
     try:
         # (Before the read: a file written meanwhile is newer still.)
-        written = _tid_of_time(os.stat(path).st_mtime)
+        written = tid_of_time(os.stat(path).st_mtime)
         content = read_file(path)
     except FileNotFoundError:
         return None, 0, 0, None, None

@@ -122,6 +122,16 @@ class CopiedTransaction:
         self.rows = rows
 
 
+def end_hold_and_roll_back(adapter, conn):
+    """Roll back the transaction ``conn`` held for a retry (its hold's
+    end may fail on a session already gone: that is no matter)."""
+    try:
+        adapter.end_hold(conn)
+    except Exception:  # pylint:disable=broad-except
+        log.debug("Could not end the hold of row locks", exc_info=True)
+    conn.rollback()
+
+
 class Commit:
     """The two-phase commit of one transaction (or one batch of copied
     transactions) on one storage instance."""
@@ -262,11 +272,7 @@ class Commit:
             # the one it left.  Rolled back there; the retry begins on the
             # one chosen now (a helper agent's check: it committed on the
             # server the site had left).
-            try:
-                adapter.end_hold(conn)
-            except Exception:  # pylint:disable=broad-except
-                log.debug("Could not end the hold of row locks", exc_info=True)
-            conn.rollback()
+            end_hold_and_roll_back(adapter, conn)
             conn.holding_locks = False
         if conn.holding_locks:
             # Our previous attempt's transaction, with its row locks (and

@@ -660,19 +660,8 @@ def is_history_free(storage):
     source, and missed the objects changed while it began; into one, its
     --verify compared transactions a history-free database does not
     keep).  Not a DemoStorage: its changes keep records of their own."""
-    for _ in range(10):
-        if reads_relstorage(storage):
-            return not storage.adapter.keep_history
-        if hasattr(storage, 'changes'):
-            return False
-        for name in ('base', 'storage'):
-            inner = getattr(storage, name, None)
-            if inner is not None and hasattr(inner, 'lastTransaction'):
-                storage = inner
-                break
-        else:
-            return False
-    return False
+    inner = _through_wrappers(storage, ('base', 'storage'), reads_relstorage)
+    return inner is not None and not inner.adapter.keep_history
 
 
 # ----------------------------------------------------------------------
@@ -949,14 +938,25 @@ def relstorage_under(storage):
     helper agent's check: a copy into ``<zlibstorage>`` around
     ``<relstorage>`` was not marked, and a pack removed what it had not
     linked yet)."""
+    # (A DemoStorage writes into its changes, never its base: a review
+    # finding, a copy into one whose base was a read-only RelStorage
+    # failed with ReadOnlyError, marking the base.)
+    return _through_wrappers(storage, ('changes', 'base', 'storage'), is_relstorage)
+
+
+def _through_wrappers(storage, names, wanted):
+    """``storage``, or the first of the storages it wraps (the attribute
+    of ``names`` each layer has, as many layers as there are) for which
+    ``wanted(storage)``; else None.  A layer with ``changes`` (a
+    DemoStorage), where ``names`` leaves them out, ends the walk: it keeps
+    records of its own."""
     for _ in range(10):
-        if is_relstorage(storage):
+        if wanted(storage):
             return storage
+        if 'changes' not in names and hasattr(storage, 'changes'):
+            return None
         inner = None
-        # (A DemoStorage writes into its changes, never its base: a review
-        # finding, a copy into one whose base was a read-only RelStorage
-        # failed with ReadOnlyError, marking the base.)
-        for name in ('changes', 'base', 'storage'):
+        for name in names:
             inner = getattr(storage, name, None)
             if inner is not None and hasattr(inner, 'lastTransaction'):
                 break

@@ -52,6 +52,7 @@ from ..blobs.common import remove_file as remove_blob_file
 from ..adapters.packing import next_step_size
 from ..interfaces import RelStorageError
 from ..interfaces import UnableToAcquireCommitLockError
+from ..tids import tid_of_time
 
 _EIGHT = {8}
 
@@ -170,10 +171,6 @@ class _NoProgress:
         pass
 
 
-def pack_tid_for(t):
-    return u64(TimeStamp(*time.gmtime(t)[:5] + (t % 60,)).raw())
-
-
 def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
          prepack_only=False, skip_prepack=False, progress=None):
     """Pack the database of ``adapter`` to time ``t``; return a PackReport."""
@@ -215,10 +212,10 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
         elif not prepack_only and _up_to_date(adapter, conn, gc):
             report.up_to_date = True
             # (For the log: a helper agent's check saw "to 0x0000000000000000".)
-            report.pack_tid = pack_tid_for(t)
+            report.pack_tid = tid_of_time(t)
         else:
             phase_start = time.monotonic()
-            wanted = pack_tid_for(t)
+            wanted = tid_of_time(t)
             snapshot_tid = _analyse(adapter, conn, referencesf, report, progress,
                                     pack_tid=wanted)
             _warn_if_ahead(adapter, snapshot_tid)
@@ -259,7 +256,7 @@ def pack(adapter, options, t, referencesf, gc, blobs=None, cache=None,
                 # (The pack time of the rows: the analysis's, that of the
                 # --prepack it goes on from, or, up to date, the one asked.)
                 removed, report.orphan_blob_files = sweep_blob_files(
-                    adapter, blobs, report.pack_tid or pack_tid_for(t))
+                    adapter, blobs, report.pack_tid or tid_of_time(t))
                 report.blobs_removed += removed
     except BaseException:
         if conn is not None:

@@ -1117,11 +1117,7 @@ class RelStorage(ConflictResolvingStorage):
         pool.give_back(conn)
 
     def _end_hold(self, conn):
-        try:
-            self._adapter.end_hold(conn)
-        except Exception:  # pylint:disable=broad-except
-            log.debug("Could not end the hold of row locks", exc_info=True)
-        conn.rollback()
+        commit.end_hold_and_roll_back(self._adapter, conn)
 
     def _close_held_conn(self):
         held, self._held_conn = self._held_conn, None
