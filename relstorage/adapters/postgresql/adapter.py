@@ -305,7 +305,7 @@ class PostgreSQLAdapter(Adapter):
                 dsn = self._server_dsns[server] = self.driver.make_dsn(
                     self._server_params(server))
         try:
-            raw = self.driver.connect(dsn, purpose)
+            raw = self.driver.connect(dsn, purpose, writes=not self.options.read_only)
         except self.driver.Error as exc:
             # Not chained: the driver's own text is already summarised (and
             # redacted) in ours.

@@ -200,7 +200,11 @@ class Driver:
 
     # --- connections ------------------------------------------------------
 
-    def connect(self, dsn, purpose):
+    def connect(self, dsn, purpose, writes=True):
+        """A session for ``purpose`` ('load', 'store', 'oid').  A 'store'
+        session of a storage that writes nothing (``writes`` false) keeps
+        the server's default access mode: a standby refuses read-write
+        transactions, and a read-only storage may use one."""
         raise NotImplementedError
 
     def to_last_result(self, cursor):
@@ -243,7 +247,7 @@ class Psycopg3Driver(Driver):
         from psycopg.conninfo import make_conninfo
         return make_conninfo('', **params)
 
-    def connect(self, dsn, purpose):
+    def connect(self, dsn, purpose, writes=True):
         psycopg = self.module
         conn = psycopg.connect(dsn, autocommit=(purpose == 'oid'))
         if purpose == 'load':
@@ -251,7 +255,7 @@ class Psycopg3Driver(Driver):
             conn.read_only = True
         elif purpose == 'store':
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            conn.read_only = False
+            conn.read_only = False if writes else None
         return conn
 
     def to_last_result(self, cursor):
@@ -319,7 +323,7 @@ class Psycopg2Driver(Driver):
         from psycopg2.extensions import make_dsn
         return make_dsn('', **params)
 
-    def connect(self, dsn, purpose):
+    def connect(self, dsn, purpose, writes=True):
         ext = self.module.extensions
         conn = self.module.connect(dsn)
         ext.register_type(self._bytes_type, conn)
@@ -328,7 +332,7 @@ class Psycopg2Driver(Driver):
                              readonly=True, autocommit=False)
         elif purpose == 'store':
             conn.set_session(isolation_level=ext.ISOLATION_LEVEL_READ_COMMITTED,
-                             readonly=False, autocommit=False)
+                             readonly=False if writes else 'default', autocommit=False)
         else:
             conn.autocommit = True
         return conn
