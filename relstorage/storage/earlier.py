@@ -94,6 +94,7 @@ class EarlierReleaseStorage:
         self._downloaded = collections.OrderedDict()      # path -> size, oldest first
         self._downloaded_bytes = 0
         self._iterators = history.IteratorSnapshots()      # see loadBlob
+        self._records_ahead = None                         # see record_iternext
         if options.blob_dir:
             if options.shared_blob_dir:
                 if not os.path.isdir(options.blob_dir):
@@ -128,6 +129,8 @@ class EarlierReleaseStorage:
             return p64(self.adapter.get_last_tid(conn))
 
     def load(self, oid, version=''):
+        if history.beyond_range(u64(oid)):
+            raise POSException.POSKeyError(oid)
         with self._read() as conn:
             row = self.adapter.load_current(conn, u64(oid))
         if row is None or row[0] is None:
@@ -135,14 +138,19 @@ class EarlierReleaseStorage:
         return bytes(row[0]), p64(row[1])
 
     def loadBefore(self, oid, tid):
+        if history.beyond_range(u64(oid)):
+            raise POSException.POSKeyError(oid)
         with self._read() as conn:
-            found = history.revision_before(self.adapter, conn, oid, u64(tid))
+            found = history.revision_before(self.adapter, conn, oid,
+                                            min(u64(tid), history.MAX_TID))
         if found is None:
             return None
         state, start, end = found
         return state, p64(start), (p64(end) if end else None)
 
     def loadSerial(self, oid, serial):
+        if history.beyond_range(u64(oid), u64(serial)):
+            raise POSException.POSKeyError(oid, serial)
         with self._read() as conn:
             found, state = self.adapter.load_revision(conn, u64(oid), u64(serial))
         if not found or state is None:
@@ -150,6 +158,8 @@ class EarlierReleaseStorage:
         return state
 
     def history(self, oid, size=1):
+        if history.beyond_range(u64(oid)):
+            raise POSException.POSKeyError(oid)
         with self._read() as conn:
             return history.object_history(self.adapter, conn, oid, size)
 
@@ -157,8 +167,22 @@ class EarlierReleaseStorage:
         return self._iterators.add(history.TransactionIterator(self.adapter, start, stop))
 
     def record_iternext(self, next=None):
-        with self._read() as conn:
-            return history.record_iternext(self.adapter, conn, next)[0]
+        # Read ahead, as RelStorage.record_iternext does: a query per call
+        # made a walk of a 10,000-object database of RelStorage 4.3 take
+        # 6.8 s where 4.3 took 0.09 s (a helper agent's check).  (Nothing
+        # is committed through this storage: what is ahead is at most
+        # RecordsAhead.MAX_AGE old.)
+        start = u64(next) if next is not None else 0
+        with self._lock:
+            ahead = self._records_ahead
+            if ahead is not None:
+                record = ahead.take(start)
+                if record is not None:
+                    return record
+            with self._read() as conn:
+                record, self._records_ahead = history.record_iternext(
+                    self.adapter, conn, next, ahead)
+        return record
 
     def __len__(self):
         with self._read() as conn:
@@ -171,6 +195,8 @@ class EarlierReleaseStorage:
     # --- blobs ------------------------------------------------------------
 
     def loadBlob(self, oid, serial):
+        if history.beyond_range(u64(oid), u64(serial)):
+            raise POSException.POSKeyError(oid, serial)
         if self._fshelper is not None:
             path = self._fshelper.getBlobFilename(oid, serial)
             if not os.path.exists(path):

@@ -19,6 +19,15 @@ from ZODB.utils import u64
 #: The largest tid (and row count) the databases' signed 64-bit columns
 #: hold: a larger one given to the storage names nothing that exists.
 MAX_TID = 2 ** 63 - 1
+#: The largest OID a database holds (its columns are signed 64-bit).
+MAX_OID = 2 ** 63 - 1
+
+
+def beyond_range(oid_int, tid_int=0):
+    """Whether an OID (and tid) is past what any database holds: no such
+    object, rather than the driver's error for a value its column cannot
+    take (OverflowError, NumericValueOutOfRange: a helper agent's check)."""
+    return oid_int > MAX_OID or tid_int > MAX_TID
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +321,8 @@ class RecordsAhead:
         self.size = sum(len(row[2]) for row in rows if row[2] is not None)
         self.until = time.monotonic() + self.MAX_AGE
         self.start = rows[0][0]
+        #: The storage's count of this process's changes when read.
+        self.changes = None
 
     def take(self, start):
         """The record tuple for a call from OID ``start``, or None (then

@@ -85,7 +85,7 @@ READ_AHEAD = 128
 
 #: OIDs are signed 64-bit integers in every database (BIGINT, INTEGER):
 #: no object has one above this.
-MAX_OID = 2 ** 63 - 1
+MAX_OID = history.MAX_OID
 #: A commit stores no OID from here up, and new_oid hands none out: the
 #: databases' OID counters (a sequence, a counter row that reserves blocks)
 #: must stay below MAX_OID with room for a block.  (A helper agent's check:
@@ -191,6 +191,10 @@ class RelStorage(ConflictResolvingStorage):
         # itself with this storage, see new_instance.
         self._wrapper = None
         self._records_ahead = None          # see record_iternext
+        # (On the root storage:) how many times this process changed the
+        # database (a commit through any instance, a pack, a zap), so that
+        # records read ahead before one are not served after it.
+        self._local_changes = 0
 
         if _parent is None:
             # The one place every way of opening a storage goes through.
@@ -1023,7 +1027,7 @@ class RelStorage(ConflictResolvingStorage):
         self._check_open()      # (its cache hit opens no snapshot)
         self._history_read()
         oid_int, tid_int = u64(oid), u64(serial)
-        if oid_int > MAX_OID or tid_int > history.MAX_TID:
+        if history.beyond_range(oid_int, tid_int):
             raise POSException.POSKeyError(oid)
         state = self._cache.get(oid_int, tid_int)
         if state is not None:
@@ -1408,6 +1412,7 @@ class RelStorage(ConflictResolvingStorage):
 
     def _finish(self, pending, f=None):
         tid_int = pending.finish()
+        self._changed_here()
         self._last_commit_tid = tid_int
         self._own_tids.add(tid_int)
         if f is not None:
@@ -1503,7 +1508,7 @@ class RelStorage(ConflictResolvingStorage):
     def _check_blob_ids(self, oid, serial):
         if self._blobs is None:
             raise POSException.Unsupported("No blob-dir is configured")
-        if u64(oid) > MAX_OID or u64(serial) > history.MAX_TID:
+        if history.beyond_range(u64(oid), u64(serial)):
             # No such blob (a helper agent's check: SQLite's driver failed
             # on the serial with OverflowError).
             raise POSException.POSKeyError(oid)
@@ -1630,16 +1635,30 @@ class RelStorage(ConflictResolvingStorage):
 
     def record_iternext(self, next=None):
         start = u64(next) if next is not None else 0
+        changes = self._root._local_changes
         with self._lock:
             ahead = self._records_ahead
-            if ahead is not None:
+            if ahead is not None and ahead.changes == changes:
                 record = ahead.take(start)
                 if record is not None:
                     return record
         with self._read() as conn:
-            record, self._records_ahead = history.record_iternext(
-                self._adapter, conn, next, ahead)
+            record, ahead = history.record_iternext(self._adapter, conn, next, ahead)
+        if ahead is not None:
+            # Read after ``changes`` was taken: a change of this process
+            # since (a commit through another instance: ZODB's connections
+            # commit through their own) makes them stale.  (A helper
+            # agent's check: the record of an object this process had just
+            # changed came back with its old state.)
+            ahead.changes = changes
+        self._records_ahead = ahead
         return record
+
+    def _changed_here(self):
+        """This process changed the database: records read ahead before
+        are not to be served (record_iternext)."""
+        self._records_ahead = None
+        self._root._local_changes += 1
 
     def copyTransactionsFrom(self, other, verbose=False):
         """Copy every transaction of ``other`` (any IStorageIteration),
@@ -1682,6 +1701,7 @@ class RelStorage(ConflictResolvingStorage):
             prepack_only=options.pack_prepack_only if prepack_only is None else prepack_only,
             skip_prepack=options.pack_skip_prepack if skip_prepack is None else skip_prepack,
             progress=progress)
+        self._changed_here()
         with self._lock:
             self._end_snapshot()
         return report
@@ -1744,6 +1764,7 @@ class RelStorage(ConflictResolvingStorage):
             self._end_snapshot()
             old_last, mark = self._adapter.zap_all()
             self._last_commit_tid = 0
+        self._changed_here()
         self._cache.zapped(mark, old_last)
         if self._blobs is not None:
             self._blobs.forget_all()

@@ -2622,6 +2622,38 @@ class RootStorageTests(FactoryCase):
         self.assertEqual(seen[oids[30]][1], changed)
         self.assertLess(len(calls), 10, calls)
 
+    def test_records_read_ahead_are_not_served_after_a_change_of_this_process(self):
+        # A helper agent's check: the read-ahead lived on the storage made
+        # from the configuration and only its own tpc_finish dropped it;
+        # ZODB's connections commit through instances of their own, so the
+        # next record_iternext gave an object this process had just changed
+        # with its old state (and, after zap_all, objects no longer there).
+        db = self.db()
+        storage = db.storage
+        with db.transaction() as conn:
+            conn.root()['items'] = PersistentList(
+                [PersistentMapping(v=i) for i in range(20)])
+        with db.transaction() as conn:
+            oids = [item._p_oid for item in conn.root()['items']]
+        walked = [storage.record_iternext(None)]
+        while len(walked) < 3:
+            walked.append(storage.record_iternext(walked[-1][3]))
+        target = walked[-1][3]
+        self.assertIn(target, oids)
+        with db.transaction() as conn:
+            conn.get(target)['v'] = 'changed'
+        oid, tid, data, _ = storage.record_iternext(target)
+        self.assertEqual((oid, data, tid), (target,) + storage.load(target))
+        # Through a pack (history of the change) and a zap as well.
+        after = storage.record_iternext(oid)
+        db.pack(time.time() + 1)
+        oid, tid, data, _ = storage.record_iternext(after[3])
+        self.assertEqual((data, tid), storage.load(oid))
+        storage.record_iternext(oid)
+        storage.zap_all()
+        with self.assertRaises(POSKeyError):
+            storage.record_iternext(oids[-2])
+
     def test_record_read_ahead_is_bounded_in_bytes(self):
         # A helper agent's check: after a run of small records the read
         # count had grown to 500, and the next read fetched 500 records
