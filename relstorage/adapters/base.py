@@ -207,6 +207,10 @@ class Adapter(PackVerbs):
     #: server's max_allowed_packet, checked as states are uploaded.)
     max_state_bytes = None
     max_state_reason = None
+    #: Whether an empty state would be stored as NULL, which reads as "no
+    #: object" (Oracle: a zero-length value is NULL): then it is refused
+    #: when it is stored (Commit._refuse_size).
+    empty_state_is_null = False
     #: Set by prepare_schema: whether the schema has the blob_chunk table.
     has_blob_chunk = False
     #: The database lives on a server (not in a file): replica-conf and
@@ -671,8 +675,7 @@ class Adapter(PackVerbs):
                         % (self.describe(), ', '.join(sorted(missing)),
                            self.hidden_tables_hint(sorted(missing)[0])))
             elif create and not read_only:
-                for stmt in self.schema_statements():
-                    conn.execute(stmt)
+                self.create_schema(conn)
                 conn.commit()
             else:
                 raise SchemaMismatchError(
@@ -770,6 +773,11 @@ class Adapter(PackVerbs):
         """Vendor hook, at the opening of a storage that may write, on a
         store session: raise RelStorageError, naming the setting, where
         the server is set up so that its commits would fail."""
+
+    def create_schema(self, conn):
+        """Run the schema's statements on ``conn`` (committed by the caller)."""
+        for stmt in self.schema_statements():
+            conn.execute(stmt)
 
     def begin_schema_creation(self, conn):
         """Vendor hook: make the creation of the schema one transaction

@@ -164,8 +164,10 @@ class Commit:
         #: The transactions it undoes (see _check_not_packed).
         self.undone_tids = set()
         self.tstore = TempStore()
-        #: The largest state the database takes (see _refuse_size).
+        #: The largest state the database takes (see _refuse_size), and
+        #: the smallest.
         self.max_state_bytes = adapter.max_state_bytes or float('inf')
+        self.min_state_bytes = 1 if adapter.empty_state_is_null else 0
         self.read_current = {}          # oid_int -> tid_int seen (filled by the storage's
                                         # checkCurrentSerialInTransaction)
         self.resolved = set()           # oid_ints whose conflict was resolved
@@ -188,14 +190,14 @@ class Commit:
     # Buffering (no I/O)
 
     def store(self, oid_int, prev_tid_int, state):
-        if state is not None and len(state) > self.max_state_bytes:
+        if state is not None and not self.min_state_bytes <= len(state) <= self.max_state_bytes:
             self._refuse_size(oid_int, state)
         self.tstore.store(oid_int, prev_tid_int, state)
         if self.undone:
             self.undone.discard(oid_int)
 
     def restore(self, oid_int, tid_int, state):
-        if state is not None and len(state) > self.max_state_bytes:
+        if state is not None and not self.min_state_bytes <= len(state) <= self.max_state_bytes:
             self._refuse_size(oid_int, state)
         self.restoring = True
         self.tstore.store(oid_int, tid_int, state)
@@ -211,11 +213,17 @@ class Commit:
         """Queue a ``CopiedTransaction``; a batch of them commits as one
         database transaction, each under its own tid."""
         for oid_int, state in copied.rows:
-            if state is not None and len(state) > self.max_state_bytes:
+            if state is not None and not (self.min_state_bytes <= len(state)
+                                          <= self.max_state_bytes):
                 self._refuse_size(oid_int, state)
         self.copied.append(copied)
 
     def _refuse_size(self, oid_int, state):
+        if not state:
+            raise POSException.StorageError(
+                "The state of object 0x%x is empty, which %s cannot store (it would "
+                "read back as no object); nothing was written. A ZODB pickle is never "
+                "empty: check what wrote it." % (oid_int, self.adapter.describe()))
         raise StateTooLargeError(
             "The state of object 0x%x is %d bytes, more than the %d bytes %s can store "
             "in one object (%s); nothing was written. Store less in one object (large "

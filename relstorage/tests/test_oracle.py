@@ -41,6 +41,7 @@ from sqlglot.expressions import Command
 from sqlglot.expressions import Placeholder
 from sqlglot.tokens import TokenType
 import transaction.interfaces
+from ZODB import POSException
 from ZODB.Connection import TransactionMetaData
 from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
@@ -53,6 +54,7 @@ from relstorage.adapters.oracle.adapter import OracleAdapter
 from relstorage.adapters.oracle.adapter import OracleConnectError
 from relstorage.adapters.oracle.adapter import OracleLoginError
 from relstorage.interfaces import DisconnectedError
+from relstorage.interfaces import PermissionDeniedError
 from relstorage.interfaces import RelStorageError
 from relstorage.options import Options
 from relstorage.storage import RelStorage
@@ -161,6 +163,16 @@ class Recorder:
         if self.fail is not None and self.fail[0] in stmt:
             raise self.fail[1]
         s = adapter.sql
+        restart = re.match(r'ALTER SEQUENCE zoid_seq RESTART START WITH (\d+)$', stmt)
+        if restart:
+            self.sequence = int(restart.group(1)) - sql.OID_BLOCK
+            return []
+        created = re.match(r'CREATE (?:GLOBAL TEMPORARY )?(TABLE|SEQUENCE) (\w+)', stmt)
+        if created:
+            if created.group(2) in self.tables:
+                raise oracle_error('ORA-00955: name is already used by an existing object',
+                                   955)
+            self.tables.add(created.group(2))
         if stmt == adapter.q(s.LIST_TABLES):
             return [(name,) for name in sorted(self.tables)]
         if stmt == adapter.q(s.NEXT_OID_BLOCKS):
@@ -690,6 +702,77 @@ class StatementTests(unittest.TestCase):
         self.assertGreaterEqual(recorder.sequence, 50 * sql.OID_BLOCK)
         self.assertGreater(adapter.new_oid(), 50 * sql.OID_BLOCK)
 
+
+    def test_oid_floor_past_a_large_gap(self):
+        # A review finding: raising the floor drew one NOCACHE value per
+        # OID_BLOCK OIDs, under the commit lock: 7.8 million for OIDs near
+        # 10**9, for ever near 2**40.  Past a gap of more than one round
+        # trip's draws, the sequence is restarted above it, on an
+        # autocommit session.
+        adapter, recorder = recording_adapter(True)
+        adapter.note_oids_used(2 ** 40)
+        sent = [stmt for stmt, _, _ in recorder.calls]
+        self.assertEqual([stmt for stmt in sent if stmt.startswith('ALTER')],
+                         ['ALTER SEQUENCE zoid_seq RESTART START WITH %d'
+                          % (2 ** 40 + sql.OID_BLOCK)])
+        self.assertLessEqual(sent.count(adapter.q(adapter.sql.NEXT_OID_BLOCKS)), 1)
+        self.assertGreater(adapter.new_oid(), 2 ** 40)
+        # A gap one round trip covers is drawn, as before.
+        adapter, recorder = recording_adapter(True)
+        adapter.note_oids_used(sql.MAX_DRAW * sql.OID_BLOCK // 2)
+        self.assertFalse([stmt for stmt, _, _ in recorder.calls if stmt.startswith('ALTER')])
+        self.assertGreater(adapter.new_oid(), sql.MAX_DRAW * sql.OID_BLOCK // 2)
+
+    def test_a_schema_creation_cut_short_is_completed(self):
+        # A review finding: every DDL statement commits on Oracle, and a
+        # creation that failed half-way (ORA-01950 at the first INSERT, for
+        # a user without a quota) left objects that every later start
+        # tried to create again (ORA-00955), for good.  Two processes
+        # opening a new schema at once: the same.
+        for keep_history in (True, False):
+            adapter, recorder = recording_adapter(keep_history)
+            recorder.fail = ('INSERT INTO commit_lock', oracle_error(
+                "ORA-01950: no privileges on tablespace 'USERS'", 1950))
+            with self.assertRaises(PermissionDeniedError) as caught:
+                adapter.prepare_schema(create=True)
+            self.assertIn('ORA-01950', str(caught.exception))
+            self.assertEqual(recorder.tables, {'zoid_seq', 'commit_lock'})
+            recorder.fail = None
+            adapter.prepare_schema(create=True)
+            self.assertTrue(adapter.required_tables() <= recorder.tables)
+            # ... and once more, as a second process that lost the race.
+            recorder.calls.clear()
+            adapter.create_schema(adapter.open_connection('store'))
+            self.assertEqual(len(recorder.calls), len(adapter.schema_statements()))
+
+    def test_an_empty_state_is_refused(self):
+        # A review finding: Oracle stores a zero-length value as NULL,
+        # which reads back as a deleted object (and a pack removes it).
+        from relstorage.storage.commit import Commit
+        adapter, _ = recording_adapter(False)
+        commit = Commit(adapter, None, None, object())
+        with self.assertRaises(POSException.StorageError) as caught:
+            commit.store(7, 0, b'')
+        self.assertIn('object 0x7 is empty', str(caught.exception))
+        for call in (lambda: commit.restore(7, 5, b''),
+                     lambda: commit.add_copied(type('C', (), {'rows': [(7, b'')]})())):
+            with self.assertRaises(POSException.StorageError):
+                call()
+        commit.store(7, 0, b'x')
+        commit.restore(8, 5, None)          # (an undone creation: no state at all)
+
+    def test_a_blob_chunk_gone_is_none_not_empty(self):
+        # A review finding: a chunk a pack removed after the chunks were
+        # counted read as an empty one: the blob came back cut short.
+        adapter, recorder = recording_adapter(False)
+        conn = adapter.open_connection('store')
+        recorder.answer = lambda adapter, stmt, params: []
+        self.assertIsNone(adapter.load_blob_chunk(conn, 1, 2, 0))
+        self.assertIsNone(adapter.stream_blob_chunk(conn, 1, 2, 0, lambda data: None))
+        recorder.answer = lambda adapter, stmt, params: [(None,)]
+        self.assertEqual(adapter.load_blob_chunk(conn, 1, 2, 0), b'')
+        recorder.answer = lambda adapter, stmt, params: [(b'data',)]
+        self.assertEqual(adapter.load_blob_chunk(conn, 1, 2, 0), b'data')
 
     def test_commits_of_existing_objects_draw_no_oids(self):
         adapter, recorder = recording_adapter(True)

@@ -82,6 +82,8 @@ class OracleAdapter(Adapter):
     # larger than a RAW as BLOBs (upload), and no Oracle server was at
     # hand to measure or test a path straight into place.
     new_rows_direct_bytes = 0
+    # A zero-length BLOB or RAW is NULL: read back as a deleted object.
+    empty_state_is_null = True
 
     def __init__(self, user=None, password=None, dsn=None, options=None, driver=None,
                  commit_lock_id=None, twophase=False):
@@ -237,6 +239,25 @@ class OracleAdapter(Adapter):
     def schema_statements(self):
         return sql.HISTORY_PRESERVING_SCHEMA if self.keep_history else sql.HISTORY_FREE_SCHEMA
 
+    def create_schema(self, conn):
+        # Each DDL statement commits on its own here: a creation cut short
+        # (ORA-01950 at the first INSERT, for a user without a quota on
+        # the tablespace) left some of the schema, and every later start
+        # ran the script again and failed on the first object already
+        # there (ORA-00955), for good; two processes opening a new schema
+        # at once failed the same way (a review finding).  What is
+        # already there is skipped (the INSERT is one a second run
+        # leaves alone: sql.py).
+        for stmt in self.schema_statements():
+            try:
+                conn.execute(stmt)
+            except self.driver.Error as exc:
+                code = drivers.error_codes(exc)[0]
+                if code not in (drivers.NAME_IN_USE_ERROR, drivers.DUPLICATE_ERROR):
+                    raise
+                log.info("Schema creation at %s: %s is there already",
+                         self.describe(), _one_line(stmt)[:60])
+
     def list_tables(self, conn):
         return {row[0] for row in conn.query_all(self.sql.LIST_TABLES)}
 
@@ -283,12 +304,29 @@ class OracleAdapter(Adapter):
             self._oid_floor_seen = max(self._oid_floor_seen, position - sql.OID_BLOCK)
             return
         drawn = self._oid_floor_seen
+        if -(-(max_oid - position) // sql.OID_BLOCK) > sql.MAX_DRAW:
+            # A gap of more than one round trip's draws (a copy whose OIDs
+            # jump): each NOCACHE value is a dictionary update, and
+            # drawing up to 2**40 went on for ever under the commit lock
+            # (a review finding).  The sequence is restarted above it
+            # instead, on a session of its own (the DDL commits at once,
+            # which does no harm: the gap is left unused if this commit
+            # fails).  No process can draw past the new start meanwhile:
+            # the gap is larger than the draws of a round trip.
+            self._restart_oid_sequence(max_oid + sql.OID_BLOCK)
         while drawn < max_oid:
             wanted = max(1, -(-(max_oid - max(position, drawn)) // sql.OID_BLOCK) + 1)
             values = [row[0] for row in conn.query_all(
                 self.q(self.sql.NEXT_OID_BLOCKS), (min(wanted, sql.MAX_DRAW),))]
             drawn = max([drawn] + values)
         self._oid_floor_seen = drawn
+
+    def _restart_oid_sequence(self, start):
+        conn = DBConnection(self, self.connect('oid'), 'oid')
+        try:
+            conn.execute(sql.RESTART_OID_SEQUENCE % int(start))
+        finally:
+            conn.close()
 
     # --- commit -----------------------------------------------------------
 
@@ -315,5 +353,11 @@ class OracleAdapter(Adapter):
     # --- blobs --------------------------------------------------------------
 
     def load_blob_chunk(self, conn, oid, tid, chunk_num):
-        # An empty chunk was stored as NULL (see sql.py).
-        return super().load_blob_chunk(conn, oid, tid, chunk_num) or b''
+        # An empty chunk was stored as NULL (see sql.py); no row is no
+        # chunk (None: a revision a pack removed since its chunks were
+        # counted, see stream_blob_chunk), not an empty one (a review
+        # finding: the blob came back cut short).
+        row = conn.query_one(self.q(self.sql.LOAD_BLOB_CHUNK), (oid, tid, chunk_num))
+        if row is None:
+            return None
+        return bytes(row[0]) if row[0] is not None else b''

@@ -35,12 +35,19 @@ LOCK_ERRORS = frozenset((
     30006,   # ORA-30006 resource busy; acquire with WAIT timeout expired
 ))
 DUPLICATE_ERROR = 1   # ORA-00001 unique constraint violated
+NAME_IN_USE_ERROR = 955   # ORA-00955 name is already used by an existing object
+#: The server refuses this user a statement: a grant or a quota is missing.
+PERMISSION_ERRORS = frozenset((
+    1031,    # ORA-01031 insufficient privileges
+    1950,    # ORA-01950 no privileges on tablespace (no quota)
+))
 FULL_ERRORS = frozenset((
     1652,    # ORA-01652 unable to extend temp segment
     1653,    # ORA-01653 unable to extend table
     1654,    # ORA-01654 unable to extend index
     1688,    # ORA-01688 unable to extend table partition
     1691,    # ORA-01691 unable to extend lob segment
+    1536,    # ORA-01536 space quota exceeded for tablespace
     30036,   # ORA-30036 unable to extend segment in undo tablespace
 ))
 DISCONNECT_ERRORS = frozenset((
@@ -131,8 +138,8 @@ def error_codes(exc):
 
 
 def classify_error(driver, exc):
-    """'lock', 'disconnect', 'duplicate', 'full' (a tablespace) or None for
-    an exception raised by ``driver``."""
+    """'lock', 'disconnect', 'duplicate', 'full' (a tablespace or its
+    quota), 'permission' or None for an exception raised by ``driver``."""
     if driver is None or not isinstance(exc, driver.Error):
         return None
     code, full_code = error_codes(exc)
@@ -142,6 +149,8 @@ def classify_error(driver, exc):
         return 'duplicate'
     if code in FULL_ERRORS:
         return 'full'
+    if code in PERMISSION_ERRORS:
+        return 'permission'
     if (code in DISCONNECT_ERRORS or full_code in DISCONNECT_DRIVER_CODES
             or getattr(exc.args[0] if exc.args else None, 'is_session_dead', False)):
         return 'disconnect'

@@ -35,6 +35,11 @@ OID_BLOCK = 128
 #: Sequence values drawn at most per round trip when the OID floor is raised.
 MAX_DRAW = 10000
 
+#: Moves the sequence on past a gap of more than MAX_DRAW values in one
+#: step (Oracle 18c and later; DDL, so run on an autocommit session of its
+#: own, and the value formatted in: DDL takes no binds).
+RESTART_OID_SEQUENCE = "ALTER SEQUENCE zoid_seq RESTART START WITH %d"
+
 #: The commit_lock row whose row lock is the pack lock (0 is the commit
 #: lock, 1 the pack mark).
 PACK_LOCK_ID = 2
@@ -280,7 +285,9 @@ _COMMON_HEAD = (
         id NUMBER(1) NOT NULL PRIMARY KEY,
         tid NUMBER(20) NOT NULL
     )""",
-    "INSERT INTO commit_lock (id, tid) VALUES (0, 0)",
+    # (A creation run again after one cut short: see OracleAdapter.create_schema.)
+    "INSERT INTO commit_lock (id, tid) SELECT 0, 0 FROM dual "
+    "WHERE NOT EXISTS (SELECT 1 FROM commit_lock WHERE id = 0)",
 )
 
 _TEMP_TABLES = (
