@@ -25,6 +25,7 @@ import re
 import shutil
 import sys
 import time
+import urllib.parse
 
 import ZConfig
 from ZODB.serialize import referencesf
@@ -204,6 +205,10 @@ def load_config(path, quiet=False):
     except ZConfig.ConfigurationError as exc:
         with open(path, encoding='utf-8') as f:
             text = f.read()
+        # (A helper agent's check: a <zodb_db> whose <relstorage> came in
+        # through %include was left out without a word, and a cron job
+        # never packed that database.)
+        text = with_includes(text, os.path.dirname(os.path.abspath(path)))
         databases = relstorage_databases(text)
         if databases is None and _OPEN.search(text) and \
                 getattr(exc, 'lineno', None) not in _database_lines(text):
@@ -264,6 +269,37 @@ def _keeps_every_line(text, kept):
     but blanks and comments."""
     return all(line == ours or not line.strip() or line.lstrip().startswith('#')
                for line, ours in zip(text.splitlines(), kept.splitlines()))
+
+
+_INCLUDE = re.compile(r'\s*%include\s+(\S+)\s*$', re.I)
+
+
+def with_includes(text, directory, depth=0):
+    """``text`` with the files its %include lines name (local paths or
+    file: URLs, relative ones from ``directory``) put in their place, as
+    ZConfig reads them, so that the sections they hold are seen; other
+    lines as they are."""
+    if '%include' not in text.lower() or depth > 20:
+        return text
+    out = []
+    for line in text.splitlines():
+        match = _INCLUDE.match(line)
+        name = match.group(1) if match else None
+        if name is not None and name.lower().startswith('file:'):
+            name = urllib.parse.unquote(urllib.parse.urlsplit(name).path)
+        if name is None or '://' in name:
+            out.append(line)
+            continue
+        included = os.path.join(directory, os.path.expanduser(name))
+        try:
+            with open(included, encoding='utf-8') as f:
+                inner = f.read()
+        except OSError:
+            out.append(line)        # (ZConfig says what is wrong with it)
+            continue
+        out.append(with_includes(inner, os.path.dirname(os.path.abspath(included)),
+                                 depth + 1).rstrip('\n'))
+    return '\n'.join(out) + '\n'
 
 
 _OPEN = re.compile(r'\s*<\s*(zodb_db|zodb)(\s|>)', re.I)

@@ -223,6 +223,34 @@ class SqliteConfigTests(unittest.TestCase):
             db.close()
         self.assertTrue(os.path.exists(os.path.join(data_dir, 'main.sqlite3')))
 
+    def test_pragmas_in_bytes_take_sizes_with_units(self):
+        # A helper agent's check: RelStorage 4.3 configurations write byte
+        # sizes with units ("mmap_size 1GB"), and ours refused them as not
+        # an integer: the configuration did not load.
+        data_dir = os.path.join(self.tmp, 'units')
+        text = zconfig(data_dir, '', '<pragmas>\n mmap_size 64MB\n cache_size 10MB\n'
+                       ' journal_size_limit 10mb\n soft_heap_limit 1GB\n'
+                       ' page_size 8KB\n</pragmas>')
+        db = ZODB.config.databaseFromString(text)
+        try:
+            with db.transaction() as conn:
+                conn.root()['x'] = 1
+            conn = db.storage._adapter.open_load()
+            self.assertEqual(conn.query_value('PRAGMA mmap_size'), 64 << 20)
+            # (A size in bytes: SQLite takes it as a negative count of KiB.)
+            self.assertEqual(conn.query_value('PRAGMA cache_size'), -10240)
+            self.assertEqual(conn.query_value('PRAGMA journal_size_limit'), 10 << 20)
+            self.assertEqual(conn.query_value('PRAGMA soft_heap_limit'), 1 << 30)
+            self.assertEqual(conn.query_value('PRAGMA page_size'), 8192)
+            conn.close()
+        finally:
+            db.close()
+        with self.assertRaises(ZConfig.ConfigurationError) as cm:
+            ZODB.config.databaseFromString(zconfig(
+                os.path.join(self.tmp, 'never'), '', '<pragmas>\n mmap_size 1 parsec\n</pragmas>'))
+        self.assertIn('mmap_size', str(cm.exception))
+        self.assertIn('a size with a unit', str(cm.exception))
+
     def test_garbled_config_fails_before_touching_the_database(self):
         data_dir = os.path.join(self.tmp, 'never-created')
         for storage_options, key in (('keep-histroy false', 'keep-histroy'),

@@ -200,6 +200,64 @@ class ZodbpackTests(unittest.TestCase):
                 self.assertIn(line.split()[0], err.getvalue())
                 self.assertNotIn('not a file of storages only', err.getvalue())
 
+    def test_a_zope_conf_whose_storage_comes_through_include(self):
+        # A helper agent's check: a <zodb_db> whose <relstorage> came in
+        # through %include (and <zodb_db> sections in an included file)
+        # were left out without a word: zodbpack packed the others, exit 0.
+        os.mkdir(os.path.join(self.tmp, 'var'))
+        os.mkdir(os.path.join(self.tmp, 'etc'))
+        storage_conf = os.path.join(self.tmp, 'etc', 'main-storage.conf')
+        text = ZOPE_CONF.replace('/srv/plone', self.tmp)
+        start = text.index('    %import relstorage')
+        end = text.index('    mount-point /\n')
+        with open(storage_conf, 'w') as f:
+            f.write(text[start:end])
+        main_db = text.replace(text[start:end], '    %include etc/main-storage.conf\n')
+        section = '<sqlite3>\n data-dir %s\n</sqlite3>' % os.path.join(self.tmp, 'var', 'data')
+        databases = os.path.join(self.tmp, 'databases.conf')
+        db_start = main_db.index('<zodb_db main>')
+        db_end = main_db.index('python-check-interval')
+        with open(databases, 'w') as f:
+            f.write(main_db[db_start:db_end].replace('etc/main-storage.conf',
+                                                     'file://' + storage_conf))
+        for name, content in (('zope.conf', main_db),
+                              ('zope-top.conf', main_db[:db_start] + '%include databases.conf\n'
+                               + main_db[db_end:])):
+            with self.subTest(name):
+                conf = os.path.join(self.tmp, name)
+                with open(conf, 'w') as f:
+                    f.write(content)
+                dropped = self._commit_garbage(section)
+                out = io.StringIO()
+                with redirect_stdout(out), redirect_stderr(io.StringIO()):
+                    self.assertEqual(zodbpack.main(['-d', '0', conf]), 0)
+                self.assertIn('removed 1 objects', out.getvalue())
+                self._assert_gone(section, dropped)
+
+    def _commit_garbage(self, section):
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n%s\n'
+            '</relstorage>\n</zodb>\n' % section)
+        try:
+            with db.transaction() as conn:
+                conn.root()['drop'] = PersistentMapping(v=1)
+            with db.transaction() as conn:
+                dropped = conn.root()['drop']._p_oid
+                del conn.root()['drop']
+        finally:
+            db.close()
+        return dropped
+
+    def _assert_gone(self, section, oid):
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n%s\n'
+            '</relstorage>\n</zodb>\n' % section)
+        try:
+            with self.assertRaises(POSKeyError):
+                db.storage.load(oid)
+        finally:
+            db.close()
+
     def test_a_whole_zope_conf(self):
         # A helper agent's check: zodbpack stopped at zope.conf's first
         # Zope key ("'instancehome' is not a known key name"), while its

@@ -88,6 +88,27 @@ _REQUIRED = {
 #: page_size: what SQLite takes (it silently ignores any other value).
 PAGE_SIZES = tuple(str(512 << n) for n in range(8))
 
+#: Pragmas whose value is a number of bytes: a size with a unit (``1GB``,
+#: ``64MB``, ``4KB``, as ZConfig's byte sizes and RelStorage 4.3's
+#: configurations write them) is taken too (a helper agent's check: such
+#: a 4.3 configuration did not load).  ``cache_size`` counts pages when
+#: it is a plain number; a size with a unit is that many bytes, which
+#: SQLite takes as a negative number of KiB.
+BYTE_SIZED = ('mmap_size', 'soft_heap_limit', 'hard_heap_limit', 'journal_size_limit',
+              'page_size', 'cache_size')
+_SIZE_WITH_UNIT = re.compile(r'([0-9]+)\s*([kmgt])b?', re.I)
+_UNITS = {'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
+
+
+def _bytes_of(key, text):
+    """``text`` as the plain number the pragma takes, if it is a size
+    with a unit; else ``text``."""
+    match = _SIZE_WITH_UNIT.fullmatch(text)
+    if key not in BYTE_SIZED or match is None:
+        return text
+    size = int(match.group(1)) * _UNITS[match.group(2).lower()]
+    return str(-(size // 1024) or -1) if key == 'cache_size' else str(size)
+
 
 def _is_int(text):
     return re.fullmatch(r'[+-]?[0-9]+', text) is not None
@@ -119,11 +140,13 @@ def check_pragma(name, value):
         close = difflib.get_close_matches(key, PRAGMAS, n=1)
         raise ValueError('SQLite pragma %r is not a setting SQLite documents%s'
                          % (name, " (did you mean %r?)" % close[0] if close else ''))
-    text = str(value).strip()
+    text = _bytes_of(key, str(value).strip())
     kinds = allowed if isinstance(allowed, tuple) else (allowed,)
     if not any(_matches(kind, text) for kind in kinds):
-        raise ValueError('SQLite pragma %s: %r is not %s'
-                         % (key, text, _describe(allowed)))
+        raise ValueError('SQLite pragma %s: %r is not %s%s'
+                         % (key, text, _describe(allowed),
+                            ' (or a size with a unit, such as 64MB)'
+                            if key in BYTE_SIZED else ''))
     if key == 'page_size' and text.lstrip('+') not in PAGE_SIZES:
         raise ValueError('SQLite pragma page_size: %r is not a power of two from 512 '
                          'to 65536, the page sizes SQLite takes' % text)
