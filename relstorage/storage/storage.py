@@ -1155,6 +1155,19 @@ class RelStorage(ConflictResolvingStorage):
             raise POSException.StorageTransactionError(self, txn)
         return self._commit
 
+    def _check_unvoted(self, txn):
+        """The commit of ``txn``, which may still take changes: everything
+        it writes comes before its vote (a helper agent's check: a store
+        after tpc_vote was accepted, left out of the commit, and still
+        given to this process's cache, which then disagreed with the
+        database; a readCurrent after it was never checked)."""
+        pending = self._check_txn(txn)
+        if pending.voted:
+            raise POSException.StorageTransactionError(
+                "%s: the transaction has voted (tpc_vote); it takes no more changes "
+                "before tpc_finish or tpc_abort" % self.getName())
+        return pending
+
     def _check_not_released(self, pending):
         """(self._lock held.)  A vote or finish that passed _check_txn
         and then waited for the lock: release() may have aborted its commit
@@ -1229,7 +1242,7 @@ class RelStorage(ConflictResolvingStorage):
     def store(self, oid, serial, data, version, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        pending = self._check_txn(txn)
+        pending = self._check_unvoted(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
         if len(oid) != 8:
@@ -1249,7 +1262,7 @@ class RelStorage(ConflictResolvingStorage):
     def restore(self, oid, serial, data, version, prev_txn, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        pending = self._check_txn(txn)
+        pending = self._check_unvoted(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
         if data is None and prev_txn is not None:
@@ -1278,7 +1291,7 @@ class RelStorage(ConflictResolvingStorage):
     def deleteObject(self, oid, oldserial, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        pending = self._check_txn(txn)
+        pending = self._check_unvoted(txn)
         oid_int = u64(oid)
         if oid_int > MAX_OID:
             raise POSException.POSKeyError(oid)
@@ -1306,8 +1319,8 @@ class RelStorage(ConflictResolvingStorage):
         if len(oid) != 8:
             raise POSException.StorageError("Invalid OID %r: not 8 bytes" % (oid,))
         pending = self._commit
-        if pending is None or txn is not pending.txn:
-            self._check_txn(txn)    # raises the error that says why
+        if pending is None or txn is not pending.txn or pending.voted:
+            self._check_unvoted(txn)    # raises the error that says why
         oid_int = int.from_bytes(oid, 'big')
         if oid_int > MAX_OID:
             # No such object, as FileStorage says (a helper agent's check:
@@ -1620,7 +1633,7 @@ class RelStorage(ConflictResolvingStorage):
     def undo(self, transaction_id, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        pending = self._check_txn(txn)
+        pending = self._check_unvoted(txn)
         if not self._adapter.keep_history:
             raise POSException.UndoError("Undo is not supported by history-free storages")
         with self._read() as conn:

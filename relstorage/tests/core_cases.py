@@ -2581,6 +2581,39 @@ class RootStorageTests(FactoryCase):
         tm.abort()
         conn.close()
 
+    def test_no_change_after_the_vote(self):
+        # A helper agent's check: a store after tpc_vote returned None, was
+        # left out of the commit, and was still given to this process's
+        # cache (which then served a state the database never had); a new
+        # object stored then was lost; a readCurrent then was never
+        # checked.  ZODB's two-phase contract puts every change before the
+        # vote: refused, and the commit goes on with what it voted.
+        from ZODB.POSException import StorageTransactionError
+        storage = self.storage()
+        (kept, other), tid = make_objects(storage, 2)
+        txn = begin_store(storage, kept, tid, 'voted')
+        storage.tpc_vote(txn)
+        late = storage.new_oid()
+        calls = [lambda: storage.store(kept, tid, zodb_pickle(MinPO('late')), '', txn),
+                 lambda: storage.store(late, z64, zodb_pickle(MinPO('new')), '', txn),
+                 lambda: storage.checkCurrentSerialInTransaction(other, p64(1), txn),
+                 lambda: storage.deleteObject(other, tid, txn),
+                 lambda: storage.restore(late, p64(u64(tid) + 1), zodb_pickle(MinPO(1)),
+                                         '', None, txn)]
+        if storage.supportsUndo():
+            calls.append(lambda: storage.undo(storage.undoLog(0, 1)[0]['id'], txn))
+        for call in calls:
+            with self.assertRaises(StorageTransactionError) as caught:
+                call()
+            self.assertIn('has voted', str(caught.exception))
+        storage.tpc_finish(txn)
+        fresh = self.storage()
+        for reader in (storage, fresh):
+            self.assertEqual(zodb_unpickle(reader.load(kept)[0]).value, 'voted')
+            self.assertEqual(zodb_unpickle(reader.load(other)[0]).value, 1)
+            with self.assertRaises(POSKeyError):
+                reader.load(late)
+
     def test_delete_of_an_object_that_never_existed(self):
         # A helper agent's check: deleteObject (IExternalGC) of an OID
         # never stored was accepted and wrote a row without a state (len()

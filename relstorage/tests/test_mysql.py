@@ -750,6 +750,32 @@ class ConnectionSettingsTests(MySQLTestCase):
         kwargs.update(changes)
         return MySQLAdapter(options=Options(), driver=self.factory.driver, **kwargs)
 
+    def test_databases_with_long_names_alike_have_their_own_pack_locks(self):
+        # A helper agent's check: the lock name was cut at 64 characters,
+        # and the pack of a database whose name began as another's (the
+        # first 48 characters) was refused, "already running".
+        names = [(self.factory.db_name + '_' + 'x' * 64)[:60] + suffix
+                 for suffix in ('_01', '_02')]
+        admin = admin_connect(self.factory.driver)
+        try:
+            cur = admin.cursor()
+            for name in names:
+                cur.execute('CREATE DATABASE IF NOT EXISTS `%s`' % name)
+            adapters = [self._adapter(db=name) for name in names]
+            held = adapters[0].acquire_pack_lock()
+            try:
+                self.assertIsNotNone(held)
+                self.assertIsNone(self._adapter(db=names[0]).acquire_pack_lock())
+                other = adapters[1].acquire_pack_lock()
+                self.assertIsNotNone(other)
+                other.close()
+            finally:
+                held.close()
+        finally:
+            for name in names:
+                cur.execute('DROP DATABASE IF EXISTS `%s`' % name)
+            admin.close()
+
     def test_silently_dead_networks_are_bounded(self):
         # A helper agent's check: a load and a commit hung for as long as
         # the network stayed silently dead (no reset, nothing

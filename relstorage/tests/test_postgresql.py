@@ -1437,6 +1437,91 @@ class ByteaOutputTests(PGCase):
         self.assertEqual(other.loadSerial(oids[4], tid), self.STATES[4])
 
 
+class SessionDefaultsTests(PGCase):
+    """Settings a DBA gives a database or role (helper agents' checks)."""
+
+    keep_history = False
+
+    def storage_with(self, **params):
+        base = dict(drivers.select_driver('auto').parse_dsn(self.factory.dsn))
+        for key, value in params.items():
+            if key == 'options':
+                value = (base.get('options', '') + ' ' + value).strip()
+            base[key] = value
+        dsn = _dsn_with(self.factory.dsn, **{key: base[key] for key in params})
+        opts = Options(keep_history=self.keep_history)
+        storage = RelStorage(PostgreSQLAdapter(dsn=dsn, options=opts,
+                                               driver=self.factory.driver), options=opts)
+        self.addCleanup(storage.close)
+        return storage
+
+    def test_a_read_only_default_for_transactions(self):
+        # default_transaction_read_only on: the OID session's nextval failed
+        # every commit of a new object (RelStorage 4.3 committed).
+        self.factory.fresh(self.keep_history)
+        storage = self.storage_with(options='-c default_transaction_read_only=on')
+        oids, tid = self.make_objects(storage, 3)
+        self.assertEqual(storage.load(oids[2])[1], tid)
+
+    def test_a_sql_ascii_database(self):
+        # psycopg 3 gave its text as bytes: the table names were not
+        # recognised, and every open after the first made the schema again
+        # ("relation zoid_seq already exists").
+        name = self.factory.dbname + '_ascii'
+        ADMIN.execute('DROP DATABASE IF EXISTS "%s"' % name)
+        ADMIN.execute("CREATE DATABASE \"%s\" ENCODING 'SQL_ASCII' LC_COLLATE 'C' "
+                      "LC_CTYPE 'C' TEMPLATE template0" % name)
+
+        def drop():
+            ADMIN.terminate(name)
+            ADMIN.execute('DROP DATABASE IF EXISTS "%s"' % name)
+        self.addCleanup(drop)
+        for _ in range(2):
+            storage = self.storage_with(dbname=name)
+            oids, tid = self.make_objects(storage, 2)
+            self.assertEqual(storage.load(oids[1])[1], tid)
+            storage.close()
+
+    def test_a_pack_of_one_schema_leaves_another_schema_s_alone(self):
+        # The pack lock was one advisory lock for the whole database: the
+        # pack of the storage in another schema was refused, "already
+        # running".
+        self.factory.fresh(self.keep_history)
+        own = drivers.select_driver('auto').connect(
+            _dsn_with(base_dsn(), dbname=self.factory.dbname), 'oid')
+        try:
+            cur = own.cursor()
+            for schema in ('rs_one', 'rs_two'):
+                cur.execute('CREATE SCHEMA IF NOT EXISTS %s' % schema)
+            cur.close()
+        finally:
+            own.close()
+        one = self.storage_with(options='-c search_path=rs_one')
+        two = self.storage_with(options='-c search_path=rs_two')
+        public = self.storage_with()
+        held = one._adapter.acquire_pack_lock()
+        self.assertIsNotNone(held)
+        try:
+            self.assertIsNone(self.storage_with(
+                options='-c search_path=rs_one')._adapter.acquire_pack_lock())
+            for other in (two, public):
+                lock = other._adapter.acquire_pack_lock()
+                self.assertIsNotNone(lock)
+                lock.close()
+        finally:
+            held.close()
+        # The public schema's lock is the one earlier releases took.
+        held = public._adapter.acquire_pack_lock()
+        try:
+            self.assertEqual(ADMIN.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND "
+                "(classid::bigint << 32) + objid::bigint = 7243910377 AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = %s)",
+                (self.factory.dbname,))[0][0], 1)
+        finally:
+            held.close()
+
+
 class OidAllocationTests(PGCase):
 
     def test_allocations_grow_and_never_overlap(self):
@@ -1818,7 +1903,7 @@ PG_CASES = (ParallelVoteTests, ParallelVoteTestsHF, LockTimeoutTests, LockTimeou
             KilledClientTests, KilledClientTestsHF,
             ServerDisconnectTests, ServerDisconnectTestsHF,
             ConnectionErrorTests, ReadOnlySnapshotTests, ByteaOutputTests,
-            OidAllocationTests, RecordIterationCostTests, RecordIterationCostTestsHF,
+            OidAllocationTests, SessionDefaultsTests, RecordIterationCostTests, RecordIterationCostTestsHF,
             TempTableTests, TempTableTestsHF, SortKeyTests, WaitCallbackTests, WaitCallbackTestsHF,
             UnloggedPackTablesTests, PrivilegeTests, BlobChunkTests)
 

@@ -19,6 +19,7 @@ import unittest
 import transaction
 import transaction.interfaces
 import ZODB
+from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 from ZODB.Connection import TransactionMetaData
 from ZODB.POSException import ConflictError
@@ -925,6 +926,45 @@ class MariaDBServerSettingsTests(_MariaDB, _ServerSettingsCase):
     def tables(self):
         return {row[0] for row in self.pair.sql(
             'primary', 'SHOW TABLES', db=private_servers.DBNAME)}
+
+    def test_the_server_s_session_defaults_do_not_matter(self):
+        # A helper agent's check: with sql_select_limit set for the server,
+        # every statement without a LIMIT was cut short without a word: a
+        # pack removed reachable objects (it read a part of the
+        # references), a poll missed changes, an undo undid a part of a
+        # transaction.  sql_safe_updates, completion_type RELEASE and a
+        # read-only default failed the storage at open.
+        self.set_global('sql_select_limit', '50')
+        self.set_global('sql_safe_updates', '1')
+        self.set_global('completion_type', '2')
+        self.set_global('tx_read_only', '1')
+        db, other = self.db(), self.db()
+        count = 200
+        with db.transaction() as conn:
+            conn.root()['items'] = PersistentList(
+                [PersistentMapping(v=i) for i in range(count)])
+
+        def total(database):
+            with database.transaction() as conn:
+                return sum(item['v'] for item in conn.root()['items'])
+        self.assertEqual(total(other), sum(range(count)))       # (now in its cache)
+        with db.transaction() as conn:
+            for item in conn.root()['items']:
+                item['v'] += 1
+        self.assertEqual(total(other), sum(range(count)) + count)
+        db.undo(db.undoLog(0, 1)[0]['id'])
+        transaction.commit()
+        self.assertEqual(total(other), sum(range(count)))
+        with db.transaction() as conn:
+            conn.root()['garbage'] = PersistentMapping()
+        with db.transaction() as conn:
+            del conn.root()['garbage']
+        db.pack(time.time() + 1)
+        for database in (db, self.db()):
+            with database.transaction() as conn:
+                conn.cacheMinimize()
+                self.assertEqual(sum(item['v'] for item in conn.root()['items']),
+                                 sum(range(count)))
 
     def test_a_statement_time_limit_does_not_cut_lock_waits(self):
         self.set_global('max_statement_time', '0.2')

@@ -277,7 +277,10 @@ class SqliteConfigTests(unittest.TestCase):
                               # the first; with the second the storage
                               # failed to open, with SQLite's bare error.
                               ('page_size 1000', 'power of two'),
-                              ('query_only on', 'use read-only true')):
+                              ('query_only on', 'use read-only true'),
+                              # (A helper agent's check: every commit
+                              # failed, "SQL statements in progress".)
+                              ('count_changes on', 'commits fail')):
             with self.subTest(pragma=pragma):
                 with self.assertRaises(ZConfig.ConfigurationError) as cm:
                     ZODB.config.databaseFromString(

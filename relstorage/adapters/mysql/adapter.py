@@ -88,8 +88,10 @@ class ServerInfo:
         #: Name of the session isolation variable.
         if self.is_mariadb and self.version < (11, 1):
             self.isolation_variable = 'tx_isolation'
+            self.read_only_variable = 'tx_read_only'
         else:
             self.isolation_variable = 'transaction_isolation'
+            self.read_only_variable = 'transaction_read_only'
 
     @property
     def statements_class(self):
@@ -262,6 +264,17 @@ class MySQLAdapter(Adapter):
         # an empty user name failed, and the pack's writes).
         settings = "SET time_zone = '+00:00', @@session.%s = '%s', @@session.sql_mode = '%s'" % (
             self.server.isolation_variable, level, SQL_MODE)
+        # So are the other session defaults a DBA may set for the server
+        # (a helper agent's checks): sql_select_limit cut every statement
+        # without a LIMIT short, silently (a pack's reading of references,
+        # a poll, an undo, a copy: a pack removed reachable objects);
+        # sql_safe_updates refused DELETE FROM temp_store;
+        # completion_type RELEASE ended the session at each COMMIT; and a
+        # read-only default refused every write.
+        settings += (", @@session.sql_select_limit = %d, @@session.sql_safe_updates = 0, "
+                     "@@session.completion_type = 0" % (2 ** 64 - 1))
+        if purpose != 'load':
+            settings += ', @@session.%s = 0' % self.server.read_only_variable
         if purpose == 'store' and self.server.ends_idle_writers:
             # (See Adapter.store_idle_seconds.  Only transactions that
             # wrote: a read-only one holds no lock.  MySQL has no such

@@ -220,8 +220,14 @@ class MySQLStatements(Statements):
         SET p.garbage = 0
     """
     # A named lock is server-wide: the database's name makes it ours.
-    TRY_PACK_LOCK = "SELECT GET_LOCK(LEFT(CONCAT('relstorage.pack.', DATABASE()), 64), 0)"
-    RELEASE_PACK_LOCK = "SELECT RELEASE_LOCK(LEFT(CONCAT('relstorage.pack.', DATABASE()), 64))"
+    # (Lock names are at most 64 characters: a longer database name is
+    # named by its MD5, not cut, where databases whose names began alike
+    # shared one lock, a helper agent's check; shorter ones as earlier
+    # releases named them.)
+    TRY_PACK_LOCK = ("SELECT GET_LOCK(CONCAT('relstorage.pack.', IF(CHAR_LENGTH(DATABASE()) "
+                     "<= 48, DATABASE(), MD5(DATABASE()))), 0)")
+    RELEASE_PACK_LOCK = ("SELECT RELEASE_LOCK(CONCAT('relstorage.pack.', "
+                         "IF(CHAR_LENGTH(DATABASE()) <= 48, DATABASE(), MD5(DATABASE()))))")
 
     LIST_TABLES = """
         SELECT LOWER(table_name), engine FROM information_schema.tables

@@ -324,6 +324,11 @@ class PostgreSQLAdapter(Adapter):
             settings += [('lock_timeout', self._lock_timeout_ms()),
                          ('idle_in_transaction_session_timeout', self._store_idle_ms())]
         calls = ["set_config('%s', '%d', false)" % item for item in settings]
+        if purpose != 'load' and not self.options.read_only:
+            # A database or role set default_transaction_read_only (a helper
+            # agent's check: the OID session's nextval failed every commit
+            # of a new object, where RelStorage 4.3 committed).
+            calls.append("set_config('default_transaction_read_only', 'off', false)")
         if purpose == 'store':
             # A statement_timeout set for the user (by a DBA) shorter than
             # the lock waits cut commits waiting for the commit lock off

@@ -250,6 +250,14 @@ class Psycopg3Driver(Driver):
     def connect(self, dsn, purpose, writes=True):
         psycopg = self.module
         conn = psycopg.connect(dsn, autocommit=(purpose == 'oid'))
+        if conn.info.parameter_status('client_encoding') == 'SQL_ASCII':
+            # psycopg 3 gives the text of such a database as bytes (a helper
+            # agent's check: the table names read back as bytes, the schema
+            # was taken for missing and made again, "zoid_seq already
+            # exists", at every open after the first).  Our text is ASCII.
+            conn.execute("SET client_encoding TO 'UTF8'")
+            if not conn.autocommit:
+                conn.commit()
         if purpose == 'load':
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True

@@ -233,8 +233,17 @@ class PostgreSQLStatements(Statements):
     #: PostgreSQLAdapter.begin_schema_creation).
     SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(7243910378)"
     #: Key of the session-level advisory lock only one pack holds.
-    TRY_PACK_LOCK = "SELECT pg_try_advisory_lock(7243910377)"
-    RELEASE_PACK_LOCK = "SELECT pg_advisory_unlock(7243910377)"
+    #: Per schema (a helper agent's check: a pack of the storage in one
+    #: schema of a database was refused, "already running", while the
+    #: storage of another schema packed); the key of earlier releases for
+    #: the public schema, so that one of theirs and one of ours still
+    #: exclude each other there.
+    TRY_PACK_LOCK = ("SELECT pg_try_advisory_lock(CASE WHEN current_schema() = 'public' "
+                     "THEN 7243910377 ELSE 7243910377 + 4294967296 + "
+                     "hashtext(current_schema()) END)")
+    RELEASE_PACK_LOCK = ("SELECT pg_advisory_unlock(CASE WHEN current_schema() = 'public' "
+                         "THEN 7243910377 ELSE 7243910377 + 4294967296 + "
+                         "hashtext(current_schema()) END)")
 
     LIST_TABLES = """
         SELECT c.relname FROM pg_class c

@@ -83,6 +83,10 @@ _REQUIRED = {
     'query_only': (('off', 'false', 'no', '0'), 'even a read-only storage writes as '
                    'it opens (the OID counter, WAL mode); for a storage that '
                    'refuses commits use read-only true'),
+    # (A helper agent's check: on, every commit failed, "SQL statements in
+    # progress": each write then returns a row nobody reads.)
+    'count_changes': (('off', 'false', 'no', '0'), 'with it every write statement '
+                      'returns a row, and commits fail'),
 }
 
 #: page_size: what SQLite takes (it silently ignores any other value).
