@@ -6,6 +6,7 @@ adapter and driver modules are imported only by ``open()``/``create()``.
 """
 
 import logging
+import os
 import re
 
 import ZConfig
@@ -23,6 +24,22 @@ from relstorage.options import redact_secrets
 logger = logging.getLogger(__name__)
 
 _registry = ZConfig.datatypes.Registry()
+
+
+def _dirpath(value):
+    """A directory the storage makes at open, with its missing parents
+    (blob-dir, cache-local-dir): RelStorage 4.3 made the whole path, and
+    its configurations naming one whose parent did not exist yet did not
+    load (a helper agent's check).  What cannot be a directory is still
+    refused here."""
+    path = os.path.abspath(os.path.expanduser(value))
+    problem = not_a_directory(path)
+    if problem:
+        raise ValueError('%s: %s' % (value, problem))
+    return path
+
+
+_registry.register('dirpath', _dirpath)
 
 
 def _named_datatype(key, datatype, option=None, valid=None):

@@ -134,9 +134,9 @@ OPTIONS = (
     Option('create-schema', True, 'boolean',
            'Create the tables on first use if they are missing.', active=True),
     # Blobs.
-    Option('blob-dir', None, 'existing-dirpath',
-           'Directory for blob files, created if missing (its parent must '
-           'exist); blobs are disabled when unset.', active=True),
+    Option('blob-dir', None, 'dirpath',
+           'Directory for blob files, created at open if missing (with its '
+           'parents); blobs are disabled when unset.', active=True),
     Option('shared-blob-dir', False, 'boolean',
            'True if blob-dir is the only blob store (shared by all clients); '
            'false if it is a local cache of blobs kept in the database. Either '
@@ -148,9 +148,12 @@ OPTIONS = (
            'background to 90 % of it, sparing files used in the last 2 seconds: it may '
            'be over for a few seconds.', active=True,
            valid=_NOT_NEGATIVE),
+    # (0, which earlier releases' configurations may hold, means the
+    # default here and below: a helper agent's check.)
     Option('blob-cache-size-check', 10, 'integer',
            'Percentage of blob-cache-size written before checking the cache '
-           'size (also checked when the storage opens).', active=True, valid=_POSITIVE),
+           'size (also checked when the storage opens); 0 means the default.',
+           active=True, valid=_POSITIVE, aliases={0: 10}),
     Option('blob-cache-size-check-external', False, 'boolean',
            'Run the blob cache size check in a separate process.', active=True),
     Option('blob-chunk-size', 1048576, 'byte-size',
@@ -186,7 +189,8 @@ OPTIONS = (
            active=True),
     Option('pack-batch-timeout', 1.0, 'float',
            'Longest time, in seconds, one deletion batch of a pack holds the '
-           'commit lock.', active=True, valid=_POSITIVE),
+           'commit lock; 0 means the default.', active=True, valid=_POSITIVE,
+           aliases={0: 1.0}),
     Option('pack-commit-busy-delay', 5.0, 'float',
            'Seconds a pack waits before trying again when the commit lock '
            'stays busy.', active=True, valid=_NOT_NEGATIVE),
@@ -219,9 +223,9 @@ OPTIONS = (
            'Megabytes the in-process cache of pickles may take (each '
            'entry counts its pickle and about 180 bytes of bookkeeping); 0 '
            'disables it.', active=True, valid=_NOT_NEGATIVE),
-    Option('cache-local-dir', None, 'existing-dirpath',
+    Option('cache-local-dir', None, 'dirpath',
            'Directory to save the local cache to and load it from; created '
-           'at open if missing (its parent must exist).',
+           'at open if missing (with its parents).',
            active=True),
     Option('cache-local-object-max', 16384, 'byte-size',
            'Largest pickle kept in the local cache.', active=True, valid=_NOT_NEGATIVE),
@@ -230,8 +234,8 @@ OPTIONS = (
            'which earlier releases offered, means zlib).',
            choices=('none', 'zlib'), active=True, aliases={'bz2': 'zlib'}),
     Option('cache-delta-size-limit', 100000, 'integer',
-           'Maximum number of objects tracked in the cache delta maps.',
-           active=True, valid=_POSITIVE),
+           'Maximum number of objects tracked in the cache delta maps; 0 means '
+           'the default.', active=True, valid=_POSITIVE, aliases={0: 100000}),
     # Locking.
     Option('commit-lock-timeout', 30, 'integer',
            'Seconds to wait for the commit lock before giving up.',
@@ -474,8 +478,9 @@ class Options:
             elif not option.active and value != option.default:
                 logger.info('option %s is accepted but not yet active',
                             option.name)
-        if self.blob_dir is None:
-            # Blob options without a blob-dir: the storage keeps no blobs,
+        if not self.blob_dir:
+            # Blob options without a blob-dir (or an empty one: a %define
+            # left empty, a helper agent's check): the storage keeps no blobs,
             # and the first blob committed fails with ZODB's "Storing Blobs
             # ... is not supported", which names no option.
             given = [option.name for option in self.OPTIONS

@@ -678,9 +678,13 @@ class Adapter(PackVerbs):
                 self.create_schema(conn)
                 conn.commit()
             else:
+                # (Naming what the configuration says: a helper agent's
+                # check saw create-schema blamed where only read-only
+                # true was set.)
                 raise SchemaMismatchError(
-                    "No RelStorage schema at %s and create-schema is false%s."
-                    % (self.describe(), ' (or the storage is read-only)' if read_only else ''))
+                    "No RelStorage schema at %s, and %s: nothing to read."
+                    % (self.describe(), 'the storage is read-only (read-only true)'
+                       if read_only else 'create-schema is false'))
             # Blob rows live in blob_chunk; an adapter whose schema predates
             # it still works without blobs.
             self.has_blob_chunk = 'blob_chunk' in self.list_tables(conn)

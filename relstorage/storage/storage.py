@@ -1694,7 +1694,11 @@ class RelStorage(ConflictResolvingStorage):
         ``progress`` makes a progress display per phase (zodbpack)."""
         self._follow_gevent()
         if self._is_read_only:
-            raise POSException.ReadOnlyError()
+            # (Said: zodbpack printed the bare class name, a helper agent's
+            # check.)
+            raise POSException.ReadOnlyError(
+                "%s is opened read-only (read-only true): it cannot be packed"
+                % self.getName())
         self._check_open()
         from . import pack
         options = self._options

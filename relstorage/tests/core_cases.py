@@ -199,7 +199,13 @@ class SchemaModeTests(FactoryCase):
     def test_create_schema_false_only_verifies(self):
         with self.assertRaises(SchemaMismatchError) as cm:
             self.storage(create_schema=False)
-        self.assertIn('create-schema', str(cm.exception))
+        self.assertIn('create-schema is false', str(cm.exception))
+        # A read-only storage says so, not create-schema (a helper agent's
+        # check).
+        with self.assertRaises(SchemaMismatchError) as cm:
+            self.storage(read_only=True)
+        self.assertIn('read-only true', str(cm.exception))
+        self.assertNotIn('create-schema', str(cm.exception))
         self.storage()                                  # creates it
         self.storage(create_schema=False)               # now verifies fine
 

@@ -194,15 +194,15 @@ class TestOptions(unittest.TestCase):
                 Options(pack_duty_cycle=bad)
             self.assertIn('pack-duty-cycle', str(cm.exception))
         with self.assertRaises(ValueError) as cm:
-            Options(pack_batch_timeout=0)
+            Options(pack_batch_timeout=-1)
         self.assertIn('pack-batch-timeout', str(cm.exception))
 
     def test_negative_sizes_and_timeouts_name_the_option(self):
         # They were accepted (and meant nothing sensible).
         for name, bad in (('cache_local_mb', -5), ('commit_lock_timeout', -1),
-                          ('blob_cache_size', -1), ('blob_cache_size_check', 0),
+                          ('blob_cache_size', -1), ('blob_cache_size_check', -1),
                           ('blob_chunk_size', 0), ('cache_local_object_max', -1),
-                          ('cache_delta_size_limit', 0)):
+                          ('cache_delta_size_limit', -1)):
             with self.subTest(name=name):
                 with self.assertRaises(ValueError) as cm:
                     Options(**{name: bad})
@@ -210,6 +210,13 @@ class TestOptions(unittest.TestCase):
         options = Options(cache_local_mb=0, commit_lock_timeout=0, blob_cache_size=0)
         self.assertEqual((options.cache_local_mb, options.commit_lock_timeout,
                           options.blob_cache_size), (0, 0, 0))
+        # 0 in these, which RelStorage 4.3 took (and configurations of its
+        # sites may hold), means the default (a helper agent's check: the
+        # configuration did not load).
+        options = Options(blob_cache_size_check=0, cache_delta_size_limit=0,
+                          pack_batch_timeout=0)
+        self.assertEqual((options.blob_cache_size_check, options.cache_delta_size_limit,
+                          options.pack_batch_timeout), (10, 100000, 1.0))
 
     def test_option_fields(self):
         option = Options.option('keep-history')
@@ -313,6 +320,11 @@ class TestOptions(unittest.TestCase):
             Options(blob_dir='/tmp', shared_blob_dir=False,
                     blob_cache_size=100).log_notices(logger)
         warning.assert_not_called()
+        # An empty blob-dir (a %define left empty) is none (a helper
+        # agent's check: nothing said so).
+        with self.assertLogs(logger, logging.WARNING) as logs:
+            Options(blob_dir='', shared_blob_dir=True).log_notices(logger)
+        self.assertIn('shared-blob-dir set without blob-dir', logs.output[0])
 
     def test_legacy_options(self):
         legacy = {o.attribute for o in OPTIONS if o.legacy}
@@ -495,8 +507,21 @@ class TestBadValues(_ParsingTests):
         self.assertConfigError(['cache-local-mb', 'must not be negative'], 'cache-local-mb -5')
 
     def test_missing_parent_dir(self):
-        self.assertConfigError(['blob-dir'],
-                               'blob-dir @TMP@/missing/blobs')
+        # Made at open, with its parents, as RelStorage 4.3 made it (a
+        # helper agent's check: such a configuration of a 4.3 site did not
+        # load).  A file in the way is still refused as the file is read.
+        blobs = os.path.join(self.tmp, 'missing', 'blobs')
+        cache = os.path.join(self.tmp, 'missing-too', 'cache')
+        db = ZODB.config.databaseFromString(
+            '%%import relstorage\n<zodb>\n<relstorage>\n blob-dir %s\n'
+            ' cache-local-dir %s\n <sqlite3>\n  data-dir %s\n </sqlite3>\n'
+            '</relstorage>\n</zodb>\n' % (blobs, cache, os.path.join(self.tmp, 'db')))
+        db.close()
+        self.assertTrue(os.path.isdir(blobs))
+        self.assertTrue(os.path.isdir(cache))
+        with open(os.path.join(self.tmp, 'afile'), 'w'):
+            pass
+        self.assertConfigError(['blob-dir', 'is a file'], 'blob-dir @TMP@/afile/blobs')
 
     def test_repeated_key(self):
         self.assertConfigError(['keep-history'],

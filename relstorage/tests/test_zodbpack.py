@@ -359,6 +359,21 @@ class ZodbpackTests(unittest.TestCase):
         self.assertEqual(raised.exception.code, 2)
         return err.getvalue()
 
+    def test_a_read_only_storage_is_named_as_such(self):
+        # A helper agent's check: "zodbpack: <name>: ReadOnlyError", the
+        # bare class name.
+        conf = self.write_config()
+        ZODB.config.storageFromFile(open(conf)).close()     # (the schema)
+        with open(conf) as f:
+            text = f.read()
+        with open(conf, 'w') as f:
+            f.write(text.replace('  pack-gc', '  read-only true\n  pack-gc'))
+        for extra in ([], ['--prepack']):
+            err = io.StringIO()
+            with redirect_stderr(err), redirect_stdout(io.StringIO()):
+                self.assertEqual(zodbpack.main(['-q'] + extra + [conf]), 1)
+            self.assertIn('read-only true', err.getvalue())
+
     def test_days_out_of_range_are_usage_errors(self):
         # A helper agent's check: 1e9, nan and inf got past the command
         # line and failed later (exit 1) with the time library's words.

@@ -47,7 +47,7 @@ class TestResolvers(unittest.TestCase):
     def test_every_option_accepted(self):
         from relstorage.options import Options
         samples = {'boolean': 'true', 'integer': '3', 'float': '0.5',
-                   'byte-size': '10MB', 'string': 'abc', 'existing-dirpath': self.tmp}
+                   'byte-size': '10MB', 'string': 'abc', 'dirpath': self.tmp}
         for option in Options.OPTIONS:
             if option.attribute == 'driver':
                 continue
