@@ -25,6 +25,7 @@ arguments (``database_name``, ``connection_cache_size``, ...) are returned
 in the second item, as every zodburi resolver does.  Anything else raises
 ``ValueError`` naming the argument.  A password never appears in a message.
 """
+import re
 import warnings
 from urllib.parse import parse_qsl
 from urllib.parse import unquote
@@ -203,10 +204,17 @@ class PostgreSQLResolver(Resolver):
     def section(self, parts, adapter_values):
         driver = self._driver(adapter_values)
         params = []
-        if parts.hostname:
-            params.append(('host', unquote(parts.hostname)))
-        if _port(parts, self.scheme):
-            params.append(('port', str(_port(parts, self.scheme))))
+        hosts = parts.netloc.rsplit('@', 1)[-1]
+        if ',' in hosts:
+            # libpq's list of servers (postgresql://h1:5432,h2:5433/db, with
+            # target_session_attrs): a helper agent's check found it refused
+            # as a port that is not a number.
+            params.extend(_host_list(hosts, self.scheme))
+        else:
+            if parts.hostname:
+                params.append(('host', unquote(parts.hostname)))
+            if _port(parts, self.scheme):
+                params.append(('port', str(_port(parts, self.scheme))))
         if parts.username:
             params.append(('user', unquote(parts.username)))
         if parts.password is not None:
@@ -333,6 +341,27 @@ class OracleResolver(Resolver):
 def _boolean(key):
     from relstorage import config
     return config._named_datatype(key, 'boolean')
+
+
+def _host_list(hosts, scheme):
+    """[('host', 'h1,h2'), ('port', 'p1,p2')] of a libpq URI's list of
+    servers (``h1:5432,[::1]:5433,h3``; an empty port is the default)."""
+    names, ports = [], []
+    for entry in hosts.split(','):
+        match = re.fullmatch(r'(\[[^\]]*\]|[^:\[\]]*)(?::([^:]*))?', entry)
+        if match is None or not match.group(1):
+            raise ValueError('%s URI: %r in the list of servers is not host[:port]'
+                             % (scheme, entry))
+        name, port = match.group(1).strip('[]'), match.group(2) or ''
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError('%s URI: the port of %r is not a number from 1 to 65535'
+                             % (scheme, entry))
+        names.append(unquote(name))
+        ports.append(port)
+    params = [('host', ','.join(names))]
+    if any(ports):
+        params.append(('port', ','.join(ports)))
+    return params
 
 
 def _port(parts, scheme):

@@ -814,6 +814,18 @@ class ConnectionSettingsTests(MySQLTestCase):
             adapter.store_sessions.give_back(conns[0])
             adapter.load_sessions.give_back(conns[1])
 
+    def test_connect_timeout_0(self):
+        # Accepted by the configuration ("0 or more"), then refused by
+        # PyMySQL at open with a ValueError of its own (a helper agent's
+        # check).  0 is no limit, as in libmysqlclient.
+        adapter = self._adapter(connect_timeout=0)
+        conn = adapter.open_store()
+        try:
+            self.assertEqual(conn.query_value('SELECT 1'), 1)
+        finally:
+            conn.close()
+            adapter.close()
+
     def test_no_database_or_a_missing_option_file(self):
         # A helper agent's checks: without db, the server's "No database
         # selected" from deep in the driver; a misspelt read_default_file

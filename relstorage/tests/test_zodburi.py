@@ -112,6 +112,19 @@ class TestResolvers(unittest.TestCase):
             resolve_uri('postgres://bob:hunter2@h/db?bogus=1')
         self.assertNotIn('hunter2', str(ctx.exception))
 
+    def test_postgresql_list_of_servers(self):
+        # libpq's URI with several servers (a helper agent's check: refused
+        # as "the port is not a number").  Through a real server too.
+        factory, _ = resolve_uri(
+            'postgresql://bob@h1:5432,[::1]:5433,h3/zodb?target_session_attrs=read-write')
+        self.assertEqual(factory.adapter_factory.config.dsn,
+                         "host='h1,::1,h3' port='5432,5433,' user='bob' dbname='zodb' "
+                         "target_session_attrs='read-write'")
+        for bad in ('h1:x,h2', 'h1:0,h2', 'h1,,h2'):
+            with self.assertRaises(ValueError) as ctx:
+                resolve_uri('postgresql://bob@%s/zodb' % bad)
+            self.assertIn('postgresql URI', str(ctx.exception))
+
     def test_mysql_connect_arguments(self):
         factory, _ = resolve_uri('mysql://root:pw@127.0.0.1:3307/zodb'
                                  '?connect_timeout=7&unix_socket=/tmp/s&driver=PyMySQL')

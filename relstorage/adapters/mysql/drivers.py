@@ -229,6 +229,11 @@ class PyMySQLDriver(Driver):
             kwargs['database'] = kwargs.pop('db')
         kwargs.setdefault('charset', 'utf8mb4')
         kwargs['autocommit'] = False
+        if kwargs.get('connect_timeout') == 0:
+            # 0 is libmysqlclient's "no limit"; PyMySQL refused it with a
+            # ValueError of its own, naming no section (a helper agent's
+            # check).  (Its longest, a year: it takes no None.)
+            kwargs['connect_timeout'] = 31536000
         # PyMySQL's connect_timeout bounds the TCP connect only: a server
         # that accepts and never greets (hung, or a proxy without its
         # backend) held the storage's open for ever (a helper agent's
