@@ -1242,7 +1242,10 @@ class RelStorage(ConflictResolvingStorage):
     def store(self, oid, serial, data, version, txn):
         if self._is_read_only:
             raise POSException.ReadOnlyError()
-        pending = self._check_unvoted(txn)
+        # (_check_unvoted's usual case inlined: once per object.)
+        pending = self._commit
+        if pending is None or txn is not pending.txn or pending.voted:
+            pending = self._check_unvoted(txn)
         if version:
             raise POSException.Unsupported("Versions aren't supported")
         if len(oid) != 8:
