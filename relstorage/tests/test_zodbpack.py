@@ -268,29 +268,12 @@ class ZodbpackTests(unittest.TestCase):
         with open(conf, 'w') as f:
             f.write(ZOPE_CONF.replace('/srv/plone', self.tmp))
         section = '<sqlite3>\n data-dir %s\n</sqlite3>' % os.path.join(self.tmp, 'var', 'data')
-        db = ZODB.config.databaseFromString(
-            '%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n%s\n'
-            '</relstorage>\n</zodb>\n' % section)
-        try:
-            with db.transaction() as conn:
-                conn.root()['drop'] = PersistentMapping(v=1)
-            with db.transaction() as conn:
-                dropped = conn.root()['drop']._p_oid
-                del conn.root()['drop']
-        finally:
-            db.close()
+        dropped = self._commit_garbage(section)
         out = io.StringIO()
         with redirect_stdout(out):
             self.assertEqual(zodbpack.main(['-d', '0', conf]), 0)
         self.assertIn('removed 1 objects', out.getvalue())
-        db = ZODB.config.databaseFromString(
-            '%%import relstorage\n<zodb>\n<relstorage>\nkeep-history false\n%s\n'
-            '</relstorage>\n</zodb>\n' % section)
-        try:
-            with self.assertRaises(POSKeyError):
-                db.storage.load(dropped)
-        finally:
-            db.close()
+        self._assert_gone(section, dropped)
         # A database that cannot be opened is named by its <zodb_db>
         # section (a helper agent's check: "cannot open storage (unnamed)").
         with open(conf, 'w') as f:
