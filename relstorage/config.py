@@ -31,7 +31,11 @@ def _dirpath(value):
     (blob-dir, cache-local-dir): RelStorage 4.3 made the whole path, and
     its configurations naming one whose parent did not exist yet did not
     load (a helper agent's check).  What cannot be a directory is still
-    refused here."""
+    refused here.  An empty value (a %define left empty) stays empty,
+    which is no directory (a review finding: it became the working
+    directory, and blobs went where the process happened to start)."""
+    if not value.strip():
+        return ''
     path = os.path.abspath(os.path.expanduser(value))
     problem = not_a_directory(path)
     if problem:

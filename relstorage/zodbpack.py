@@ -274,17 +274,35 @@ def _keeps_every_line(text, kept):
 _INCLUDE = re.compile(r'\s*%include\s+(\S+)\s*$', re.I)
 
 
-def with_includes(text, directory, depth=0):
+_DEFINE = re.compile(r'\s*%define\s+([a-z_][a-z0-9_]*)\s*(.*?)\s*$', re.I)
+
+
+def with_includes(text, directory, depth=0, defines=None):
     """``text`` with the files its %include lines name (local paths or
-    file: URLs, relative ones from ``directory``) put in their place, as
-    ZConfig reads them, so that the sections they hold are seen; other
-    lines as they are."""
+    file: URLs, relative ones from ``directory``, with the names %define
+    gave substituted) put in their place, as ZConfig reads them, so that
+    the sections they hold are seen; other lines as they are."""
     if '%include' not in text.lower() or depth > 20:
         return text
+    import ZConfig.substitution
+    defines = {} if defines is None else defines
     out = []
     for line in text.splitlines():
+        define = _DEFINE.match(line)
+        if define:
+            try:
+                defines[define.group(1).lower()] = ZConfig.substitution.substitute(
+                    define.group(2), defines)
+            except ZConfig.ConfigurationError:
+                pass                # (ZConfig says what is wrong with it)
         match = _INCLUDE.match(line)
         name = match.group(1) if match else None
+        if name is not None and '$' in name:
+            # (A review finding: %include $INSTANCE/etc/db.conf.)
+            try:
+                name = ZConfig.substitution.substitute(name, defines)
+            except ZConfig.ConfigurationError:
+                name = None
         if name is not None and name.lower().startswith('file:'):
             name = urllib.parse.unquote(urllib.parse.urlsplit(name).path)
         if name is None or '://' in name:
@@ -298,7 +316,7 @@ def with_includes(text, directory, depth=0):
             out.append(line)        # (ZConfig says what is wrong with it)
             continue
         out.append(with_includes(inner, os.path.dirname(os.path.abspath(included)),
-                                 depth + 1).rstrip('\n'))
+                                 depth + 1, defines).rstrip('\n'))
     return '\n'.join(out) + '\n'
 
 

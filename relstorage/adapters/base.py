@@ -669,6 +669,13 @@ class Adapter(PackVerbs):
                            self.hidden_tables_hint('current_object')
                            if self.keep_history else ''))
                 missing = self.required_tables() - tables
+                if missing and create and not read_only and self.schema_creation_resumable:
+                    # A creation cut short, or under way in another process
+                    # (Oracle: a review finding).
+                    self.create_schema(conn)
+                    conn.commit()
+                    tables = self.list_tables(conn)
+                    missing = self.required_tables() - tables
                 if missing:
                     raise SchemaMismatchError(
                         "The RelStorage schema at %s is incomplete (missing: %s).%s"
@@ -777,6 +784,10 @@ class Adapter(PackVerbs):
         """Vendor hook, at the opening of a storage that may write, on a
         store session: raise RelStorageError, naming the setting, where
         the server is set up so that its commits would fail."""
+
+    #: Whether create_schema may run again over a part of the schema (it
+    #: skips what is there), so that an incomplete one is completed.
+    schema_creation_resumable = False
 
     def create_schema(self, conn):
         """Run the schema's statements on ``conn`` (committed by the caller)."""

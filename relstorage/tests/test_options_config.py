@@ -325,6 +325,16 @@ class TestOptions(unittest.TestCase):
         with self.assertLogs(logger, logging.WARNING) as logs:
             Options(blob_dir='', shared_blob_dir=True).log_notices(logger)
         self.assertIn('shared-blob-dir set without blob-dir', logs.output[0])
+        # ... also as a configuration file gives it: no directory (a review
+        # finding: it became the working directory).
+        text = ('%%import relstorage\n%%define BLOBS\n<relstorage>\n blob-dir $BLOBS\n'
+                ' shared-blob-dir true\n <sqlite3>\n  data-dir %s\n </sqlite3>\n'
+                '</relstorage>\n' % tempfile.gettempdir())
+        schema = ZConfig.loadSchemaFile(io.StringIO(
+            '<schema><import package="ZODB"/><section type="ZODB.storage" name="*" '
+            'attribute="storage"/></schema>'))
+        conf, _ = ZConfig.loadConfigFile(schema, io.StringIO(text))
+        self.assertEqual(conf.storage.config.blob_dir, '')
 
     def test_legacy_options(self):
         legacy = {o.attribute for o in OPTIONS if o.legacy}

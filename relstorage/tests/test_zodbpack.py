@@ -220,9 +220,13 @@ class ZodbpackTests(unittest.TestCase):
         with open(databases, 'w') as f:
             f.write(main_db[db_start:db_end].replace('etc/main-storage.conf',
                                                      'file://' + storage_conf))
+        with_define = ('%%define ETC %s\n' % os.path.join(self.tmp, 'etc')) + main_db.replace(
+            '%include etc/main-storage.conf', '%include $ETC/main-storage.conf')
         for name, content in (('zope.conf', main_db),
                               ('zope-top.conf', main_db[:db_start] + '%include databases.conf\n'
-                               + main_db[db_end:])):
+                               + main_db[db_end:]),
+                              # (A review finding: a path with a %define'd name.)
+                              ('zope-define.conf', with_define)):
             with self.subTest(name):
                 conf = os.path.join(self.tmp, name)
                 with open(conf, 'w') as f:
