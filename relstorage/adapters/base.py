@@ -361,6 +361,11 @@ class Adapter(PackVerbs):
         """Start the read-only snapshot transaction on a load connection
         (on the server chosen now: see ``follow_server``)."""
         self.follow_server(conn)
+        if conn.in_transaction:
+            # The last one was not ended (an interrupt in its rollback: a
+            # helper agent's check; on PostgreSQL the old snapshot would
+            # have gone on, on SQLite BEGIN failed).
+            conn.rollback()
         self.start_snapshot(conn)
 
     def start_snapshot(self, conn):

@@ -221,18 +221,26 @@ class DBConnection:
 
     def rollback(self):
         """End the transaction, discarding it; never raises for a dead link."""
+        if not self.broken:
+            try:
+                self.raw.rollback()
+            except Exception:  # pylint:disable=broad-except
+                # A connection that cannot even roll back is useless: mark it
+                # so that its owner replaces it instead of reusing it.
+                log.debug("rollback failed on %s connection", self.purpose, exc_info=True)
+                self.broken = True
+            except BaseException:
+                # Interrupted (Ctrl-C, gevent.Timeout): the transaction may
+                # still be open on the server, holding its locks.  (The
+                # flags below were cleared first: such a session went back
+                # to the pool in its transaction, and every writer of the
+                # database waited for its locks: a helper agent's check.)
+                self.broken = True
+                raise
+        # (Only now: see above.)
         self.in_transaction = self.holding_locks = False
         self.temp_dirty = self._temp_dirty_at_commit
         self.temp_garbage = dict(self._temp_garbage_at_commit)
-        if self.broken:
-            return
-        try:
-            self.raw.rollback()
-        except Exception:  # pylint:disable=broad-except
-            # A connection that cannot even roll back is useless: mark it so
-            # that its owner replaces it instead of reusing it.
-            log.debug("rollback failed on %s connection", self.purpose, exc_info=True)
-            self.broken = True
 
     def close(self):
         self.in_transaction = self.holding_locks = False

@@ -111,11 +111,15 @@ class PackLock:
                     cur.close()
             except Exception:  # pylint:disable=broad-except
                 pass
-            try:
-                self._raw.close()
-            except Exception:  # pylint:disable=broad-except
-                pass
-            self._raw = None
+            finally:
+                # (Closed even when interrupted: the lock lives with the
+                # session, and a Ctrl-C there kept it, and every later pack
+                # refused, as long as the traceback lived.)
+                raw, self._raw = self._raw, None
+                try:
+                    raw.close()
+                except Exception:  # pylint:disable=broad-except
+                    pass
 
 
 class PackVerbs:

@@ -128,8 +128,21 @@ class SessionPool:
     def give_back(self, conn):
         """Return ``conn`` (taken from this pool); a broken one, or one
         beyond what the pool keeps, is closed."""
-        if conn.in_transaction:
-            conn.rollback()
+        try:
+            if conn.in_transaction:
+                conn.rollback()
+        except BaseException:
+            # Interrupted (gevent.Timeout in the ROLLBACK, Ctrl-C): still
+            # counted back, and closed (a helper agent's check: each such
+            # session stayed counted as in use, and after seven the process
+            # could not commit any more).
+            conn.broken = True
+            self._settle(conn)
+            raise
+        self._settle(conn)
+
+    def _settle(self, conn):
+        """(give_back) Keep ``conn`` or close it, and count it back."""
         with self._cond:
             now = time.monotonic()
             expired = self._expired(now)

@@ -180,6 +180,7 @@ class Commit:
         self.copied = []                # CopiedTransaction (copy.py's batches)
         self.tid = None                 # chosen in vote
         self.committed = False          # the COMMIT went through (finish)
+        self.commit_sent = False        # a COMMIT was interrupted: it may have
         self.conn = None                # store connection, from vote on
         self.voted = False
         self.locked = False             # our row locks are taken
@@ -741,7 +742,13 @@ class Commit:
             conn.rollback()
             self._lost_commit(exc, lost=False)
         except BaseException:
-            self._rollback()
+            # Interrupted (Ctrl-C, gevent.Timeout) in the COMMIT: the
+            # server may have committed, so the placed blob files stay (a
+            # helper agent's check: a committed blob's file was removed),
+            # and the session, in a state nobody knows, is not used again.
+            self.commit_sent = True
+            conn.broken = True
+            conn.rollback()
             raise
         self.committed = True
         fault_point('finish.committed')
@@ -825,7 +832,7 @@ class Commit:
 
     def _rollback(self):
         self.conn.rollback()
-        if self.btxn is not None:
+        if self.btxn is not None and not self.commit_sent:
             self.btxn.unplace()
 
     def close(self):

@@ -1852,12 +1852,22 @@ class _Read:
         # (_follow_gevent, inline: every read call passes here.)
         if storage._locks_made_with is not threading.Lock:
             storage._renew_locks()
-        storage._lock.acquire()
-        storage._reads += 1
+        # An interrupt (Ctrl-C, an exception sent to the thread) landing
+        # between the lock and the count left the lock taken for good, and
+        # every later read of the storage hung (a helper agent's check).
+        lock = storage._lock
+        was_owned = lock._is_owned()
+        before = None
         try:
+            lock.acquire()
+            before = storage._reads
+            storage._reads = before + 1
             return storage._ensure_snapshot()
         except BaseException:
-            self.__exit__()
+            if before is not None and storage._reads == before + 1:
+                self.__exit__()
+            elif not was_owned and lock._is_owned():
+                lock.release()
             raise
 
     def __exit__(self, *exc_info):

@@ -856,6 +856,43 @@ class BlobCacheTests(BlobCase):
             self.assertEqual(os.listdir(os.path.join(blob_dir, 'tmp')), [])
             storage.close()
 
+    def test_an_interrupt_as_the_commit_returns_keeps_the_blob(self):
+        # A helper agent's check: a KeyboardInterrupt (Ctrl-C, which
+        # arrives as the COMMIT's fsync returns) in tpc_finish removed the
+        # placed blob file of a transaction the server had committed: with
+        # a shared blob directory the blob was lost.
+        from unittest import mock
+
+        from relstorage.adapters import connections
+        for shared in (False, True):
+            if shared:
+                self.factory.fresh(self.keep_history)
+            blob_dir = os.path.join(self.tmp, 'interrupted-%s' % shared)
+            storage = self.blob_storage(blob_dir=blob_dir, shared_blob_dir=shared)
+            path = os.path.join(self.tmp, 'precious-%s' % shared)
+            with open(path, 'wb') as f:
+                f.write(b'precious data')
+            oid = storage.new_oid()
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            storage.storeBlob(oid, z64, zodb_pickle(MinPO(1)), path, '', txn)
+            storage.tpc_vote(txn)
+            real = connections.DBConnection.commit
+
+            def commit_then_interrupt(conn):
+                real(conn)
+                raise KeyboardInterrupt
+            with mock.patch.object(connections.DBConnection, 'commit', commit_then_interrupt):
+                with self.assertRaises(KeyboardInterrupt):
+                    storage.tpc_finish(txn)
+            storage.tpc_abort(txn)          # (what the transaction does next)
+            storage.close()
+            reader = self.blob_storage(blob_dir=blob_dir, shared_blob_dir=shared)
+            serial = reader.load(oid)[1]
+            with open(reader.loadBlob(oid, serial), 'rb') as f:
+                self.assertEqual(f.read(), b'precious data')
+            reader.close()
+
     def test_files_of_commits_that_never_finished(self):
         # A helper agent's check: a process killed during a commit leaves
         # its blobs' files in blob-dir/tmp for good.  They go when a storage

@@ -6,6 +6,7 @@ import shutil
 import threading
 import time
 import unittest
+from unittest import mock
 
 import transaction
 import ZODB
@@ -331,6 +332,86 @@ class IdleStoreSessionTests(FactoryCase):
         conn.close()
         with db.transaction() as check:
             self.assertEqual(check.root()['x'], 'slow')
+
+
+class _InterruptedRollback:
+    """A driver connection whose ROLLBACK is interrupted (KeyboardInterrupt
+    before it reaches the server); the rest as the real one."""
+
+    def __init__(self, raw):
+        self._raw = raw
+
+    def rollback(self):
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
+
+
+class InterruptTests(FactoryCase):
+    """Exceptions that are not errors (Ctrl-C, gevent.Timeout, one sent to
+    a thread) arriving inside the storage (a helper agent's checks)."""
+
+    def test_an_interrupted_rollback_keeps_no_lock(self):
+        # The session's flags were cleared before the ROLLBACK: it went
+        # back to the pool in its transaction, holding the commit lock and
+        # its row locks, and every writer of the database failed.
+        storage = self.storage()
+        (oid,), tid = make_objects(storage, 1)
+        txn = begin_store(storage, oid, tid, 'voted')
+        storage.tpc_vote(txn)
+        conn = storage._store_conn
+        conn.raw = _InterruptedRollback(conn.raw)
+        with self.assertRaises(KeyboardInterrupt):
+            storage.tpc_abort(txn)
+        storage.tpc_abort(txn)
+        other = self.storage(commit_lock_timeout=3)
+        started = time.monotonic()
+        self.commit(other, oid, tid, 'other')
+        self.assertLess(time.monotonic() - started, 2.5)
+        # And the process itself goes on committing.
+        storage.sync()
+        self.commit(storage, oid, storage.load(oid)[1], 'again')
+
+    def test_an_interrupted_give_back_counts_the_session_back(self):
+        # The pool counted each such session as in use for good: after
+        # session-pool-size of them, no commit of the process could start.
+        storage = self.storage(session_pool_size=2, commit_lock_timeout=1)
+        (oid,), tid = make_objects(storage, 1)
+        for value in range(4):
+            txn = begin_store(storage, oid, tid, value)
+            storage.tpc_vote(txn)
+            conn = storage._store_conn
+            conn.raw = _InterruptedRollback(conn.raw)
+            with self.assertRaises(KeyboardInterrupt):
+                storage.tpc_abort(txn)
+            storage.tpc_abort(txn)
+        storage.sync()
+        self.commit(storage, oid, tid, 'still commits')
+
+    def test_an_interrupt_between_the_read_lock_and_its_count(self):
+        # An interrupt landing right after the storage's lock was taken
+        # (before the try that gives it back) left it taken: every later
+        # read through the storage hung.
+        storage = self.storage()
+        (oid,), _ = make_objects(storage, 1)
+        real = RelStorage._ensure_snapshot
+        calls = []
+
+        def interrupted(self, *args, **kw):
+            if not calls:
+                calls.append(1)
+                raise KeyboardInterrupt
+            return real(self, *args, **kw)
+        with mock.patch.object(RelStorage, '_ensure_snapshot', interrupted):
+            with self.assertRaises(KeyboardInterrupt):
+                storage.load(oid)
+        done = []
+        thread = threading.Thread(target=lambda: done.append(storage.load(oid)))
+        thread.start()
+        thread.join(10)
+        self.assertEqual(len(done), 1)
+        self.assertEqual(storage._reads, 0)
 
 
 class NewObjectCommitTests(FactoryCase):
@@ -3808,4 +3889,5 @@ def hf_variants():
     return tuple(type(c.__name__ + 'HF', (c,), {'keep_history': False}) for c in ALL)
 
 
-CASES = ALL + hf_variants() + (IdleStoreSessionTests, LargeUndoTests, GeventTests)
+CASES = ALL + hf_variants() + (IdleStoreSessionTests, LargeUndoTests, GeventTests,
+                                InterruptTests)

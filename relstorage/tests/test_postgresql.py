@@ -1201,11 +1201,11 @@ class TempTableTests(PGCase):
         connect = adapter.driver.connect
         handed = []
 
-        def pooled(dsn, purpose):
+        def pooled(dsn, purpose, **kw):
             if purpose == 'store' and not handed:
                 handed.append(raw)
                 return raw
-            return connect(dsn, purpose)
+            return connect(dsn, purpose, **kw)
         second = self.storage()
         with mock.patch.object(second._adapter.driver, 'connect', pooled):
             self.commit(second, {oids[1]: 'other'})
@@ -1228,8 +1228,8 @@ class TempTableTests(PGCase):
         cur.close()
         connect = adapter.driver.connect
 
-        def pooled(dsn, purpose):
-            return raw if purpose == 'load' else connect(dsn, purpose)
+        def pooled(dsn, purpose, **kw):
+            return raw if purpose == 'load' else connect(dsn, purpose, **kw)
         second = self.storage()
         with mock.patch.object(second._adapter.driver, 'connect', pooled):
             for _ in range(2):

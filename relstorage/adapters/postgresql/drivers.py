@@ -348,12 +348,12 @@ class Psycopg2Driver(Driver):
     def copy_in(self, cursor, stmt, rows):
         if _psycopg2_has_wait_callback():
             return self._insert_rows(cursor, stmt, rows)
-        cursor.copy_expert(stmt, _CopyTextReader(rows))
+        _copy_expert(cursor, stmt, _CopyTextReader(rows))
 
     def copy_new_objects(self, cursor, stmt, ints, rows):
         if _psycopg2_has_wait_callback():
             return self._insert_rows(cursor, stmt, rows)
-        cursor.copy_expert(stmt, _CopyTextReader(rows, _new_object_line))
+        _copy_expert(cursor, stmt, _CopyTextReader(rows, _new_object_line))
 
     def _insert_rows(self, cursor, stmt, rows):
         """``COPY table (columns) FROM STDIN`` as multi-row INSERTs, for a
@@ -424,6 +424,20 @@ _LARGE_HEX = 2 << 20
 _LARGE_STATE = 1 << 20
 
 
+def _copy_expert(cursor, stmt, reader):
+    """psycopg2's COPY from ``reader``.  psycopg2 turns an exception raised
+    in the reader into the server's QueryCanceled ("COPY from stdin failed:
+    error in .read() call"): a Ctrl-C or a gevent.Timeout during a large
+    upload reached the application as that driver error, the interrupt
+    itself lost (a helper agent's check).  It is raised as it was."""
+    try:
+        cursor.copy_expert(stmt, reader)
+    except Exception:
+        if reader.interrupted is not None:
+            raise reader.interrupted from None
+        raise
+
+
 class _CopyTextReader:
     """A file-like object producing COPY text format lazily (for psycopg2).
 
@@ -435,6 +449,9 @@ class _CopyTextReader:
     """
 
     _pending = None        # (memoryview of a large state, offset written)
+    #: An exception (not an Exception: KeyboardInterrupt, gevent.Timeout)
+    #: raised while reading, for _copy_expert.
+    interrupted = None
 
     def __init__(self, rows, line=None):
         self._rows = iter(rows)
@@ -452,6 +469,15 @@ class _CopyTextReader:
         return b'%d\t%d\t%s\n' % (oid, prev_tid, data)
 
     def read(self, size=-1):
+        try:
+            return self._read(size)
+        except Exception:
+            raise
+        except BaseException as exc:
+            self.interrupted = exc
+            raise
+
+    def _read(self, size):
         if size is None or size < 0:
             size = 1 << 62
         while len(self._buf) < size:
