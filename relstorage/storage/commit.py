@@ -181,6 +181,7 @@ class Commit:
         self.tid = None                 # chosen in vote
         self.committed = False          # the COMMIT went through (finish)
         self.commit_sent = False        # a COMMIT was interrupted: it may have
+                                        # gone through (its blob files stay)
         self.conn = None                # store connection, from vote on
         self.voted = False
         self.locked = False             # our row locks are taken

@@ -1116,9 +1116,11 @@ class RelStorage(ConflictResolvingStorage):
             self._held_conn = conn
             pool.detach()
             return
-        if conn.holding_locks:
-            self._end_hold(conn)
-        pool.give_back(conn)
+        try:
+            if conn.holding_locks:
+                self._end_hold(conn)
+        finally:
+            pool.give_back(conn)
 
     def _end_hold(self, conn):
         commit.end_hold_and_roll_back(self._adapter, conn)
@@ -1145,8 +1147,12 @@ class RelStorage(ConflictResolvingStorage):
             self._adapter.follow_server(conn)
             yield conn
         finally:
-            conn.rollback()
-            pool.give_back(conn)
+            try:
+                conn.rollback()
+            finally:
+                # (Given back even when the rollback was interrupted: the
+                # pool closes it and counts it back; a review finding.)
+                pool.give_back(conn)
 
     def _check_txn(self, txn):
         if self._commit is None or txn is not self._commit.txn:

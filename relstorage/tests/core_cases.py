@@ -386,6 +386,23 @@ class InterruptTests(FactoryCase):
             with self.assertRaises(KeyboardInterrupt):
                 storage.tpc_abort(txn)
             storage.tpc_abort(txn)
+        # ... also a session of deleteObject's check, whose rollback is
+        # interrupted (a review finding).
+        from relstorage.adapters import connections
+        real = connections.DBConnection.rollback
+
+        def interrupted(conn):
+            if conn.purpose == 'store':
+                conn.broken = True
+                raise KeyboardInterrupt
+            return real(conn)
+        for _ in range(4):
+            txn = TransactionMetaData()
+            storage.tpc_begin(txn)
+            with mock.patch.object(connections.DBConnection, 'rollback', interrupted):
+                with self.assertRaises(KeyboardInterrupt):
+                    storage.deleteObject(oid, tid, txn)
+            storage.tpc_abort(txn)
         storage.sync()
         self.commit(storage, oid, tid, 'still commits')
 
