@@ -352,19 +352,24 @@ class InterruptTests(FactoryCase):
     """Exceptions that are not errors (Ctrl-C, gevent.Timeout, one sent to
     a thread) arriving inside the storage (a helper agent's checks)."""
 
-    def test_an_interrupted_rollback_keeps_no_lock(self):
-        # The session's flags were cleared before the ROLLBACK: it went
-        # back to the pool in its transaction, holding the commit lock and
-        # its row locks, and every writer of the database failed.
-        storage = self.storage()
-        (oid,), tid = make_objects(storage, 1)
-        txn = begin_store(storage, oid, tid, 'voted')
+    def abort_interrupted(self, storage, oid, tid, value):
+        """Vote a change of ``oid``, then abort it with its ROLLBACK
+        interrupted (and once more, as a transaction manager would)."""
+        txn = begin_store(storage, oid, tid, value)
         storage.tpc_vote(txn)
         conn = storage._store_conn
         conn.raw = _InterruptedRollback(conn.raw)
         with self.assertRaises(KeyboardInterrupt):
             storage.tpc_abort(txn)
         storage.tpc_abort(txn)
+
+    def test_an_interrupted_rollback_keeps_no_lock(self):
+        # The session's flags were cleared before the ROLLBACK: it went
+        # back to the pool in its transaction, holding the commit lock and
+        # its row locks, and every writer of the database failed.
+        storage = self.storage()
+        (oid,), tid = make_objects(storage, 1)
+        self.abort_interrupted(storage, oid, tid, 'voted')
         other = self.storage(commit_lock_timeout=3)
         started = time.monotonic()
         self.commit(other, oid, tid, 'other')
@@ -379,13 +384,7 @@ class InterruptTests(FactoryCase):
         storage = self.storage(session_pool_size=2, commit_lock_timeout=1)
         (oid,), tid = make_objects(storage, 1)
         for value in range(4):
-            txn = begin_store(storage, oid, tid, value)
-            storage.tpc_vote(txn)
-            conn = storage._store_conn
-            conn.raw = _InterruptedRollback(conn.raw)
-            with self.assertRaises(KeyboardInterrupt):
-                storage.tpc_abort(txn)
-            storage.tpc_abort(txn)
+            self.abort_interrupted(storage, oid, tid, value)
         # ... also a session of deleteObject's check, whose rollback is
         # interrupted (a review finding).
         from relstorage.adapters import connections
