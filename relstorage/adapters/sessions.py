@@ -132,14 +132,14 @@ class SessionPool:
             if conn.in_transaction:
                 conn.rollback()
         except BaseException:
-            # Interrupted (gevent.Timeout in the ROLLBACK, Ctrl-C): still
-            # counted back, and closed (a helper agent's check: each such
-            # session stayed counted as in use, and after seven the process
-            # could not commit any more).
+            # Interrupted (gevent.Timeout in the ROLLBACK, Ctrl-C): closed,
+            # and still counted back below (a helper agent's check: each
+            # such session stayed counted as in use, and after seven the
+            # process could not commit any more).
             conn.broken = True
-            self._settle(conn)
             raise
-        self._settle(conn)
+        finally:
+            self._settle(conn)
 
     def _settle(self, conn):
         """(give_back) Keep ``conn`` or close it, and count it back."""

@@ -224,10 +224,10 @@ class MySQLStatements(Statements):
     # named by its MD5, not cut, where databases whose names began alike
     # shared one lock, a helper agent's check; shorter ones as earlier
     # releases named them.)
-    TRY_PACK_LOCK = ("SELECT GET_LOCK(CONCAT('relstorage.pack.', IF(CHAR_LENGTH(DATABASE()) "
-                     "<= 48, DATABASE(), MD5(DATABASE()))), 0)")
-    RELEASE_PACK_LOCK = ("SELECT RELEASE_LOCK(CONCAT('relstorage.pack.', "
-                         "IF(CHAR_LENGTH(DATABASE()) <= 48, DATABASE(), MD5(DATABASE()))))")
+    _PACK_LOCK_NAME = ("CONCAT('relstorage.pack.', IF(CHAR_LENGTH(DATABASE()) <= 48, "
+                       "DATABASE(), MD5(DATABASE())))")
+    TRY_PACK_LOCK = "SELECT GET_LOCK(%s, 0)" % _PACK_LOCK_NAME
+    RELEASE_PACK_LOCK = "SELECT RELEASE_LOCK(%s)" % _PACK_LOCK_NAME
 
     LIST_TABLES = """
         SELECT LOWER(table_name), engine FROM information_schema.tables

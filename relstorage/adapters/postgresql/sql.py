@@ -238,12 +238,10 @@ class PostgreSQLStatements(Statements):
     #: storage of another schema packed); the key of earlier releases for
     #: the public schema, so that one of theirs and one of ours still
     #: exclude each other there.
-    TRY_PACK_LOCK = ("SELECT pg_try_advisory_lock(CASE WHEN current_schema() = 'public' "
-                     "THEN 7243910377 ELSE 7243910377 + 4294967296 + "
-                     "hashtext(current_schema()) END)")
-    RELEASE_PACK_LOCK = ("SELECT pg_advisory_unlock(CASE WHEN current_schema() = 'public' "
-                         "THEN 7243910377 ELSE 7243910377 + 4294967296 + "
-                         "hashtext(current_schema()) END)")
+    _PACK_LOCK_KEY = ("CASE WHEN current_schema() = 'public' THEN 7243910377 "
+                      "ELSE 7243910377 + 4294967296 + hashtext(current_schema()) END")
+    TRY_PACK_LOCK = "SELECT pg_try_advisory_lock(%s)" % _PACK_LOCK_KEY
+    RELEASE_PACK_LOCK = "SELECT pg_advisory_unlock(%s)" % _PACK_LOCK_KEY
 
     LIST_TABLES = """
         SELECT c.relname FROM pg_class c
